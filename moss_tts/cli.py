@@ -1,0 +1,134 @@
+"""`python -m moss_tts <command>`: argument parsing and dispatch only (design §6).
+
+Errors from the library (MossTTSError) print as one line with exit code 1; `--debug` shows
+the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+
+from . import __version__
+from .errors import MossTTSError
+
+
+def _doctor(args) -> int:
+    from .ggml import backend, lib
+
+    print(f"moss-tts {__version__} (python {platform.python_version()}, {platform.machine()})")
+    try:
+        manifest = lib.read_manifest()
+        L = lib.get()
+    except MossTTSError as e:
+        print(f"ggml: NOT AVAILABLE — {e}")
+        return 1
+    src = manifest.get("source", {})
+    origin = src.get("name") or src.get("path") or "?"
+    print(f"ggml {L.ggml_version().decode()} (commit {L.ggml_commit().decode()}) from {origin}")
+    print(f"  libraries: {L.lib_dir}")
+    if manifest.get("source_hash"):
+        print(f"  source sha256: {manifest['source_hash']}")
+    flags = manifest.get("flags") or {}
+    if flags:
+        print("  build flags: " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())))
+    if manifest.get("compiler"):
+        print(f"  compiler: {manifest['compiler']}")
+    print(f"  cpu features: {' '.join(lib.cpu_features(L)) or 'none'}")
+    print(f"  threads (default): {backend.default_threads()}")
+    print("backends:")
+    for d in backend.devices():
+        mem = f", {d.memory_total / 2**30:.1f} GiB" if d.memory_total else ""
+        print(f"  {d.registry.lower():8s} {d.name} — {d.description} [{d.kind}{mem}]")
+    with backend.Backend("cpu") as b:
+        ok = _smoke_test(b)
+    print(f"smoke test (2x2 matmul on cpu): {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+def _smoke_test(b) -> bool:
+    import numpy as np
+
+    from .ggml import Graph, ops
+
+    with Graph(b, name="doctor") as g:
+        x = g.input("x", (2, 2))
+        g.output(ops.mul_mat(x, x), "y")
+        v = np.array([[1, 2], [3, 4]], dtype=np.float32)
+        return bool(np.allclose(g.run({"x": v})["y"], v @ v.T))
+
+
+def _info(args) -> int:
+    from .ggml.weights import GGUFFile
+
+    with GGUFFile(args.file) as f:
+        meta = {}
+        for key in f.keys():
+            value = f.get(key)
+            if hasattr(value, "tolist"):
+                value = value.tolist()
+            if isinstance(value, list) and len(value) > 8 and not args.full:
+                value = value[:8] + [f"... ({len(value)} items)"]
+            meta[key] = value
+        tensors = list(f.tensors.values())
+        total = sum(t.nbytes for t in tensors)
+        if args.json:
+            print(json.dumps({"file": str(f.path), "gguf_version": f.version, "metadata": meta,
+                              "tensors": [{"name": t.name, "type": t.type.name.lower(),
+                                           "shape": list(t.shape), "bytes": t.nbytes}
+                                          for t in tensors]}, indent=1, default=str))
+            return 0
+        print(f"{f.path}: GGUF v{f.version}, kind {f.get('moss.kind', '(none)')}, "
+              f"{len(tensors)} tensors, {total / 2**20:.1f} MiB")
+        print("metadata:")
+        for key, value in meta.items():
+            text = repr(value)
+            if len(text) > 160 and not args.full:
+                text = text[:157] + "..."
+            print(f"  {key} = {text}")
+        print("tensors:")
+        shown = tensors if args.full or len(tensors) <= 60 else tensors[:60]
+        for t in shown:
+            print(f"  {t.name:60s} {t.type.name.lower():6s} {str(tuple(t.shape)):20s} {t.nbytes}")
+        if len(shown) < len(tensors):
+            print(f"  ... {len(tensors) - len(shown)} more (--full lists all)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m moss_tts",
+                                description="MOSS-TTS family on stock ggml, from Python.")
+    p.add_argument("--version", action="version", version=f"moss-tts {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    d = sub.add_parser("doctor", help="report the ggml build, backends, threads and CPU features")
+    d.set_defaults(func=_doctor)
+    i = sub.add_parser("info", help="show a GGUF file's kind, metadata and tensor table")
+    i.add_argument("file", help="a .gguf file")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--full", action="store_true", help="do not abbreviate long values")
+    i.set_defaults(func=_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except MossTTSError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,253 @@
+"""Compute backends (cpu / cuda / vulkan / metal by name), threads, and the native handles
+that outlive one graph: a backend, a graph allocator, a tensor buffer (style C10)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from ..errors import BackendError
+from . import lib as _lib
+
+logger = logging.getLogger(__name__)
+
+THREADS_ENV = "MOSS_TTS_THREADS"
+# enum ggml_backend_dev_type
+_DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+# User-facing backend names → ggml registry names.
+_REGISTRY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "vulkan": "Vulkan", "metal": "Metal",
+                   "blas": "BLAS", "sycl": "SYCL", "opencl": "OpenCL"}
+
+
+def default_threads() -> int:
+    """Threads for the CPU backend: `MOSS_TTS_THREADS`, else the cores this process may use.
+
+    ggml's own default (4) oversubscribes a 2-core machine and runs ~11x slower on small graphs.
+    """
+    env = os.environ.get(THREADS_ENV)
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise BackendError(f"{THREADS_ENV}={env!r} is not a whole number of threads") from None
+        if n < 1:
+            raise BackendError(f"{THREADS_ENV}={env!r} must be at least 1")
+        return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str          # ggml device name, e.g. "CPU", "CUDA0"
+    registry: str      # ggml registry (backend) name, e.g. "CPU", "CUDA"
+    description: str
+    kind: str          # cpu | gpu | igpu | accel
+    memory_free: int
+    memory_total: int
+
+
+def devices() -> list[Device]:
+    """Every device the loaded ggml build registered."""
+    L = _lib.get()
+    out = []
+    for i in range(L.ggml_backend_dev_count()):
+        dev = L.ggml_backend_dev_get(i)
+        free, total = _lib.c_size_t(0), _lib.c_size_t(0)
+        L.ggml_backend_dev_memory(dev, _lib.ctypes.byref(free), _lib.ctypes.byref(total))
+        out.append(Device(
+            name=L.ggml_backend_dev_name(dev).decode(),
+            registry=L.ggml_backend_reg_name(L.ggml_backend_dev_backend_reg(dev)).decode(),
+            description=(L.ggml_backend_dev_description(dev) or b"").decode(),
+            kind=_DEV_TYPES.get(L.ggml_backend_dev_type(dev), "unknown"),
+            memory_free=free.value, memory_total=total.value))
+    return out
+
+
+def _find_device(name: str):
+    """`cpu`, `cuda`, `cuda1`, `vulkan0`, ... or an exact ggml device name → device handle."""
+    L = _lib.get()
+    wanted = name.strip()
+    base = wanted.rstrip("0123456789").lower()
+    index = int(wanted[len(base):]) if wanted[len(base):] else 0
+    registry = _REGISTRY_NAMES.get(base)
+    matches = []
+    for i in range(L.ggml_backend_dev_count()):
+        dev = L.ggml_backend_dev_get(i)
+        dev_name = L.ggml_backend_dev_name(dev).decode()
+        reg_name = L.ggml_backend_reg_name(L.ggml_backend_dev_backend_reg(dev)).decode()
+        if dev_name.lower() == wanted.lower():
+            return dev
+        if registry is not None and reg_name == registry:
+            matches.append(dev)
+    if index < len(matches):
+        return matches[index]
+    built = ", ".join(sorted({d.registry.lower() for d in devices()}))
+    raise BackendError(f"backend {name!r} is not available in this ggml build (built: {built}); "
+                       "rebuild with e.g. MOSS_TTS_GGML_CUDA=1 to add one")
+
+
+class Backend:
+    """One initialized ggml backend. `Backend("cpu", threads=2)`; close() frees it."""
+
+    def __init__(self, name: str = "cpu", threads: int | None = None):
+        self.lib = _lib.get()
+        dev = _find_device(name)
+        self._ptr = self.lib.ggml_backend_dev_init(dev, None)
+        if not self._ptr:
+            raise BackendError(f"ggml could not initialize backend {name!r}")
+        self.name = self.lib.ggml_backend_name(self._ptr).decode()
+        self.is_cpu = bool(self.lib.ggml_backend_is_cpu(self._ptr))
+        self.buffer_type = self.lib.ggml_backend_get_default_buffer_type(self._ptr)
+        self.is_host = bool(self.lib.ggml_backend_buft_is_host(self.buffer_type))
+        self.alignment = self.lib.ggml_backend_buft_get_alignment(self.buffer_type)
+        self.threads = 0
+        self.set_threads(threads)
+
+    @property
+    def ptr(self):
+        if not self._ptr:
+            raise BackendError(f"backend {self.name} is closed")
+        return self._ptr
+
+    def set_threads(self, threads: int | None) -> None:
+        n = default_threads() if threads is None else int(threads)
+        if n < 1:
+            raise BackendError(f"threads must be at least 1, got {threads}")
+        if self.is_cpu:
+            self.lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
+        self.threads = n
+
+    def compute(self, cgraph) -> None:
+        status = self.lib.ggml_backend_graph_compute(self.ptr, cgraph)
+        if status != 0:
+            raise BackendError(f"ggml graph compute failed on {self.name} (status {status})")
+
+    def supports(self, tensor) -> bool:
+        return bool(self.lib.ggml_backend_supports_op(self.ptr, tensor.ptr))
+
+    def close(self) -> None:
+        if self._ptr:
+            self.lib.ggml_backend_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"Backend({self.name!r}, threads={self.threads})"
+
+
+_default: dict[tuple[str, int | None], Backend] = {}
+
+
+def get_backend(backend: "Backend | str | None" = None, threads: int | None = None) -> Backend:
+    """A Backend instance: pass one through, or a shared one per (name, threads)."""
+    if isinstance(backend, Backend):
+        return backend
+    key = ((backend or "cpu").lower(), threads)
+    if key not in _default:
+        _default[key] = Backend(key[0], threads)
+    return _default[key]
+
+
+class Allocator:
+    """A persistent `ggml_gallocr`: reused by every graph run on it, growing to the largest."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.lib = backend.lib
+        self._ptr = self.lib.ggml_gallocr_new(backend.buffer_type)
+        if not self._ptr:
+            raise BackendError("ggml_gallocr_new failed")
+        self.current = None  # the graph whose tensors the buffer currently holds
+
+    def reserve(self, graph) -> int:
+        """Size the buffer for a worst-case graph now (no compute); returns its bytes."""
+        if not self.lib.ggml_gallocr_reserve(self._ptr, graph.cgraph):
+            raise BackendError(f"could not reserve a compute buffer for graph {graph.name!r}")
+        self.current = None
+        size = self.buffer_size
+        logger.info("compute buffer for %s: %.1f MiB", graph.name, size / 2**20)
+        return size
+
+    def alloc(self, graph) -> None:
+        if not self.lib.ggml_gallocr_alloc_graph(self._ptr, graph.cgraph):
+            raise BackendError(f"could not allocate the compute buffer for graph {graph.name!r} "
+                               "(out of memory?)")
+        self.current = graph
+
+    @property
+    def buffer_size(self) -> int:
+        return self.lib.ggml_gallocr_get_buffer_size(self._ptr, 0) if self._ptr else 0
+
+    def close(self) -> None:
+        if self._ptr:
+            self.lib.ggml_gallocr_free(self._ptr)
+            self._ptr = None
+            self.current = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Buffer:
+    """A backend buffer owning tensors that outlive graphs (weights, KV caches)."""
+
+    def __init__(self, lib, ptr, *, usage: int = 0, keepalive=None):
+        if not ptr:
+            raise BackendError("ggml could not allocate a backend buffer (out of memory?)")
+        self.lib = lib
+        self._ptr = ptr
+        self._keepalive = keepalive  # e.g. the mmap a zero-copy CPU buffer points into
+        lib.ggml_backend_buffer_set_usage(ptr, usage)
+
+    @property
+    def ptr(self):
+        return self._ptr
+
+    @property
+    def size(self) -> int:
+        return self.lib.ggml_backend_buffer_get_size(self._ptr) if self._ptr else 0
+
+    def clear(self, value: int = 0) -> None:
+        self.lib.ggml_backend_buffer_clear(self._ptr, value)
+
+    def close(self) -> None:
+        if self._ptr:
+            self.lib.ggml_backend_buffer_free(self._ptr)
+            self._ptr = None
+        self._keepalive = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,353 @@
+"""Tensor handles and the Graph lifecycle: build → mark inputs/outputs → allocate → write
+inputs → compute → read outputs (design §2). Op functions live in `ops.py`.
+
+Shapes: `Tensor.ne` is ggml order (fastest axis first, always 4 long); `Tensor.shape` is the
+numpy order of the same data, `(T, D)` ↔ `ne = [D, T, 1, 1]` (style C13).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import numpy as np
+
+from ..errors import BackendError, InputError, ShapeError
+from . import lib as _lib
+from .backend import Allocator, Backend, get_backend
+from .types import F32, GGMLType, numpy_dtype
+
+logger = logging.getLogger(__name__)
+
+# type, buffer, ne[4], nb[4] are the struct's first 80 bytes: one read gives all three we cache.
+assert (_lib.ggml_tensor.ne.offset, _lib.ggml_tensor.nb.offset) == (16, 48)
+_HEAD = ctypes.c_int64 * 10
+_type_sizes: dict[int, tuple[int, int]] = {}
+
+
+def type_size(t: int) -> tuple[int, int]:
+    """(bytes per block, elements per block) of a ggml type."""
+    got = _type_sizes.get(t)
+    if got is None:
+        L = _lib.get()
+        got = _type_sizes[t] = (L.ggml_type_size(t), L.ggml_blck_size(t))
+    return got
+_TENSORS_PER_CONTEXT = 2048
+
+
+class Tensor:
+    """A handle on a `ggml_tensor*`: pointer, cached `ne`, type, owning graph (None = persistent)."""
+
+    __slots__ = ("ptr", "ne", "nb", "type", "graph")
+
+    def __init__(self, ptr: int, ne: tuple, nb: tuple, type_: int, graph: "Graph | None"):
+        self.ptr = ptr
+        self.ne = ne      # element counts, ggml order
+        self.nb = nb      # byte strides, read from the struct (views set their own)
+        self.type = type_
+        self.graph = graph
+
+    @classmethod
+    def from_ptr(cls, ptr: int, graph: "Graph | None") -> "Tensor":
+        if not ptr:
+            raise BackendError("ggml returned a NULL tensor (context out of memory?)")
+        v = tuple(_HEAD.from_address(ptr))
+        # enum ggml_type is the low 4 bytes of the first word (the rest is padding)
+        return cls(ptr, v[2:6], v[6:10], v[0] & 0xFFFFFFFF, graph)
+
+    @property
+    def shape(self) -> tuple:
+        """numpy order, with trailing size-1 ggml axes dropped (at least one axis)."""
+        ne = self.ne
+        n = 4
+        while n > 1 and ne[n - 1] == 1:
+            n -= 1
+        return tuple(reversed(ne[:n]))
+
+    @property
+    def n_elements(self) -> int:
+        a, b, c, d = self.ne
+        return a * b * c * d
+
+    @property
+    def name(self) -> str:
+        return _lib.ggml_tensor.from_address(self.ptr).name.decode()
+
+    def is_contiguous(self) -> bool:
+        """ggml_is_contiguous, computed from the cached ne/nb (no C call)."""
+        size, block = type_size(self.type)
+        ne, nb = self.ne, self.nb
+        if ne[0] != block and nb[0] != size:
+            return False
+        expect = size * (ne[0] // block)
+        for i in (1, 2, 3):
+            if ne[i] != 1:
+                if nb[i] != expect:
+                    return False
+                expect *= ne[i]
+        return True
+
+    def __bool__(self):
+        raise TypeError("a graph Tensor has no truth value (it is not computed yet)")
+
+    def __repr__(self):
+        return f"Tensor({self.name or '?'} ne={list(self.ne)} {GGMLType(self.type).name})"
+
+    # elementwise operators with ggml broadcasting (C12); `@` is deliberately not defined
+    def __add__(self, other):
+        from .ops import add
+        return add(self, other)
+
+    def __sub__(self, other):
+        from .ops import sub
+        return sub(self, other)
+
+    def __mul__(self, other):
+        from .ops import mul
+        return mul(self, other)
+
+    # movement ops
+    def reshape(self, *ne):
+        from .ops import reshape
+        return reshape(self, *ne)
+
+    def view(self, ne, nb=None, offset=0):
+        from .ops import view
+        return view(self, ne, nb, offset)
+
+    def permute(self, *axes):
+        from .ops import permute
+        return permute(self, *axes)
+
+    def transpose(self):
+        from .ops import transpose
+        return transpose(self)
+
+    def cont(self):
+        from .ops import cont
+        return cont(self)
+
+
+class Graph:
+    """One compute graph and its metadata contexts.
+
+    Build it with op functions over its inputs, `output()` what you need, then `run()` as often
+    as you like: a graph whose shapes do not change is built once and replayed (design §3).
+    `reset()` empties it for a rebuild (the contexts and the allocator are reused).
+    """
+
+    def __init__(self, backend: "Backend | str | None" = None, *, name: str = "graph",
+                 allocator: Allocator | None = None):
+        self.backend = get_backend(backend)
+        self.lib = self.backend.lib
+        self.name = name
+        self.allocator = allocator or Allocator(self.backend)
+        self._ctxs: list = []
+        self._ctx_used = 0           # tensors created in the current context
+        self._ctx_index = 0
+        self._foreign = 0            # persistent operands (weights, caches): graph leafs
+        self._effects: list[Tensor] = []  # writes into persistent tensors (KV cache updates)
+        self._graph_ctx = None
+        self._graph_ctx_size = 0
+        self.cgraph = None
+        self.inputs: dict[str, Tensor] = {}
+        self.outputs: dict[str, Tensor] = {}
+        self._output_ndim: dict[str, int] = {}
+        self._allocated = False
+        self._unused: set[str] = set()
+        self._bounds: dict[str, int] = {}   # index inputs: values must lie in [0, bound)
+
+    # -- building -------------------------------------------------------------------------------
+    def ctx(self):
+        """The context the next op result goes into; opens another when this one is full."""
+        if self._ctx_used >= _TENSORS_PER_CONTEXT:
+            self._ctx_index += 1
+            self._ctx_used = 0
+        if self._ctx_index == len(self._ctxs):
+            mem = (_TENSORS_PER_CONTEXT + 8) * self.lib.ggml_tensor_overhead()
+            c = self.lib.ggml_init(_lib.ggml_init_params(mem, None, True))
+            if not c:
+                raise BackendError("ggml_init failed (out of memory?)")
+            self._ctxs.append(c)
+        self._ctx_used += 1
+        return self._ctxs[self._ctx_index]
+
+    def note_foreign(self, n: int = 1) -> None:
+        self._foreign += n
+
+    def limit_index(self, ids: Tensor, bound: int) -> None:
+        """ids indexes `bound` rows: when it is a graph input, its values are range-checked on
+        every write (an out-of-range row would abort inside ggml's kernel)."""
+        for name, t in self.inputs.items():
+            if t.ptr == ids.ptr:
+                self._bounds[name] = min(bound, self._bounds.get(name, bound))
+
+    def add_effect(self, t: Tensor) -> None:
+        """Keep a node that writes into a persistent tensor; it runs before every output."""
+        self._effects.append(t)
+
+    def wrap(self, ptr) -> Tensor:
+        return Tensor.from_ptr(ptr, self)
+
+    def _check_open(self):
+        if self.cgraph is not None:
+            raise BackendError(f"graph {self.name!r} is already built; reset() it to rebuild")
+
+    def input(self, name: str, shape: tuple, dtype: GGMLType = F32) -> Tensor:
+        """A graph input of numpy `shape` (at most 4 axes), written on each `run()`."""
+        self._check_open()
+        if name in self.inputs:
+            raise ShapeError(f"graph {self.name!r} already has an input named {name!r}")
+        shape = tuple(int(s) for s in shape)
+        if not 1 <= len(shape) <= 4 or any(s < 1 for s in shape):
+            raise ShapeError(f"input {name!r}: shape {shape} must have 1-4 positive axes")
+        ne = (ctypes.c_int64 * len(shape))(*reversed(shape))
+        t = self.wrap(self.lib.ggml_new_tensor(self.ctx(), int(dtype), len(shape), ne))
+        self.lib.ggml_set_name(t.ptr, name.encode())
+        self.lib.ggml_set_input(t.ptr)
+        self.inputs[name] = t
+        return t
+
+    def output(self, t: Tensor, name: str, *, ndim: int | None = None) -> Tensor:
+        """Mark `t` as an output read back after `run()` (made contiguous if it is a view)."""
+        self._check_open()
+        if name in self.outputs:
+            raise ShapeError(f"graph {self.name!r} already has an output named {name!r}")
+        if not t.is_contiguous():
+            from .ops import cont
+            t = cont(t)
+        self.lib.ggml_set_name(t.ptr, name.encode())
+        # Outputs are flagged so the allocator never reuses their memory for later nodes.
+        self.lib.ggml_set_output(t.ptr)
+        self.outputs[name] = t
+        self._output_ndim[name] = ndim or len(t.shape)
+        return t
+
+    def build(self) -> "Graph":
+        """Close the graph: size it from what was created and expand it from the outputs."""
+        self._check_open()
+        if not self.outputs and not self._effects:
+            raise ShapeError(f"graph {self.name!r} has no outputs")
+        created = self._ctx_index * _TENSORS_PER_CONTEXT + self._ctx_used
+        # Size derived from the build (never a fixed node budget): nodes ≤ created tensors,
+        # leafs ≤ created + persistent operands.
+        size = max(64, created + self._foreign + 16)
+        need = self.lib.ggml_graph_overhead_custom(size, False) + 1024
+        if self._graph_ctx is None or need > self._graph_ctx_size:
+            if self._graph_ctx is not None:
+                self.lib.ggml_free(self._graph_ctx)
+            self._graph_ctx = self.lib.ggml_init(_lib.ggml_init_params(need, None, True))
+            self._graph_ctx_size = need
+        else:
+            self.lib.ggml_reset(self._graph_ctx)
+        self.cgraph = self.lib.ggml_new_graph_custom(self._graph_ctx, size, False)
+        # Cache writes first: nodes run in expansion order, so every later read of the cache
+        # (built from a plain view of it, not from the write) sees the new rows.
+        for t in self._effects + list(self.outputs.values()):
+            self.lib.ggml_build_forward_expand(self.cgraph, t.ptr)
+        self._allocated = False
+        return self
+
+    @property
+    def n_nodes(self) -> int:
+        return self.lib.ggml_graph_n_nodes(self.cgraph) if self.cgraph else 0
+
+    def reset(self) -> None:
+        """Forget every tensor of this graph so it can be rebuilt (contexts are reused)."""
+        for c in self._ctxs:
+            self.lib.ggml_reset(c)
+        self._ctx_index = 0
+        self._ctx_used = 0
+        self._foreign = 0
+        self._effects.clear()
+        self._bounds.clear()
+        self.cgraph = None
+        self.inputs.clear()
+        self.outputs.clear()
+        self._output_ndim.clear()
+        self._allocated = False
+        if self.allocator.current is self:
+            self.allocator.current = None
+
+    # -- running --------------------------------------------------------------------------------
+    def allocate(self) -> None:
+        if self.cgraph is None:
+            self.build()
+        if self.allocator.current is not self or not self._allocated:
+            self.allocator.alloc(self)
+            self._allocated = True
+            # An input no output depends on is not in the graph and gets no memory.
+            self._unused = {n for n, t in self.inputs.items()
+                            if not _lib.ggml_tensor.from_address(t.ptr).buffer}
+
+    def set_input(self, name: str, value) -> None:
+        """Write one input; call after `allocate()` (writing earlier would abort in ggml)."""
+        if not self._allocated:
+            raise BackendError(f"graph {self.name!r}: allocate() before writing inputs")
+        try:
+            t = self.inputs[name]
+        except KeyError:
+            raise ShapeError(f"graph {self.name!r} has no input {name!r} "
+                             f"(inputs: {', '.join(self.inputs)})") from None
+        dtype = numpy_dtype(t.type)
+        arr = np.ascontiguousarray(value, dtype=dtype)
+        if arr.size != t.n_elements or _squeeze(arr.shape) != _squeeze(t.shape):
+            raise ShapeError(f"input {name!r} of graph {self.name!r}: expected shape {t.shape}, "
+                             f"got {arr.shape}")
+        bound = self._bounds.get(name)
+        if bound is not None and arr.size and (arr.min() < 0 or arr.max() >= bound):
+            bad = arr[(arr < 0) | (arr >= bound)].reshape(-1)[0]
+            raise InputError(f"input {name!r} of graph {self.name!r} holds {bad}, outside the "
+                             f"[0, {bound}) rows it indexes")
+        if name not in self._unused:
+            self.lib.ggml_backend_tensor_set(t.ptr, arr.ctypes.data, 0, arr.nbytes)
+
+    def read(self, name: str) -> np.ndarray:
+        t = self.outputs[name]
+        arr = np.empty(t.shape, dtype=numpy_dtype(t.type))
+        self.lib.ggml_backend_tensor_get(t.ptr, arr.ctypes.data, 0, arr.nbytes)
+        ndim = self._output_ndim[name]
+        if arr.ndim < ndim:
+            arr = arr.reshape((1,) * (ndim - arr.ndim) + arr.shape)
+        return arr
+
+    def compute(self) -> None:
+        self.backend.compute(self.cgraph)
+
+    def run(self, inputs: dict | None = None, outputs=None) -> dict[str, np.ndarray]:
+        """Allocate (if needed), write `inputs` (every input, each run), compute, read outputs."""
+        self.allocate()
+        inputs = inputs or {}
+        missing = set(self.inputs) - set(inputs)
+        if missing:
+            raise ShapeError(f"graph {self.name!r}: missing input(s) {', '.join(sorted(missing))}")
+        for name, value in inputs.items():
+            self.set_input(name, value)
+        self.compute()
+        names = self.outputs if outputs is None else outputs
+        return {n: self.read(n) for n in names}
+
+    def close(self) -> None:
+        for c in self._ctxs:
+            self.lib.ggml_free(c)
+        self._ctxs = []
+        if self._graph_ctx is not None:
+            self.lib.ggml_free(self._graph_ctx)
+            self._graph_ctx = None
+        self.cgraph = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _squeeze(shape: tuple) -> tuple:
+    return tuple(s for s in shape if s != 1)
