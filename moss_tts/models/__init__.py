@@ -1,0 +1,1 @@
+"""One module per TTS variant, and the backbones they share."""

@@ -1,0 +1,140 @@
+"""GPT-2 backbone with rotary positions (no learned wpe), as in MOSS-TTS-Nano's global and
+local transformers (upstream `MossTTSNanoGPT2Model`; facts in shared/reference/nano.md §2).
+
+Pre-LN blocks: x + c_proj(attn(ln_1 x)), then x + fc_out(gelu_new(fc_in(ln_2 x))); fused QKV
+split q|k|v; RoPE on interleaved pairs over the full head dim; K cached after RoPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+
+from ..errors import ConfigError
+from ..ggml import ops
+from ..ggml.graph import Tensor
+from ..nn import KVCache, attention, layer_norm, linear, merge_heads, mlp, rope, split_heads
+
+# Tensor names below a layer prefix `<prefix>.h.<i>.`, upstream spelling (design §4).
+LAYER_TENSORS = (
+    "ln_1.weight", "ln_1.bias",
+    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_2.weight", "ln_2.bias",
+    "mlp.fc_in.weight", "mlp.fc_in.bias", "mlp.fc_out.weight", "mlp.fc_out.bias",
+)
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_embd: int
+    n_head: int
+    n_layer: int
+    n_inner: int | None = None          # None → 4·n_embd, as in HF GPT2Config
+    layer_norm_epsilon: float = 1e-5
+    rope_base: float = 10000.0
+    activation_function: str = "gelu_new"
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"GPT-2: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        if self.head_dim % 2:
+            raise ConfigError(f"GPT-2: RoPE needs an even head_dim, got {self.head_dim}")
+        if self.activation_function != "gelu_new":
+            raise ConfigError(f"GPT-2: activation {self.activation_function!r} is not supported "
+                              "(MOSS checkpoints use gelu_new)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.n_inner or 4 * self.n_embd
+
+    @classmethod
+    def from_gguf(cls, meta, prefix: str) -> "GPT2Config":
+        """Read `<prefix>.<field>` for every field; absent optional fields keep their default."""
+        values = {}
+        for f in fields(cls):
+            key = f"{prefix}.{f.name}"
+            if key in meta:
+                values[f.name] = meta[key]
+            elif f.default is MISSING:
+                meta[key]  # a required key: raises ModelFileError naming the key and file
+        return cls(**values)
+
+    def layer_shapes(self) -> dict[str, tuple]:
+        """numpy shapes of one block's tensors (Linear weights are (out, in))."""
+        d, f = self.n_embd, self.ffn_dim
+        return {"ln_1.weight": (d,), "ln_1.bias": (d,),
+                "attn.c_attn.weight": (3 * d, d), "attn.c_attn.bias": (3 * d,),
+                "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+                "ln_2.weight": (d,), "ln_2.bias": (d,),
+                "mlp.fc_in.weight": (f, d), "mlp.fc_in.bias": (f,),
+                "mlp.fc_out.weight": (d, f), "mlp.fc_out.bias": (d,)}
+
+
+@dataclass(frozen=True)
+class GPT2Layer:
+    """One block's weights; attribute = tensor name below the layer prefix, dots → underscores."""
+
+    ln_1_weight: Tensor
+    ln_1_bias: Tensor
+    attn_c_attn_weight: Tensor
+    attn_c_attn_bias: Tensor
+    attn_c_proj_weight: Tensor
+    attn_c_proj_bias: Tensor
+    ln_2_weight: Tensor
+    ln_2_bias: Tensor
+    mlp_fc_in_weight: Tensor
+    mlp_fc_in_bias: Tensor
+    mlp_fc_out_weight: Tensor
+    mlp_fc_out_bias: Tensor
+
+    @classmethod
+    def from_tensors(cls, tensors: dict, prefix: str) -> "GPT2Layer":
+        return cls(**{n.replace(".", "_"): tensors[f"{prefix}{n}"] for n in LAYER_TENSORS})
+
+
+def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, positions: Tensor,
+                   cache: KVCache, slots: Tensor, mask: Tensor, n_slots: int,
+                   stage: str) -> Tensor:
+    """x [D, T] → attention output [D, T], writing this step's K/V into `cache` layer il.
+
+    positions I32 [T]; slots I32 [T] (from cache.reserve); mask F32 [n_slots, T] (cache.mask).
+    """
+    qkv = linear(x, layer.attn_c_attn_weight, layer.attn_c_attn_bias)      # [3D, T]
+    d, t = cfg.n_embd, x.ne[1]
+    row = qkv.nb[1]
+    # qkv.view(T, 3, H, Dh) split on axis 1: three strided views, no copy
+    q, k, v = (ops.view(qkv, (cfg.head_dim, cfg.n_head, t), (cfg.head_dim * 4, row), i * d * 4)
+               for i in range(3))                                            # [Dh, H, T] each
+    q = rope(q, positions, mode="normal", base=cfg.rope_base)   # interleaved pairs, full Dh
+    k = rope(k, positions, mode="normal", base=cfg.rope_base)
+    cache.store(il, k, v, slots)
+    g = x.graph
+    o = attention(q, cache.keys(g, il, n_slots), cache.values(g, il, n_slots), mask,
+                  scale=cfg.head_dim ** -0.5)
+    ops.name(o, f"{stage}.{il}.attn_out")
+    return linear(o, layer.attn_c_proj_weight, layer.attn_c_proj_bias)
+
+
+def block(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, stage: str, **attn) -> Tensor:
+    """One pre-LN GPT-2 block, x [D, T] → [D, T]."""
+    eps = cfg.layer_norm_epsilon
+    h = layer_norm(x, layer.ln_1_weight, layer.ln_1_bias, eps=eps)
+    x = x + self_attention(h, layer, cfg, il=il, stage=stage, **attn)
+    h = layer_norm(x, layer.ln_2_weight, layer.ln_2_bias, eps=eps)
+    x = x + mlp(h, layer.mlp_fc_in_weight, layer.mlp_fc_out_weight, activation="gelu_tanh",
+                b_in=layer.mlp_fc_in_bias, b_out=layer.mlp_fc_out_bias)
+    return ops.name(x, f"{stage}.{il}.out")
+
+
+def forward(x: Tensor, layers: list[GPT2Layer], ln_f: tuple[Tensor, Tensor], cfg: GPT2Config, *,
+            positions: Tensor, cache: KVCache, slots: Tensor, mask: Tensor, n_slots: int,
+            stage: str = "backbone") -> Tensor:
+    """Embedded rows x [D, T] through every block and ln_f → hidden [D, T]."""
+    for il, layer in enumerate(layers):
+        x = block(x, layer, cfg, il=il, stage=stage, positions=positions, cache=cache,
+                  slots=slots, mask=mask, n_slots=n_slots)
+    x = layer_norm(x, ln_f[0], ln_f[1], eps=cfg.layer_norm_epsilon)
+    return ops.name(x, f"{stage}.hidden")

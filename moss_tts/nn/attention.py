@@ -1,0 +1,210 @@
+"""Multi-head / grouped-query attention, host-built masks, and a backend-resident KV cache."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..errors import BackendError, ShapeError
+from ..ggml import lib as _lib
+from ..ggml import ops
+from ..ggml.backend import Backend, Buffer, get_backend
+from ..ggml.graph import Graph, Tensor
+from ..ggml.types import F16, F32, GGMLType
+
+NEG_INF = np.float32(-np.inf)
+
+
+def split_heads(x: Tensor, n_head: int) -> Tensor:
+    """[H·Dh, T] → [Dh, H, T] (heads are contiguous blocks of Dh, as upstream's view(T, H, Dh))."""
+    if x.ne[0] % n_head:
+        raise ShapeError(f"split_heads: width {x.ne[0]} is not divisible by {n_head} heads")
+    if not x.is_contiguous():
+        x = ops.cont(x)
+    return ops.reshape(x, x.ne[0] // n_head, n_head, x.ne[1])
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """[Dh, H, T] → [H·Dh, T]."""
+    if not x.is_contiguous():
+        x = ops.cont(x)
+    return ops.reshape(x, x.ne[0] * x.ne[1], x.ne[2])
+
+
+def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
+                dtype=np.float32) -> np.ndarray:
+    """Additive mask (Tq, Tk) for the host: 0 where key k may be seen from query q, −inf elsewhere.
+
+    Allowed iff k_pos ≤ q_pos, and q_pos − k_pos < window (a window of exactly `window` keys,
+    itself included), and valid[k]. Slots with k_pos < 0 (an empty cache slot) are never seen.
+    """
+    q = np.asarray(q_pos, dtype=np.int64)[:, None]
+    k = np.asarray(k_pos, dtype=np.int64)[None, :]
+    ok = (k <= q) & (k >= 0)
+    if window is not None:
+        ok &= (q - k) < window
+    if valid is not None:
+        ok &= np.asarray(valid, dtype=bool)[None, :]
+    return np.where(ok, np.float32(0), NEG_INF).astype(dtype)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float,
+              flash: bool = False) -> Tensor:
+    """softmax(q·kᵀ·scale + mask)·v per head → [Dh·Hq, Tq].
+
+    q [Dh, Hq, Tq], k and v [Dh, Hkv, Tk] (views of a cache are fine), Hq a multiple of Hkv:
+    query head h reads kv head h // (Hq/Hkv). mask: additive [Tk, Tq] — F32 for the softmax
+    path, F16 for `flash` (ggml_flash_attn_ext; K/V may be F16 there).
+    """
+    dh, hq, tq = q.ne[0], q.ne[1], q.ne[2]
+    if k.ne[:3] != v.ne[:3] or k.ne[0] != dh or hq % k.ne[1]:
+        raise ShapeError(f"attention: q {list(q.ne)}, k {list(k.ne)}, v {list(v.ne)} do not fit "
+                         "(need equal head dims, k == v, Hq a multiple of Hkv)")
+    qp = ops.permute(q, 0, 2, 1)                      # [Dh, Tq, Hq]
+    kp = ops.permute(k, 0, 2, 1)                      # [Dh, Tk, Hkv]
+    vp = ops.permute(v, 0, 2, 1)                      # [Dh, Tk, Hkv]
+    if flash:
+        out = ops.flash_attn(qp, kp, vp, mask, scale)  # [Dh, Hq, Tq] (ggml returns heads first)
+        return ops.reshape(out, dh * hq, tq)
+    kq = ops.mul_mat(kp, qp)                          # [Tk, Tq, Hq]: scores, GQA by broadcast
+    kq = ops.softmax(kq, mask, scale)
+    vt = ops.cont(ops.permute(v, 1, 2, 0))            # [Tk, Dh, Hkv]
+    out = ops.mul_mat(vt, kq)                         # [Dh, Tq, Hq]
+    out = ops.cont(ops.permute(out, 0, 2, 1))         # [Dh, Hq, Tq]
+    return ops.reshape(out, dh * hq, tq)
+
+
+class KVCache:
+    """Per-layer K and V rows on the backend, `capacity` slots each, written inside the graph.
+
+    Slots are assigned on the host (`reserve`), so the same cache serves a growing prefix and a
+    ring buffer over a sliding window (keys are stored after RoPE, so a slot's age never changes
+    its rotation; the mask, built from the slot → position map, does the rest). Writes go
+    through `ggml_set_rows` with the slot indices as a graph input, so a fixed-capacity decode
+    graph can be built once and replayed.
+    """
+
+    def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, *,
+                 backend: "Backend | str | None" = None, dtype: GGMLType = F32):
+        if min(n_layer, n_kv_head, head_dim, capacity) < 1:
+            raise ShapeError("KVCache: layers, heads, head_dim and capacity must be positive")
+        if dtype not in (F32, F16):
+            raise ShapeError(f"KVCache: dtype must be F32 or F16, got {GGMLType(dtype).name}")
+        self.backend = get_backend(backend)
+        L = self.lib = self.backend.lib
+        self.n_layer, self.n_kv_head, self.head_dim = n_layer, n_kv_head, head_dim
+        self.capacity, self.dtype = capacity, GGMLType(dtype)
+        self._ctx = L.ggml_init(_lib.ggml_init_params(
+            (2 * n_layer + 4) * L.ggml_tensor_overhead(), None, True))
+        if not self._ctx:
+            raise BackendError("KVCache: ggml_init failed")
+        ne = (ctypes.c_int64 * 3)(head_dim, n_kv_head, capacity)
+        self._k, self._v = [], []
+        for il in range(n_layer):
+            for store, what in ((self._k, "k"), (self._v, "v")):
+                p = L.ggml_new_tensor(self._ctx, int(self.dtype), 3, ne)
+                L.ggml_set_name(p, f"cache.{il}.{what}".encode())
+                store.append(Tensor.from_ptr(p, None))
+        self.buffer = Buffer(L, L.ggml_backend_alloc_ctx_tensors(self._ctx, self.backend.ptr))
+        self.positions = np.full(capacity, -1, dtype=np.int64)  # slot → absolute position
+        self.evicted_max = -1  # newest position a ring overwrite has dropped
+        self.reset()
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.size
+
+    def reset(self) -> None:
+        """Forget every row (the memory is zeroed, the slot map emptied)."""
+        self.buffer.clear(0)
+        self.positions[:] = -1
+        self.evicted_max = -1
+
+    @property
+    def n_filled(self) -> int:
+        return int((self.positions >= 0).sum())
+
+    def reserve(self, positions, *, ring: bool = False) -> np.ndarray:
+        """Assign slots to new absolute positions; returns I32 slot indices for `store`.
+
+        Linear mode fills slots in order and fails when full; ring mode puts position p in
+        slot p % capacity, overwriting the oldest row (a sliding window of `capacity` keys).
+        """
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if ring:
+            if len(pos) > self.capacity:
+                raise ShapeError(f"KVCache: {len(pos)} new rows exceed the ring of {self.capacity}")
+            slots = pos % self.capacity
+            dropped = self.positions[slots]
+            if (dropped >= 0).any():
+                self.evicted_max = max(self.evicted_max, int(dropped.max()))
+        else:
+            start = self.n_filled
+            if start + len(pos) > self.capacity:
+                raise ShapeError(f"KVCache: {start} + {len(pos)} rows exceed capacity "
+                                 f"{self.capacity}; make a larger cache")
+            slots = np.arange(start, start + len(pos))
+        self.positions[slots] = pos
+        return slots.astype(np.int32)
+
+    def mask(self, q_positions, *, window: int | None = None, n_slots: int | None = None,
+             dtype=np.float32) -> np.ndarray:
+        """Additive (Tq, n_slots) mask over the first n_slots slots (default all).
+
+        Fails, rather than silently attending to fewer keys, when a ring overwrite already
+        dropped a key some query still needs (capacity must be ≥ window + chunk − 1).
+        """
+        n = self.capacity if n_slots is None else n_slots
+        oldest_needed = max(0, int(np.min(q_positions)) - window + 1) if window is not None else 0
+        if self.evicted_max >= oldest_needed:
+            raise ShapeError(
+                f"KVCache: the ring of {self.capacity} slots already dropped position "
+                f"{self.evicted_max}, which a query still needs (window {window}); use a "
+                f"capacity of at least window + chunk − 1")
+        return causal_mask(q_positions, self.positions[:n], window=window, dtype=dtype)
+
+    def store(self, il: int, k: Tensor, v: Tensor, slots: Tensor) -> None:
+        """Write k, v [Dh, Hkv, T] of layer il into the slots given by I32 `slots` [T]."""
+        width = self.head_dim * self.n_kv_head
+        if k.ne[:3] != (self.head_dim, self.n_kv_head, slots.ne[0]) or v.ne != k.ne:
+            raise ShapeError(f"KVCache.store: k {list(k.ne)} / v {list(v.ne)} do not match "
+                             f"[{self.head_dim}, {self.n_kv_head}, {slots.ne[0]}]")
+        for cache, new in ((self._k[il], k), (self._v[il], v)):
+            rows = ops.view(cache, (width, self.capacity), (cache.nb[2],), graph=k.graph)
+            if not new.is_contiguous():
+                new = ops.cont(new)
+            ops.set_rows(rows, ops.reshape(new, width, slots.ne[0]), slots)
+
+    def keys(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
+        """View [Dh, Hkv, n_slots] of layer il's K rows in graph g (default: every slot)."""
+        return self._view(g, self._k[il], n_slots)
+
+    def values(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
+        return self._view(g, self._v[il], n_slots)
+
+    def _view(self, g: Graph, cache: Tensor, n_slots: int | None) -> Tensor:
+        n = self.capacity if n_slots is None else n_slots
+        if not 1 <= n <= self.capacity:
+            raise ShapeError(f"KVCache: {n} slots requested of {self.capacity}")
+        return ops.view(cache, (self.head_dim, self.n_kv_head, n), graph=g)
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+        if self._ctx:
+            self.lib.ggml_free(self._ctx)
+            self._ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
