@@ -20,6 +20,26 @@ _REGISTRY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "vulkan": "Vulkan", "metal": "M
                    "blas": "BLAS", "sycl": "SYCL", "opencl": "OpenCL"}
 
 
+class NativeResource:
+    """Owner of native handles (style C10): `close()` is idempotent and is also called by a
+    with-block's end and by garbage collection; nothing else frees the handles."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+
 def default_threads() -> int:
     """Threads for the CPU backend: `MOSS_TTS_THREADS`, else the cores this process may use.
 
@@ -90,7 +110,7 @@ def _find_device(name: str):
                        "rebuild with e.g. MOSS_TTS_GGML_CUDA=1 to add one")
 
 
-class Backend:
+class Backend(NativeResource):
     """One initialized ggml backend. `Backend("cpu", threads=2)`; close() frees it."""
 
     def __init__(self, name: str = "cpu", threads: int | None = None):
@@ -134,18 +154,6 @@ class Backend:
             self.lib.ggml_backend_free(self._ptr)
             self._ptr = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def __repr__(self):
         return f"Backend({self.name!r}, threads={self.threads})"
 
@@ -163,7 +171,7 @@ def get_backend(backend: "Backend | str | None" = None, threads: int | None = No
     return _default[key]
 
 
-class Allocator:
+class Allocator(NativeResource):
     """A persistent `ggml_gallocr`: reused by every graph run on it, growing to the largest."""
 
     def __init__(self, backend: Backend):
@@ -199,20 +207,8 @@ class Allocator:
             self._ptr = None
             self.current = None
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class Buffer:
+class Buffer(NativeResource):
     """A backend buffer owning tensors that outlive graphs (weights, KV caches)."""
 
     def __init__(self, lib, ptr, *, usage: int = 0, keepalive=None):
@@ -239,15 +235,3 @@ class Buffer:
             self.lib.ggml_backend_buffer_free(self._ptr)
             self._ptr = None
         self._keepalive = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

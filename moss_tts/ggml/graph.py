@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import struct
 
 import numpy as np
 
 from ..errors import BackendError, InputError, ShapeError
 from . import lib as _lib
-from .backend import Allocator, Backend, get_backend
+from .backend import Allocator, Backend, NativeResource, get_backend
 from .types import F32, GGMLType, numpy_dtype
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,9 @@ logger = logging.getLogger(__name__)
 # type, buffer, ne[4], nb[4] are the struct's first 80 bytes: one read gives all three we cache.
 assert (_lib.ggml_tensor.ne.offset, _lib.ggml_tensor.nb.offset) == (16, 48)
 _HEAD = ctypes.c_int64 * 10
+# The same head unpacked straight from a graph context's own memory (a numpy buffer we hand to
+# ggml_init), which is several times cheaper than a ctypes read per op.
+_HEAD_STRUCT = struct.Struct("<i4xQ4q4q")
 _type_sizes: dict[int, tuple[int, int]] = {}
 
 
@@ -38,7 +42,7 @@ _TENSORS_PER_CONTEXT = 2048
 class Tensor:
     """A handle on a `ggml_tensor*`: pointer, cached `ne`, type, owning graph (None = persistent)."""
 
-    __slots__ = ("ptr", "ne", "nb", "type", "graph")
+    __slots__ = ("ptr", "ne", "nb", "type", "graph", "owner")
 
     def __init__(self, ptr: int, ne: tuple, nb: tuple, type_: int, graph: "Graph | None"):
         self.ptr = ptr
@@ -48,12 +52,16 @@ class Tensor:
         self.graph = graph
 
     @classmethod
-    def from_ptr(cls, ptr: int, graph: "Graph | None") -> "Tensor":
+    def from_ptr(cls, ptr: int, graph: "Graph | None", owner=None) -> "Tensor":
+        """Wrap any tensor; `owner` (the Weights or KVCache holding a persistent tensor's
+        memory) is kept alive as long as the handle is."""
         if not ptr:
             raise BackendError("ggml returned a NULL tensor (context out of memory?)")
         v = tuple(_HEAD.from_address(ptr))
         # enum ggml_type is the low 4 bytes of the first word (the rest is padding)
-        return cls(ptr, v[2:6], v[6:10], v[0] & 0xFFFFFFFF, graph)
+        t = cls(ptr, v[2:6], v[6:10], v[0] & 0xFFFFFFFF, graph)
+        t.owner = owner
+        return t
 
     @property
     def shape(self) -> tuple:
@@ -73,8 +81,9 @@ class Tensor:
     def name(self) -> str:
         return _lib.ggml_tensor.from_address(self.ptr).name.decode()
 
-    def is_contiguous(self) -> bool:
-        """ggml_is_contiguous, computed from the cached ne/nb (no C call)."""
+    def is_contiguous(self, n: int = 0) -> bool:
+        """ggml_is_contiguous_n from the cached ne/nb (no C call): packed, except that axes
+        1..n may have padded strides (n=1: rows contiguous, row stride free)."""
         size, block = type_size(self.type)
         ne, nb = self.ne, self.nb
         if ne[0] != block and nb[0] != size:
@@ -82,9 +91,12 @@ class Tensor:
         expect = size * (ne[0] // block)
         for i in (1, 2, 3):
             if ne[i] != 1:
-                if nb[i] != expect:
-                    return False
-                expect *= ne[i]
+                if i > n:
+                    if nb[i] != expect:
+                        return False
+                    expect *= ne[i]
+                else:
+                    expect = ne[i] * nb[i]
         return True
 
     def __bool__(self):
@@ -128,7 +140,7 @@ class Tensor:
         return cont(self)
 
 
-class Graph:
+class Graph(NativeResource):
     """One compute graph and its metadata contexts.
 
     Build it with op functions over its inputs, `output()` what you need, then `run()` as often
@@ -142,10 +154,10 @@ class Graph:
         self.lib = self.backend.lib
         self.name = name
         self.allocator = allocator or Allocator(self.backend)
+        # metadata contexts: (ggml_context*, view of its Python-owned memory, base address, memory)
         self._ctxs: list = []
-        self._ctx_used = 0           # tensors created in the current context
-        self._ctx_index = 0
-        self._foreign = 0            # persistent operands (weights, caches): graph leafs
+        self._ctx_index = -1
+        self._ctx_used = _TENSORS_PER_CONTEXT  # the first op opens a context
         self._effects: list[Tensor] = []  # writes into persistent tensors (KV cache updates)
         self._graph_ctx = None
         self._graph_ctx_size = 0
@@ -158,22 +170,31 @@ class Graph:
         self._bounds: dict[str, int] = {}   # index inputs: values must lie in [0, bound)
 
     # -- building -------------------------------------------------------------------------------
-    def ctx(self):
-        """The context the next op result goes into; opens another when this one is full."""
-        if self._ctx_used >= _TENSORS_PER_CONTEXT:
-            self._ctx_index += 1
-            self._ctx_used = 0
+    def _next_context(self) -> None:
+        """Move on to the next metadata context, making one when none is left to reuse."""
+        self._ctx_index += 1
         if self._ctx_index == len(self._ctxs):
-            mem = (_TENSORS_PER_CONTEXT + 8) * self.lib.ggml_tensor_overhead()
-            c = self.lib.ggml_init(_lib.ggml_init_params(mem, None, True))
+            mem = np.empty((_TENSORS_PER_CONTEXT + 8) * self.lib.ggml_tensor_overhead() + 64,
+                           dtype=np.uint8)
+            base = mem.ctypes.data
+            skip = -base % 64  # ggml wants an aligned pool
+            c = self.lib.ggml_init(_lib.ggml_init_params(mem.size - skip, base + skip, True))
             if not c:
                 raise BackendError("ggml_init failed (out of memory?)")
-            self._ctxs.append(c)
-        self._ctx_used += 1
-        return self._ctxs[self._ctx_index]
+            self._ctxs.append((c, memoryview(mem), base, mem))
+        self._ctx, self._mem_view, self._mem_base, _ = self._ctxs[self._ctx_index]
+        self._ctx_used = 0
 
-    def note_foreign(self, n: int = 1) -> None:
-        self._foreign += n
+    def make(self, fn, *args) -> Tensor:
+        """Call the ggml op constructor `fn(ctx, *args)` in this graph; wrap its result."""
+        if self._ctx_used >= _TENSORS_PER_CONTEXT:
+            self._next_context()
+        self._ctx_used += 1
+        ptr = fn(self._ctx, *args)
+        if not ptr:
+            raise BackendError("ggml returned a NULL tensor (context out of memory?)")
+        v = _HEAD_STRUCT.unpack_from(self._mem_view, ptr - self._mem_base)
+        return Tensor(ptr, v[2:6], v[6:10], v[0], self)
 
     def limit_index(self, ids: Tensor, bound: int) -> None:
         """ids indexes `bound` rows: when it is a graph input, its values are range-checked on
@@ -185,9 +206,6 @@ class Graph:
     def add_effect(self, t: Tensor) -> None:
         """Keep a node that writes into a persistent tensor; it runs before every output."""
         self._effects.append(t)
-
-    def wrap(self, ptr) -> Tensor:
-        return Tensor.from_ptr(ptr, self)
 
     def _check_open(self):
         if self.cgraph is not None:
@@ -202,7 +220,7 @@ class Graph:
         if not 1 <= len(shape) <= 4 or any(s < 1 for s in shape):
             raise ShapeError(f"input {name!r}: shape {shape} must have 1-4 positive axes")
         ne = (ctypes.c_int64 * len(shape))(*reversed(shape))
-        t = self.wrap(self.lib.ggml_new_tensor(self.ctx(), int(dtype), len(shape), ne))
+        t = self.make(self.lib.ggml_new_tensor, int(dtype), len(shape), ne)
         self.lib.ggml_set_name(t.ptr, name.encode())
         self.lib.ggml_set_input(t.ptr)
         self.inputs[name] = t
@@ -229,9 +247,9 @@ class Graph:
         if not self.outputs and not self._effects:
             raise ShapeError(f"graph {self.name!r} has no outputs")
         created = self._ctx_index * _TENSORS_PER_CONTEXT + self._ctx_used
-        # Size derived from the build (never a fixed node budget): nodes ≤ created tensors,
-        # leafs ≤ created + persistent operands.
-        size = max(64, created + self._foreign + 16)
+        # Size derived from the build (never a fixed node budget): nodes ≤ created tensors, and
+        # every leaf is an operand of a created op, which has at most 4 (flash attention).
+        size = 4 * created + 64
         need = self.lib.ggml_graph_overhead_custom(size, False) + 1024
         if self._graph_ctx is None or need > self._graph_ctx_size:
             if self._graph_ctx is not None:
@@ -254,11 +272,10 @@ class Graph:
 
     def reset(self) -> None:
         """Forget every tensor of this graph so it can be rebuilt (contexts are reused)."""
-        for c in self._ctxs:
+        for c, *_ in self._ctxs:
             self.lib.ggml_reset(c)
-        self._ctx_index = 0
-        self._ctx_used = 0
-        self._foreign = 0
+        self._ctx_index = -1
+        self._ctx_used = _TENSORS_PER_CONTEXT
         self._effects.clear()
         self._bounds.clear()
         self.cgraph = None
@@ -328,25 +345,13 @@ class Graph:
         return {n: self.read(n) for n in names}
 
     def close(self) -> None:
-        for c in self._ctxs:
+        for c, *_ in self._ctxs:
             self.lib.ggml_free(c)
         self._ctxs = []
         if self._graph_ctx is not None:
             self.lib.ggml_free(self._graph_ctx)
             self._graph_ctx = None
         self.cgraph = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _squeeze(shape: tuple) -> tuple:

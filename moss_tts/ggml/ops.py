@@ -6,6 +6,7 @@ Shapes in docstrings are ggml order `[ne0, ne1, ...]` (fastest axis first).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from ..errors import ShapeError
@@ -20,21 +21,13 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def _graph(*ts: Tensor, graph: Graph | None = None) -> Graph:
     """The graph an op result belongs to: that of its first graph operand (or `graph`, for an
     op on persistent tensors only, such as a view of a KV cache)."""
-    g = graph
-    foreign = 0
     for t in ts:
-        if t is None:
-            continue
-        if t.graph is None:
-            foreign += 1
-        elif g is None:
-            g = t.graph
-    if g is None:
+        if t is not None and t.graph is not None:
+            return t.graph
+    if graph is None:
         raise ShapeError("an op needs at least one operand that belongs to a graph "
                          "(all operands are persistent tensors)")
-    if foreign:
-        g.note_foreign(foreign)
-    return g
+    return graph
 
 
 def _nbytes(t: Tensor) -> int:
@@ -76,10 +69,11 @@ def _binary(op: str, fn, a: Tensor, b: Tensor, commutative: bool) -> Tensor:
         else:
             _fail(op, "the second operand must broadcast onto the first (each ne divides)", a, b)
     _rows_contiguous(op, a)
-    if a.type not in (F32, F16) or b.type not in (F32, F16):
-        _fail(op, "operands must be F32 or F16", a, b)
+    # the CPU kernels take (f32, f32), (f16, f16) and (f16, f32); the result has a's type
+    if not (a.type == b.type == F32 or (a.type == F16 and b.type in (F16, F32))):
+        _fail(op, "operands must be F32+F32, F16+F16 or F16+F32 (cast the other first)", a, b)
     g = _graph(a, b)
-    return g.wrap(fn(g.ctx(), a.ptr, b.ptr))
+    return g.make(fn, a.ptr, b.ptr)
 
 
 def add(a: Tensor, b: "Tensor | float") -> Tensor:
@@ -119,15 +113,15 @@ def scale_bias(x: Tensor, s: float, b: float) -> Tensor:
     g = _graph(x)
     L = g.lib
     if b == 0.0:
-        return g.wrap(L.ggml_scale(g.ctx(), x.ptr, s))
-    return g.wrap(L.ggml_scale_bias(g.ctx(), x.ptr, s, b))
+        return g.make(L.ggml_scale, x.ptr, s)
+    return g.make(L.ggml_scale_bias, x.ptr, s, b)
 
 
 def _unary(op: str, fn, x: Tensor) -> Tensor:
     _need_type(op, x, F32, F16)
     _rows_contiguous(op, x)
     g = _graph(x)
-    return g.wrap(fn(g.ctx(), x.ptr))
+    return g.make(fn, x.ptr)
 
 
 def sqr(x): return _unary("sqr", _lib.get().ggml_sqr, x)          # noqa: E704
@@ -160,16 +154,17 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) · up, fused."""
     if gate.ne != up.ne or gate.type != up.type:
         _fail("swiglu", "gate and up must have the same shape and type", gate, up)
-    for t in (gate, up):
-        _rows_contiguous("swiglu", t)
+    if not (gate.is_contiguous(1) and up.is_contiguous(1)):
+        _fail("swiglu", "inputs must be contiguous beyond the row stride", gate, up)
     g = _graph(gate, up)
-    return g.wrap(g.lib.ggml_swiglu_split(g.ctx(), gate.ptr, up.ptr))
+    return g.make(g.lib.ggml_swiglu_split, gate.ptr, up.ptr)
 
 
 def clamp(x: Tensor, lo: float, hi: float) -> Tensor:
     _need_type("clamp", x, F32, F16)
+    _rows_contiguous("clamp", x)
     g = _graph(x)
-    return g.wrap(g.lib.ggml_clamp(g.ctx(), x.ptr, lo, hi))
+    return g.make(g.lib.ggml_clamp, x.ptr, lo, hi)
 
 
 # -- normalization and reductions ----------------------------------------------------------------
@@ -177,7 +172,7 @@ def _norm(op: str, fn, x: Tensor, eps: float) -> Tensor:
     _need_type(op, x, F32)
     _rows_contiguous(op, x)
     g = _graph(x)
-    return g.wrap(fn(g.ctx(), x.ptr, float(eps)))
+    return g.make(fn, x.ptr, float(eps))
 
 
 def norm(x: Tensor, eps: float) -> Tensor:
@@ -198,17 +193,19 @@ def l2_norm(x: Tensor, eps: float) -> Tensor:
 def sum_rows(x: Tensor) -> Tensor:
     """[n, a, b, c] → [1, a, b, c]."""
     _need_type("sum_rows", x, F32)
+    _rows_contiguous("sum_rows", x)
     g = _graph(x)
-    return g.wrap(g.lib.ggml_sum_rows(g.ctx(), x.ptr))
+    return g.make(g.lib.ggml_sum_rows, x.ptr)
 
 
 def argmax(x: Tensor) -> Tensor:
     """[n, rows] F32 → [rows] I32: index of the largest entry of each row."""
     _need_type("argmax", x, F32)
+    _rows_contiguous("argmax", x)  # ggml only debug-asserts this and reads wrong rows otherwise
     if x.ne[2] != 1 or x.ne[3] != 1:
         _fail("argmax", "input must be a matrix [n, rows]", x)
     g = _graph(x)
-    return g.wrap(g.lib.ggml_argmax(g.ctx(), x.ptr))
+    return g.make(g.lib.ggml_argmax, x.ptr)
 
 
 def softmax(x: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor:
@@ -222,8 +219,8 @@ def softmax(x: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor
                 or x.ne[2] % mask.ne[2] or x.ne[3] % mask.ne[3]:
             _fail("softmax", "mask must be contiguous [ne0, >=ne1, divisor, divisor]", x, mask)
     g = _graph(x, mask)
-    return g.wrap(g.lib.ggml_soft_max_ext(g.ctx(), x.ptr, mask.ptr if mask is not None else None,
-                                          float(scale), 0.0))
+    return g.make(g.lib.ggml_soft_max_ext, x.ptr, mask.ptr if mask is not None else None,
+                  float(scale), 0.0)
 
 
 # -- matrix products, lookups, rope, attention -----------------------------------------------------
@@ -242,7 +239,7 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     if a.nb[0] != type_size(a.type)[0] or b.nb[0] != 4:
         _fail("mul_mat", "operands need contiguous rows", a, b)
     g = _graph(a, b)
-    return g.wrap(g.lib.ggml_mul_mat(g.ctx(), a.ptr, b.ptr))
+    return g.make(g.lib.ggml_mul_mat, a.ptr, b.ptr)
 
 
 def get_rows(table: Tensor, ids: Tensor) -> Tensor:
@@ -253,7 +250,7 @@ def get_rows(table: Tensor, ids: Tensor) -> Tensor:
         _fail("get_rows", "ids [n, h, r] must match table [D, V, h, r]", table, ids)
     g = _graph(table, ids)
     g.limit_index(ids, table.ne[1])
-    return g.wrap(g.lib.ggml_get_rows(g.ctx(), table.ptr, ids.ptr))
+    return g.make(g.lib.ggml_get_rows, table.ptr, ids.ptr)
 
 
 def rope(x: Tensor, positions: Tensor, *, n_dims: int | None = None, mode: str = "normal",
@@ -264,14 +261,15 @@ def rope(x: Tensor, positions: Tensor, *, n_dims: int | None = None, mode: str =
         raise ShapeError(f"rope: mode must be one of {sorted(ROPE_MODES)}, got {mode!r}")
     n_dims = x.ne[0] if n_dims is None else int(n_dims)
     _need_type("rope", x, F32, F16)
+    _rows_contiguous("rope", x)
     if positions.type != I32 or positions.ne[1:] != (1, 1, 1) or positions.ne[0] != x.ne[2]:
         _fail("rope", "positions must be an I32 vector of length ne2 (T)", x, positions)
     if n_dims <= 0 or n_dims % 2 or n_dims > x.ne[0]:
         _fail("rope", f"n_dims={n_dims} must be even and at most ne0", x)
     g = _graph(x, positions)
-    return g.wrap(g.lib.ggml_rope_ext(g.ctx(), x.ptr, positions.ptr, None, n_dims,
-                                      ROPE_MODES[mode], 0, float(base), float(freq_scale),
-                                      0.0, 1.0, 32.0, 1.0))
+    # ext_factor 0 turns YaRN off; attn_factor 1, beta_fast 32 and beta_slow 1 are then unused
+    return g.make(g.lib.ggml_rope_ext, x.ptr, positions.ptr, None, n_dims, ROPE_MODES[mode], 0,
+                  float(base), float(freq_scale), 0.0, 1.0, 32.0, 1.0)
 
 
 def flash_attn(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
@@ -282,13 +280,15 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: floa
         _fail("flash_attn", "need q/k head dims equal, k/v lengths and heads equal, Hq % Hkv == 0",
               q, k, v)
     _need_type("flash_attn", q, F32)
+    for t in (q, k, v):
+        _rows_contiguous("flash_attn", t)
     if mask is not None:
         if mask.type != F16 or not mask.is_contiguous() or mask.ne[0] != k.ne[1] \
                 or mask.ne[1] < q.ne[1] or q.ne[2] % mask.ne[2] or q.ne[3] % mask.ne[3]:
             _fail("flash_attn", "mask must be contiguous F16 [Tk, >=Tq, ...]", q, k, mask)
     g = _graph(q, k, v, mask)
-    return g.wrap(g.lib.ggml_flash_attn_ext(g.ctx(), q.ptr, k.ptr, v.ptr,
-                                            mask.ptr if mask is not None else None, float(scale), 0.0, 0.0))
+    return g.make(g.lib.ggml_flash_attn_ext, q.ptr, k.ptr, v.ptr,
+                  mask.ptr if mask is not None else None, float(scale), 0.0, 0.0)
 
 
 # -- copies, casts, layout ---------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def cpy(src: Tensor, dst: Tensor) -> Tensor:
     if src.n_elements != dst.n_elements:
         _fail("cpy", "element counts differ", src, dst)
     g = _graph(src, dst)
-    out = g.wrap(g.lib.ggml_cpy(g.ctx(), src.ptr, dst.ptr))
+    out = g.make(g.lib.ggml_cpy, src.ptr, dst.ptr)
     if dst.graph is None or _lib.ggml_tensor.from_address(dst.ptr).view_src:
         g.add_effect(out)
     return out
@@ -314,7 +314,7 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor) -> Tensor:
         _fail("set_rows", "src must be F32/F16 and rows I32/I64", src, rows)
     g = _graph(dst, src, rows)
     g.limit_index(rows, dst.ne[1])
-    out = g.wrap(g.lib.ggml_set_rows(g.ctx(), dst.ptr, src.ptr, rows.ptr))
+    out = g.make(g.lib.ggml_set_rows, dst.ptr, src.ptr, rows.ptr)
     if dst.graph is None or _lib.ggml_tensor.from_address(dst.ptr).view_src:
         g.add_effect(out)
     return out
@@ -322,55 +322,65 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor) -> Tensor:
 
 def cast(x: Tensor, type_: GGMLType) -> Tensor:
     g = _graph(x)
-    return g.wrap(g.lib.ggml_cast(g.ctx(), x.ptr, int(type_)))
+    return g.make(g.lib.ggml_cast, x.ptr, int(type_))
 
 
 def cont(x: Tensor) -> Tensor:
     g = _graph(x)
-    return g.wrap(g.lib.ggml_cont(g.ctx(), x.ptr))
+    return g.make(g.lib.ggml_cont, x.ptr)
 
 
 def reshape(x: Tensor, *ne: int) -> Tensor:
     """Same data, new ggml shape (1-4 axes, fastest first); x must be contiguous."""
-    ne4 = tuple(int(n) for n in ne) + (1,) * (4 - len(ne))
-    if len(ne) > 4 or math.prod(ne4) != x.n_elements:
+    if not 1 <= len(ne) <= 4:
+        _fail("reshape", f"cannot reshape to {list(ne)}", x)
+    n0, n1, n2, n3 = ne + (1,) * (4 - len(ne))
+    a, b, c, d = x.ne
+    if n0 * n1 * n2 * n3 != a * b * c * d:
         _fail("reshape", f"cannot reshape to {list(ne)}", x)
     if not x.is_contiguous():
         _fail("reshape", "input must be contiguous (cont() it first)", x)
     g = _graph(x)
-    return g.wrap(g.lib.ggml_reshape_4d(g.ctx(), x.ptr, *ne4))
+    return g.make(g.lib.ggml_reshape_4d, x.ptr, n0, n1, n2, n3)
 
 
 def view(x: Tensor, ne, nb=None, offset: int = 0, *, graph: Graph | None = None) -> Tensor:
     """A strided window on x: ne (1-4 axes), byte strides nb[1..] (default: x's own), byte
     offset. Bounds are checked against x's data."""
-    ne4 = tuple(ne) + (1,) * (4 - len(ne))
+    n0, n1, n2, n3 = ne4 = tuple(ne) + (1,) * (4 - len(ne))
     size, block = type_size(x.type)
-    row = size * ne4[0] // block
-    strides = list(x.nb[1:] if nb is None else nb) or [row]
-    while len(strides) < 3:  # axis k+1 of a packed block: stride(axis k) · ne[k]
-        strides.append(strides[-1] * ne4[len(strides)])
-    n1, n2, n3 = ne4[1:]
-    s1, s2, s3 = strides[:3]
+    row = size * n0 // block
+    if nb is None:
+        s1, s2, s3 = x.nb[1:]
+    else:  # missing strides pack the axes after the given ones
+        k = len(nb)
+        s1 = nb[0] if k > 0 else row
+        s2 = nb[1] if k > 1 else s1 * n1
+        s3 = nb[2] if k > 2 else s2 * n2
     last = offset + row + (n1 - 1) * s1 + (n2 - 1) * s2 + (n3 - 1) * s3
     if offset < 0 or min(ne4) < 1 or last > _nbytes(x):
         _fail("view", f"view ne={list(ne4)} nb={[s1, s2, s3]} offset={offset} is out of bounds", x)
     g = _graph(x, graph=graph)
-    return g.wrap(g.lib.ggml_view_4d(g.ctx(), x.ptr, *ne4, s1, s2, s3, offset))
+    return g.make(g.lib.ggml_view_4d, x.ptr, *ne4, s1, s2, s3, offset)
+
+
+# every permutation of the first 1-4 axes, completed with the trailing axes that stay put
+_PERMUTATIONS = {p: p + tuple(range(len(p), 4)) for n in (1, 2, 3, 4)
+                 for p in itertools.permutations(range(n))}
 
 
 def permute(x: Tensor, *axes: int) -> Tensor:
     """ggml_permute: source axis i moves to position axes[i] (missing trailing axes stay)."""
-    ax = tuple(axes) + tuple(range(len(axes), 4))
-    if sorted(ax) != [0, 1, 2, 3]:
+    ax = _PERMUTATIONS.get(axes)
+    if ax is None:
         _fail("permute", f"axes {list(axes)} are not a permutation of 0..3", x)
     g = _graph(x)
-    return g.wrap(g.lib.ggml_permute(g.ctx(), x.ptr, *ax))
+    return g.make(g.lib.ggml_permute, x.ptr, *ax)
 
 
 def transpose(x: Tensor) -> Tensor:
     g = _graph(x)
-    return g.wrap(g.lib.ggml_transpose(g.ctx(), x.ptr))
+    return g.make(g.lib.ggml_transpose, x.ptr)
 
 
 def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
@@ -379,7 +389,7 @@ def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
             a.ne[d] != b.ne[d] for d in range(4) if d != dim):
         _fail("concat", f"cannot concatenate along axis {dim}", a, b)
     g = _graph(a, b)
-    return g.wrap(g.lib.ggml_concat(g.ctx(), a.ptr, b.ptr, dim))
+    return g.make(g.lib.ggml_concat, a.ptr, b.ptr, dim)
 
 
 def pad(x: Tensor, *pads: tuple[int, int]) -> Tensor:
@@ -389,7 +399,7 @@ def pad(x: Tensor, *pads: tuple[int, int]) -> Tensor:
         _fail("pad", f"pads {pads} must be (before, after) >= 0 for at most 4 axes", x)
     _need_type("pad", x, F32)
     g = _graph(x)
-    return g.wrap(g.lib.ggml_pad_ext(g.ctx(), x.ptr, *[v for pair in p for v in pair]))
+    return g.make(g.lib.ggml_pad_ext, x.ptr, *[v for pair in p for v in pair])
 
 
 def name(x: Tensor, label: str) -> Tensor:

@@ -12,13 +12,21 @@ from . import lib as _lib
 from .types import F16, F32, BF16, GGMLType, NUMPY_DTYPES, bf16_bits_to_float32, float32_to_bf16_bits
 
 
-def block_size(t: GGMLType) -> int:
+# Types ggml_quantize_chunk can write (q8_1 and q8_K are activation-only formats: ggml has no
+# row quantizer for them and would abort).
+QUANTIZABLE = frozenset(GGMLType[n] for n in (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ3_S", "IQ2_S", "IQ1_S", "IQ1_M",
+    "IQ4_NL", "IQ4_XS"))
+
+
+def block_size(t: "GGMLType | str") -> int:
     """Elements per block (a row length must be a multiple of it)."""
-    return int(_lib.get().ggml_blck_size(int(t)))
+    return int(_lib.get().ggml_blck_size(int(GGMLType.parse(t))))
 
 
-def row_bytes(t: GGMLType, n: int) -> int:
-    return int(_lib.get().ggml_row_size(int(t), n))
+def row_bytes(t: "GGMLType | str", n: int) -> int:
+    return int(_lib.get().ggml_row_size(int(GGMLType.parse(t)), n))
 
 
 def quantize(x: np.ndarray, t: "GGMLType | str", imatrix: np.ndarray | None = None) -> np.ndarray:
@@ -36,8 +44,9 @@ def quantize(x: np.ndarray, t: "GGMLType | str", imatrix: np.ndarray | None = No
     if t == BF16:
         return float32_to_bf16_bits(x).view(np.uint8).reshape(x.shape[:-1] + (k * 2,))
     L = _lib.get()
-    if not L.ggml_is_quantized(int(t)):
-        raise ShapeError(f"quantize: {t.name} is not a float or quantized weight type")
+    if t not in QUANTIZABLE:
+        raise ShapeError(f"quantize: {t.name} is not a weight type ggml can quantize to; pick "
+                         "one of f32, f16, bf16, " + ", ".join(q.name.lower() for q in QUANTIZABLE))
     if k % block_size(t):
         raise ShapeError(f"quantize: row length {k} is not a multiple of the {t.name} block "
                          f"size {block_size(t)}; keep this tensor in f16/f32")

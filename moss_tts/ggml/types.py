@@ -81,10 +81,13 @@ def numpy_dtype(t: GGMLType) -> np.dtype:
 
 
 def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even f32 → bf16, returned as uint16 bit patterns."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-    return (rounded >> 16).astype(np.uint16)
+    """Round-to-nearest-even f32 → bf16, returned as uint16 bit patterns (a NaN stays a quiet
+    NaN of the same sign: the rounding carry would turn some NaN payloads into ±0 or inf)."""
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    bits = f.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    quiet_nan = ((bits >> 16) | 0x0040).astype(np.uint16)
+    return np.where(np.isnan(f), quiet_nan, rounded)
 
 
 def bf16_bits_to_float32(b: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelFileError
 from . import lib as _lib
-from .backend import Backend, Buffer, get_backend
+from .backend import Backend, Buffer, NativeResource, get_backend
 from .graph import Tensor
 from .types import GGMLType
 
@@ -52,7 +52,7 @@ class TensorInfo:
         return tuple(reversed(self.ne[:n]))
 
 
-class GGUFFile:
+class GGUFFile(NativeResource):
     """An open GGUF: `meta[key]`, `tensors` (name → TensorInfo). Close it, or use `with`."""
 
     def __init__(self, path: str | os.PathLike):
@@ -152,18 +152,6 @@ class GGUFFile:
             self.lib.ggml_free(self._meta_ctx)
             self._meta_ctx = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 def _check_magic(path: Path) -> None:
     try:
@@ -178,7 +166,7 @@ def _check_magic(path: Path) -> None:
                              "checkpoint with `python -m moss_tts convert` first")
 
 
-class Weights:
+class Weights(NativeResource):
     """Every tensor of a GGUF in backend memory; `weights["name"]` is a persistent Tensor."""
 
     def __init__(self, file: GGUFFile, backend: Backend):
@@ -188,7 +176,7 @@ class Weights:
         self.zero_copy = False
         self.buffer = self._load()
         self._tensors = {name: Tensor.from_ptr(self.lib.ggml_get_tensor(
-            file._meta_ctx, name.encode()), None) for name in file.tensors}
+            file._meta_ctx, name.encode()), None, self) for name in file.tensors}
         logger.info("loaded %s: %d tensors, %.1f MiB on %s%s", file.path.name, len(self._tensors),
                     self.nbytes / 2**20, backend.name, " (zero-copy mmap)" if self.zero_copy else "")
 
@@ -278,9 +266,3 @@ class Weights:
             self.buffer.close()
             self.buffer = None
         self.file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -97,10 +97,12 @@ class GPT2Layer:
 
 def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, positions: Tensor,
                    cache: KVCache, slots: Tensor, mask: Tensor, n_slots: int,
-                   stage: str) -> Tensor:
+                   stage: str, flash: bool = True) -> Tensor:
     """x [D, T] → attention output [D, T], writing this step's K/V into `cache` layer il.
 
-    positions I32 [T]; slots I32 [T] (from cache.reserve); mask F32 [n_slots, T] (cache.mask).
+    positions I32 [T]; slots I32 [T] (from cache.reserve); mask [n_slots, T] from cache.mask —
+    F16 for the fused flash-attention path (the default: no V-cache transpose per step), F32
+    for the softmax path.
     """
     qkv = linear(x, layer.attn_c_attn_weight, layer.attn_c_attn_bias)      # [3D, T]
     d, t = cfg.n_embd, x.ne[1]
@@ -113,7 +115,7 @@ def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, pos
     cache.store(il, k, v, slots)
     g = x.graph
     o = attention(q, cache.keys(g, il, n_slots), cache.values(g, il, n_slots), mask,
-                  scale=cfg.head_dim ** -0.5)
+                  scale=cfg.head_dim ** -0.5, flash=flash)
     ops.name(o, f"{stage}.{il}.attn_out")
     return linear(o, layer.attn_c_proj_weight, layer.attn_c_proj_bias)
 
@@ -131,10 +133,10 @@ def block(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, stage: str, 
 
 def forward(x: Tensor, layers: list[GPT2Layer], ln_f: tuple[Tensor, Tensor], cfg: GPT2Config, *,
             positions: Tensor, cache: KVCache, slots: Tensor, mask: Tensor, n_slots: int,
-            stage: str = "backbone") -> Tensor:
+            stage: str = "backbone", flash: bool = True) -> Tensor:
     """Embedded rows x [D, T] through every block and ln_f → hidden [D, T]."""
     for il, layer in enumerate(layers):
         x = block(x, layer, cfg, il=il, stage=stage, positions=positions, cache=cache,
-                  slots=slots, mask=mask, n_slots=n_slots)
+                  slots=slots, mask=mask, n_slots=n_slots, flash=flash)
     x = layer_norm(x, ln_f[0], ln_f[1], eps=cfg.layer_norm_epsilon)
     return ops.name(x, f"{stage}.hidden")

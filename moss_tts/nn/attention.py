@@ -9,8 +9,8 @@ import numpy as np
 from ..errors import BackendError, ShapeError
 from ..ggml import lib as _lib
 from ..ggml import ops
-from ..ggml.backend import Backend, Buffer, get_backend
-from ..ggml.graph import Graph, Tensor
+from ..ggml.backend import Backend, Buffer, NativeResource, get_backend
+from ..ggml.graph import Graph, Tensor, type_size
 from ..ggml.types import F16, F32, GGMLType
 
 NEG_INF = np.float32(-np.inf)
@@ -75,7 +75,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
     return ops.reshape(out, dh * hq, tq)
 
 
-class KVCache:
+class KVCache(NativeResource):
     """Per-layer K and V rows on the backend, `capacity` slots each, written inside the graph.
 
     Slots are assigned on the host (`reserve`), so the same cache serves a growing prefix and a
@@ -99,13 +99,14 @@ class KVCache:
             (2 * n_layer + 4) * L.ggml_tensor_overhead(), None, True))
         if not self._ctx:
             raise BackendError("KVCache: ggml_init failed")
-        ne = (ctypes.c_int64 * 3)(head_dim, n_kv_head, capacity)
+        # one row of Dh·Hkv values per slot: set_rows writes rows, views split heads for reading
+        ne = (ctypes.c_int64 * 2)(head_dim * n_kv_head, capacity)
         self._k, self._v = [], []
         for il in range(n_layer):
             for store, what in ((self._k, "k"), (self._v, "v")):
-                p = L.ggml_new_tensor(self._ctx, int(self.dtype), 3, ne)
+                p = L.ggml_new_tensor(self._ctx, int(self.dtype), 2, ne)
                 L.ggml_set_name(p, f"cache.{il}.{what}".encode())
-                store.append(Tensor.from_ptr(p, None))
+                store.append(Tensor.from_ptr(p, None, self))
         self.buffer = Buffer(L, L.ggml_backend_alloc_ctx_tensors(self._ctx, self.backend.ptr))
         self.positions = np.full(capacity, -1, dtype=np.int64)  # slot → absolute position
         self.evicted_max = -1  # newest position a ring overwrite has dropped
@@ -165,16 +166,24 @@ class KVCache:
         return causal_mask(q_positions, self.positions[:n], window=window, dtype=dtype)
 
     def store(self, il: int, k: Tensor, v: Tensor, slots: Tensor) -> None:
-        """Write k, v [Dh, Hkv, T] of layer il into the slots given by I32 `slots` [T]."""
-        width = self.head_dim * self.n_kv_head
-        if k.ne[:3] != (self.head_dim, self.n_kv_head, slots.ne[0]) or v.ne != k.ne:
-            raise ShapeError(f"KVCache.store: k {list(k.ne)} / v {list(v.ne)} do not match "
-                             f"[{self.head_dim}, {self.n_kv_head}, {slots.ne[0]}]")
+        """Write k, v of layer il into the slots given by I32 `slots` [T]. Each is [Dh, Hkv, T]
+        (a strided view is fine while each row's heads are packed) or [Dh·Hkv, T]."""
         for cache, new in ((self._k[il], k), (self._v[il], v)):
-            rows = ops.view(cache, (width, self.capacity), (cache.nb[2],), graph=k.graph)
-            if not new.is_contiguous():
-                new = ops.cont(new)
-            ops.set_rows(rows, ops.reshape(new, width, slots.ne[0]), slots)
+            ops.set_rows(cache, self._rows(new, slots.ne[0]), slots)
+
+    def _rows(self, t: Tensor, n: int) -> Tensor:
+        """t as [Dh·Hkv, n] with contiguous rows, by a view where the strides allow it."""
+        width, dh = self.head_dim * self.n_kv_head, self.head_dim
+        size = type_size(t.type)[0]
+        if t.ne == (width, n, 1, 1):
+            rows = t
+        elif t.ne == (dh, self.n_kv_head, n, 1):
+            rows = (ops.view(t, (width, n), (t.nb[2],)) if t.nb[1] == dh * size
+                    else ops.reshape(ops.cont(t), width, n))
+        else:
+            raise ShapeError(f"KVCache.store: got {list(t.ne)}, expected [{dh}, "
+                             f"{self.n_kv_head}, {n}] or [{width}, {n}]")
+        return rows if rows.nb[0] == size else ops.cont(rows)
 
     def keys(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
         """View [Dh, Hkv, n_slots] of layer il's K rows in graph g (default: every slot)."""
@@ -187,7 +196,9 @@ class KVCache:
         n = self.capacity if n_slots is None else n_slots
         if not 1 <= n <= self.capacity:
             raise ShapeError(f"KVCache: {n} slots requested of {self.capacity}")
-        return ops.view(cache, (self.head_dim, self.n_kv_head, n), graph=g)
+        dh_bytes = self.head_dim * type_size(cache.type)[0]
+        return ops.view(cache, (self.head_dim, self.n_kv_head, n), (dh_bytes, cache.nb[1]),
+                        graph=g)
 
     def close(self) -> None:
         if self.buffer is not None:
@@ -196,15 +207,3 @@ class KVCache:
         if self._ctx:
             self.lib.ggml_free(self._ctx)
             self._ctx = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
