@@ -1,0 +1,1 @@
+"""Hugging Face checkpoint → GGUF converters, one module per family, plus the GGUF writer."""

@@ -1,0 +1,146 @@
+"""Parity of moss_tts/nn/attention.py (attention, causal_mask, split/merge_heads) with the
+numpy reference: MHA and GQA, causal and sliding-window masks, softmax and flash paths."""
+
+import numpy as np
+import pytest
+
+from fixtures.compare import assert_close, assert_differs
+from fixtures.reference import ops as ref
+from moss_tts import nn
+from moss_tts.errors import ShapeError
+from moss_tts.ggml import F16, F32, Graph
+
+# Softmax path, f32 K/V: two f32 matmuls and an f32 softmax over ≤ 12 keys; outputs ~1 are good
+# to ~1e-6.
+F32_ATOL = 1e-5
+# K/V stored in f16 (rel. 2^-11 ≈ 5e-4 per value); the kernels also round q to f16 for the
+# q·k dot, and flash on CPU accumulates V·softmax in f16 — compared against the f32-input
+# reference the error is a few 1e-3.
+F16_ATOL = 1e-2
+# Flash path with f32 K/V: q is not rounded (K's vec-dot type is f32), so only the online
+# softmax's reordering and the f16 mask (0 / −inf, exact) differ from the reference.
+FLASH_F32_ATOL = 1e-5
+
+DH = 16
+HEADS = [(4, 4), (4, 2), (4, 1)]          # (Hq, Hkv): MHA, GQA 2:1, multi-query
+# (name, Tq, Tk, window): queries are the last Tq of Tk positions
+MASKS = [("causal_prefill", 12, 12, None), ("causal_tail", 5, 12, None),
+         ("window_prefill", 12, 12, 4), ("window_tail", 5, 12, 4)]
+# (name, flash, kv type, mask dtype, atol)
+PATHS = [("softmax_f32", False, F32, np.float32, F32_ATOL),
+         ("softmax_f16kv", False, F16, np.float32, F16_ATOL),
+         ("flash_f16kv", True, F16, np.float16, F16_ATOL),
+         ("flash_f32kv", True, F32, np.float16, FLASH_F32_ATOL)]
+
+
+def _attention(q, k, v, mask, *, scale, flash, kv_type):
+    tq, hq, dh = q.shape
+    tk, hkv, _ = k.shape
+    g = Graph(name="attention")
+    qt = g.input("q", (tq, hq, dh))                               # [Dh, Hq, Tq]
+    kt = g.input("k", (tk, hkv, dh), kv_type)                     # [Dh, Hkv, Tk]
+    vt = g.input("v", (tk, hkv, dh), kv_type)
+    mt = g.input("mask", (tq, tk), F16 if flash else F32)        # [Tk, Tq] additive
+    g.output(nn.attention(qt, kt, vt, mt, scale=scale, flash=flash), "y", ndim=2)  # [Dh·Hq, Tq]
+    return g.run({"q": q, "k": k, "v": v, "mask": mask})["y"]
+
+
+def _qkv(rng, tq, tk, hq, hkv):
+    q = (rng.standard_normal((tq, hq, DH)) * 1.5).astype(np.float32)  # peaked, not uniform
+    k = rng.standard_normal((tk, hkv, DH)).astype(np.float32)
+    v = rng.standard_normal((tk, hkv, DH)).astype(np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p[0])
+@pytest.mark.parametrize("masking", MASKS, ids=lambda m: m[0])
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"hq{h[0]}_hkv{h[1]}")
+def test_attention_matches_reference(rng, heads, masking, path):
+    hq, hkv = heads
+    _, tq, tk, window = masking
+    _, flash, kv_type, mask_dtype, atol = path
+    q, k, v = _qkv(rng, tq, tk, hq, hkv)
+    k_pos = np.arange(tk)
+    q_pos = k_pos[tk - tq:]
+    scale = 1.0 / np.sqrt(DH)
+    mask = nn.causal_mask(q_pos, k_pos, window=window, dtype=mask_dtype)
+    got = _attention(q, k, v, mask, scale=scale, flash=flash, kv_type=kv_type)
+    want = ref.attention(q, k, v, q_pos=q_pos, k_pos=k_pos, scale=scale, window=window)
+    assert_close(got, want.reshape(tq, hq * DH), atol=atol, what="attention")
+    # guard: a mask one key wider (window + 1, or one future key for causal) must differ
+    if window is not None:
+        wider = ref.attention(q, k, v, q_pos=q_pos, k_pos=k_pos, scale=scale, window=window + 1)
+    else:
+        wider = ref.attention(q, k, v, q_pos=q_pos + 1, k_pos=k_pos, scale=scale, causal=True)
+    assert_differs(got, wider.reshape(tq, hq * DH), atol=atol, what="mask off by one")
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["softmax", "flash"])
+def test_attention_window_off_by_one_changes_result(rng, flash):
+    """The ggml result itself must move when the mask's window is one key wider."""
+    hq, hkv, t, window = 4, 2, 10, 3
+    q, k, v = _qkv(rng, t, t, hq, hkv)
+    pos = np.arange(t)
+    dtype, kv_type = (np.float16, F16) if flash else (np.float32, F32)
+    atol = F16_ATOL if flash else F32_ATOL
+    run = lambda w: _attention(q, k, v, nn.causal_mask(pos, pos, window=w, dtype=dtype),  # noqa: E731
+                               scale=DH ** -0.5, flash=flash, kv_type=kv_type)
+    want = ref.attention(q, k, v, q_pos=pos, k_pos=pos, window=window).reshape(t, hq * DH)
+    assert_close(run(window), want, atol=atol, what="window")
+    assert_differs(run(window + 1), run(window), atol=atol, what="window + 1")
+
+
+def test_gqa_maps_query_head_to_kv_head_by_integer_division(rng):
+    """Hq=4, Hkv=2: query heads 0,1 read kv head 0 and 2,3 read kv head 1 (not h % Hkv)."""
+    hq, hkv, t = 4, 2, 6
+    q, k, v = _qkv(rng, t, t, hq, hkv)
+    pos = np.arange(t)
+    got = _attention(q, k, v, nn.causal_mask(pos, pos), scale=0.25, flash=False, kv_type=F32)
+    want = ref.attention(q, k, v, q_pos=pos, k_pos=pos, scale=0.25)
+    assert_close(got, want.reshape(t, -1), atol=F32_ATOL, what="gqa")
+    # guard: interleaved mapping h % Hkv (heads 0,2 → kv 0) is a different result
+    order = np.arange(hq) % hkv * (hq // hkv) + np.arange(hq) // hkv
+    interleaved = ref.attention(q[:, order], k, v, q_pos=pos, k_pos=pos, scale=0.25)
+    unshuffled = np.empty_like(interleaved)
+    unshuffled[:, order] = interleaved
+    assert_differs(got, unshuffled.reshape(t, -1), atol=F32_ATOL, what="h % Hkv mapping")
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_causal_mask_matches_reference_allowed_set(window):
+    q_pos = np.array([0, 3, 4, 9])
+    k_pos = np.array([-1, 0, 1, 2, 3, 4, 5, 8, 9, -1])      # −1: an empty cache slot
+    valid = np.array([1, 1, 1, 0, 1, 1, 1, 1, 1, 1], bool)
+    mask = nn.causal_mask(q_pos, k_pos, window=window, valid=valid)
+    allowed = ref.attention_allowed(q_pos, k_pos, window=window, key_mask=valid & (k_pos >= 0))
+    assert mask.dtype == np.float32 and mask.shape == (4, 10)
+    np.testing.assert_array_equal(mask == 0, allowed)
+    assert np.all(np.isneginf(mask[~allowed]))
+    assert nn.causal_mask(q_pos, k_pos, dtype=np.float16).dtype == np.float16
+
+
+def test_split_and_merge_heads_match_reference_layout(rng):
+    """[H·Dh, T] → [Dh, H, T] takes heads as contiguous blocks of Dh (upstream view(T, H, Dh))."""
+    t, h, dh = 3, 4, 8
+    x = rng.standard_normal((t, h * dh)).astype(np.float32)
+    g = Graph(name="heads")
+    heads = nn.split_heads(g.input("x", (t, h * dh)), h)
+    g.output(heads, "heads", ndim=3)
+    g.output(nn.merge_heads(heads), "merged", ndim=2)
+    out = g.run({"x": x})
+    assert_close(out["heads"], x.reshape(t, h, dh), atol=0.0, what="split_heads")
+    assert_close(out["merged"], x, atol=0.0, what="merge_heads")
+    assert_differs(out["heads"], x.reshape(t, dh, h).transpose(0, 2, 1), atol=1e-3,
+                   what="heads interleaved")
+
+
+def test_attention_rejects_incompatible_heads():
+    g = Graph(name="bad")
+    q = g.input("q", (2, 4, DH))
+    k, v = g.input("k", (2, 3, DH)), g.input("v", (2, 3, DH))
+    with pytest.raises(ShapeError):
+        nn.attention(q, k, v, None, scale=1.0)
+    with pytest.raises(ShapeError):
+        nn.attention(q, g.input("k8", (2, 2, 8)), g.input("v8", (2, 2, 8)), None, scale=1.0)
+    with pytest.raises(ShapeError):
+        nn.split_heads(g.input("x", (2, 30)), 4)
