@@ -21,22 +21,27 @@ from moss_tts.ggml import Backend, Graph, Weights, ops  # noqa: E402
 K = N = 4096
 
 
-def read_bandwidth(nbytes: int, threads: int, repeat: int) -> float:
+class ReadProbe:
     """GB/s of a plain streaming read (numpy max, one slice per thread; numpy releases the GIL):
-    the machine's memory read bandwidth, measured in the same run as the matmuls."""
-    import threading
-    a = np.random.default_rng(1).standard_normal(nbytes // 4, dtype=np.float32)
-    parts = np.array_split(a, threads)
-    best = float("inf")
-    for _ in range(repeat):
-        workers = [threading.Thread(target=np.max, args=(p,)) for p in parts]
-        t0 = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        best = min(best, time.perf_counter() - t0)
-    return a.nbytes / best / 1e9
+    the machine's memory read bandwidth. This machine's bandwidth drifts from minute to minute,
+    so it is measured right next to each matmul it is compared with."""
+
+    def __init__(self, nbytes: int, threads: int):
+        self.array = np.random.default_rng(1).standard_normal(nbytes // 4, dtype=np.float32)
+        self.parts = np.array_split(self.array, threads)
+
+    def gbps(self, repeat: int) -> float:
+        import threading
+        best = float("inf")
+        for _ in range(repeat):
+            workers = [threading.Thread(target=np.max, args=(p,)) for p in self.parts]
+            t0 = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            best = min(best, time.perf_counter() - t0)
+        return self.array.nbytes / best / 1e9
 
 
 def main(argv=None) -> int:
@@ -53,6 +58,7 @@ def main(argv=None) -> int:
     backend = Backend("cpu", threads=args.threads)
     rows_out = []
     rng = np.random.default_rng(0)
+    probe = ReadProbe(n_mats * N * K * 4, backend.threads)
     np_mats = None
     for m in (int(r) for r in args.rows.split(",")):
         x = rng.standard_normal((m, K)).astype(np.float32)
@@ -64,7 +70,8 @@ def main(argv=None) -> int:
             for w in np_mats:
                 x @ w.T
             samples.append(time.perf_counter() - t0)
-        rows_out.append(_row("numpy f32", m, median_ms(samples), n_mats * N * K * 4, n_mats))
+        bw = probe.gbps(args.repeat)
+        rows_out.append(_row("numpy f32", m, median_ms(samples), n_mats * N * K * 4, n_mats, bw))
         for t in args.types.split(","):
             with Weights.load(random_model(f"stack{n_mats}x{N}", shapes, t), backend) as wts:
                 g = Graph(backend, name="matmul")
@@ -75,28 +82,29 @@ def main(argv=None) -> int:
                 g.allocate()
                 g.set_input("x", x)
                 g.compute()  # warm-up (page-in of the mmap)
+                bw = probe.gbps(args.repeat)
                 samples = []
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
                     g.compute()
                     samples.append(time.perf_counter() - t0)
-                rows_out.append(_row(f"ggml {t}", m, median_ms(samples), wts.nbytes, n_mats))
+                rows_out.append(_row(f"ggml {t}", m, median_ms(samples), wts.nbytes, n_mats, bw))
                 g.close()
-    bw = read_bandwidth(n_mats * N * K * 4, backend.threads, args.repeat)
-    for r in rows_out:
-        if r["rows"] == 1:
-            r["% of read BW"] = f"{100 * float(r['weight GB/s']) / bw:.0f}"
     print(f"{n_mats} x [{N} x {K}] weights, {backend.threads} threads, medians of {args.repeat}; "
-          f"memory read bandwidth (numpy max, {backend.threads} threads, best of "
-          f"{args.repeat}): {bw:.1f} GB/s")
-    print(table(rows_out, ["what", "rows", "ms", "weight GB/s", "% of read BW", "GFLOP/s"]))
+          f"read BW = numpy max over the same bytes, {backend.threads} threads, best of "
+          f"{args.repeat}, measured just before each row")
+    print(table(rows_out, ["what", "rows", "ms", "weight GB/s", "read BW", "% of read BW",
+                           "GFLOP/s"]))
     return 0
 
 
-def _row(what, m, ms, nbytes, n_mats):
+def _row(what, m, ms, nbytes, n_mats, bw):
     flops = 2.0 * m * N * K * n_mats
-    return {"what": what, "rows": m, "ms": f"{ms:.1f}", "weight GB/s": f"{nbytes / ms / 1e6:.1f}",
-            "GFLOP/s": f"{flops / ms / 1e6:.1f}"}
+    row = {"what": what, "rows": m, "ms": f"{ms:.1f}", "weight GB/s": f"{nbytes / ms / 1e6:.1f}",
+           "read BW": f"{bw:.1f}", "GFLOP/s": f"{flops / ms / 1e6:.1f}"}
+    if m == 1:
+        row["% of read BW"] = f"{100 * nbytes / ms / 1e6 / bw:.0f}"
+    return row
 
 
 if __name__ == "__main__":

@@ -69,6 +69,12 @@ def write_gguf(path: str | os.PathLike, tensors: dict[str, np.ndarray], meta: di
     return path
 
 
+_ARRAY_TYPES = {np.dtype(np.uint8): gguf.GGUFValueType.UINT8, np.dtype(np.int8): gguf.GGUFValueType.INT8,
+                np.dtype(np.int32): gguf.GGUFValueType.INT32, np.dtype(np.int64): gguf.GGUFValueType.INT64,
+                np.dtype(np.float32): gguf.GGUFValueType.FLOAT32,
+                np.dtype(np.float64): gguf.GGUFValueType.FLOAT64}
+
+
 def _add_meta(w: gguf.GGUFWriter, key: str, value) -> None:
     if isinstance(value, bool):
         w.add_bool(key, value)
@@ -78,9 +84,17 @@ def _add_meta(w: gguf.GGUFWriter, key: str, value) -> None:
         w.add_float64(key, float(value))
     elif isinstance(value, str):
         w.add_string(key, value)
-    elif isinstance(value, bytes):
-        w.add_array(key, np.frombuffer(value, dtype=np.uint8))
-    elif isinstance(value, (list, tuple, np.ndarray)):
-        w.add_array(key, list(value) if not isinstance(value, np.ndarray) else value)
+    elif isinstance(value, (bytes, list, tuple, np.ndarray)):
+        if len(value) == 0:  # GGUF has no typed empty array (and gguf-py would skip it silently)
+            raise ConfigError(f"GGUF metadata {key!r}: empty arrays cannot be stored")
+        if isinstance(value, bytes):  # e.g. an embedded tokenizer model, stored as uint8
+            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT8)
+        elif isinstance(value, np.ndarray):
+            if value.dtype not in _ARRAY_TYPES:
+                raise ConfigError(f"GGUF metadata {key!r}: arrays of {value.dtype} are not stored")
+            w.add_key_value(key, value.reshape(-1).tolist(), gguf.GGUFValueType.ARRAY,
+                            sub_type=_ARRAY_TYPES[value.dtype])
+        else:
+            w.add_array(key, list(value))
     else:
         raise ConfigError(f"GGUF metadata {key!r}: cannot store a {type(value).__name__}")

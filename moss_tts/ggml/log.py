@@ -1,4 +1,9 @@
-"""Route ggml's own log lines into Python `logging` (logger `moss_tts.ggml`)."""
+"""Route ggml's own log lines into Python `logging` (logger `moss_tts.ggml`), at DEBUG.
+
+ggml reports a failure on its log *and* through a return value; the binding turns the return
+value into one clear exception, so ggml's own lines stay at DEBUG (shown with --debug) instead
+of printing a second, rawer message. The last warning or error is kept for that exception.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,26 @@ from .lib import ggml_log_callback
 logger = logging.getLogger("moss_tts.ggml")
 
 # enum ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line)
-_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-_state = {"level": logging.INFO, "callback": None}
+_WARN, _ERROR, _CONT = 3, 4, 5
+_state = {"level": 2, "callback": None, "last_problem": None}
 
 
 def _on_log(level: int, text: bytes, _user_data) -> None:
-    if level != 5:
-        _state["level"] = _LEVELS.get(level, logging.INFO)
+    if level != _CONT:
+        _state["level"] = level
     message = (text or b"").decode("utf-8", "replace").rstrip("\n")
-    # ggml logs buffer sizes at INFO on every allocation; keep them at DEBUG for library users.
-    py_level = max(logging.DEBUG, _state["level"] - 10) if _state["level"] <= logging.INFO else _state["level"]
-    if message and logger.isEnabledFor(py_level):
-        logger.log(py_level, "%s", message)
+    if not message:
+        return
+    if _state["level"] in (_WARN, _ERROR):
+        _state["last_problem"] = message.strip()
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s", message)
+
+
+def last_problem() -> str | None:
+    """The last warning or error line ggml logged (then forgotten), to explain a failure."""
+    problem, _state["last_problem"] = _state["last_problem"], None
+    return problem
 
 
 def route_ggml_log(lib) -> None:

@@ -19,6 +19,7 @@ from ..errors import ModelFileError
 from . import lib as _lib
 from .backend import Backend, Buffer, NativeResource, get_backend
 from .graph import Tensor
+from .log import last_problem
 from .types import GGMLType
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,10 @@ class GGUFFile(NativeResource):
         params = _lib.gguf_init_params(True, ctypes.pointer(ctx_out))
         self._gguf = self.lib.gguf_init_from_file(str(self.path).encode(), params)
         if not self._gguf:
+            detail = last_problem()
+            detail = f"; ggml: {detail}" if detail else ""
             raise ModelFileError(f"{self.path}: not a readable GGUF file (corrupt or truncated "
-                                 "header) — re-convert or re-download it")
+                                 f"header{detail}) — re-convert or re-download it")
         self._meta_ctx = ctx_out.value  # ggml context holding the tensor descriptions
         self._values: dict[str, object] = {}
         L, g = self.lib, self._gguf

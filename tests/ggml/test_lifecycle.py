@@ -221,3 +221,17 @@ def test_python_contiguity_matches_ggml(make):
     t = make(g.input("x", (2, 3, 8)))
     L = lib.get()
     assert t.is_contiguous() == bool(L.ggml_is_contiguous(t.ptr))
+
+
+def test_ggml_log_lines_reach_python_logging_at_debug(tmp_path, caplog):
+    import logging
+    from moss_tts.errors import ModelFileError
+    from moss_tts.ggml import GGUFFile
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 8)  # magic, version, then garbage
+    with caplog.at_level(logging.DEBUG, logger="moss_tts.ggml"):
+        with pytest.raises(ModelFileError, match="ggml: ") as e:
+            GGUFFile(p)
+    assert "\n" not in str(e.value)
+    records = [r for r in caplog.records if r.name == "moss_tts.ggml"]
+    assert records and all(r.levelno == logging.DEBUG for r in records)
