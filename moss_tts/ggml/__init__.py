@@ -3,8 +3,8 @@
 from .backend import Allocator, Backend, Buffer, default_threads, devices, get_backend
 from .graph import Graph, Tensor
 from .types import BF16, F16, F32, I32, I64, GGMLType
-from .weights import GGUFFile, TensorInfo, Weights
+from .weights import GGUFFile, TensorInfo, TensorStore, Weights
 
 __all__ = ["Allocator", "Backend", "Buffer", "default_threads", "devices", "get_backend", "Graph",
            "Tensor", "GGMLType", "F32", "F16", "BF16", "I32", "I64", "GGUFFile", "TensorInfo",
-           "Weights"]
+           "Weights", "TensorStore"]

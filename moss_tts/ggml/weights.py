@@ -269,3 +269,46 @@ class Weights(NativeResource):
             self.buffer.close()
             self.buffer = None
         self.file.close()
+
+
+class TensorStore(NativeResource):
+    """Persistent tensors made from numpy arrays (tables derived at load time), uploaded once
+    to the backend; `store["name"]` is a Tensor like a weight's."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], backend: "Backend | str | None" = None):
+        from .types import NUMPY_DTYPES
+        self.backend = get_backend(backend)
+        L = self.lib = self.backend.lib
+        self._ctx = L.ggml_init(_lib.ggml_init_params(
+            (len(arrays) + 2) * L.ggml_tensor_overhead(), None, True))
+        by_dtype = {np.dtype(v): k for k, v in NUMPY_DTYPES.items() if k != GGMLType.BF16}
+        self._tensors: dict[str, Tensor] = {}
+        prepared = {}
+        for name, arr in arrays.items():
+            arr = np.ascontiguousarray(arr)
+            if arr.dtype not in by_dtype or not 1 <= arr.ndim <= 4:
+                raise ModelFileError(f"TensorStore: {name!r} has dtype {arr.dtype} / {arr.ndim} axes")
+            ne = (ctypes.c_int64 * arr.ndim)(*reversed(arr.shape))
+            p = L.ggml_new_tensor(self._ctx, int(by_dtype[arr.dtype]), arr.ndim, ne)
+            L.ggml_set_name(p, name.encode()[:63])
+            self._tensors[name] = Tensor.from_ptr(p, None, self)
+            prepared[name] = arr
+        self.buffer = Buffer(L, L.ggml_backend_alloc_ctx_tensors(self._ctx, self.backend.ptr),
+                             usage=1) if arrays else None
+        for name, arr in prepared.items():
+            L.ggml_backend_tensor_set(self._tensors[name].ptr, arr.ctypes.data, 0, arr.nbytes)
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._tensors[name]
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.size if self.buffer is not None else 0
+
+    def close(self) -> None:
+        if getattr(self, "buffer", None) is not None:
+            self.buffer.close()
+            self.buffer = None
+        if getattr(self, "_ctx", None):
+            self.lib.ggml_free(self._ctx)
+            self._ctx = None

@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, fields
 from ..errors import ConfigError
 from ..ggml import ops
 from ..ggml.graph import Tensor
-from ..nn import KVCache, attention, layer_norm, linear, merge_heads, mlp, rope, split_heads
+from ..nn import KVCache, cached_self_attention, layer_norm, linear, mlp
 
 # Tensor names below a layer prefix `<prefix>.h.<i>.`, upstream spelling (design §4).
 LAYER_TENSORS = (
@@ -105,17 +105,10 @@ def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, pos
     for the softmax path.
     """
     qkv = linear(x, layer.attn_c_attn_weight, layer.attn_c_attn_bias)      # [3D, T]
-    d, t = cfg.n_embd, x.ne[1]
-    row = qkv.nb[1]
-    # qkv.view(T, 3, H, Dh) split on axis 1: three strided views, no copy
-    q, k, v = (ops.view(qkv, (cfg.head_dim, cfg.n_head, t), (cfg.head_dim * 4, row), i * d * 4)
-               for i in range(3))                                            # [Dh, H, T] each
-    q = rope(q, positions, mode="normal", base=cfg.rope_base)   # interleaved pairs, full Dh
-    k = rope(k, positions, mode="normal", base=cfg.rope_base)
-    cache.store(il, k, v, slots)
-    g = x.graph
-    o = attention(q, cache.keys(g, il, n_slots), cache.values(g, il, n_slots), mask,
-                  scale=cfg.head_dim ** -0.5, flash=flash)
+    # RoPE on interleaved pairs over the full head dim (nano.md §2.3)
+    o = cached_self_attention(qkv, cache, il, n_heads=cfg.n_head, positions=positions,
+                              slots=slots, mask=mask, n_slots=n_slots, rope_mode="normal",
+                              rope_base=cfg.rope_base, flash=flash)
     ops.name(o, f"{stage}.{il}.attn_out")
     return linear(o, layer.attn_c_proj_weight, layer.attn_c_proj_bias)
 

@@ -75,6 +75,28 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
     return ops.reshape(out, dh * hq, tq)
 
 
+def cached_self_attention(qkv: Tensor, cache: "KVCache", il: int, *, n_heads: int,
+                          positions: Tensor, slots: Tensor, mask: Tensor, n_slots: int | None,
+                          rope_mode: str, rope_base: float, flash: bool = True) -> Tensor:
+    """Fused q|k|v rows [3·H·Dh, T] → attention output [H·Dh, T] over the cache of layer il.
+
+    Heads are contiguous blocks of Dh inside each third (upstream view(T, 3, H, Dh)); RoPE
+    rotates q and k at `positions`; K is cached after RoPE, at `slots`; `mask` [n_slots, T] is
+    the cache's own (F16 for the flash path). The softmax scale is 1/√Dh.
+    """
+    d = qkv.ne[0] // 3
+    dh = d // n_heads
+    t = qkv.ne[1]
+    # three strided views of the qkv rows, no copy: [Dh, H, T] each
+    q, k, v = (ops.view(qkv, (dh, n_heads, t), (dh * 4, qkv.nb[1]), i * d * 4) for i in range(3))
+    q = ops.rope(q, positions, mode=rope_mode, base=rope_base)
+    k = ops.rope(k, positions, mode=rope_mode, base=rope_base)
+    cache.store(il, k, v, slots)
+    g = qkv.graph
+    return attention(q, cache.keys(g, il, n_slots), cache.values(g, il, n_slots), mask,
+                     scale=dh ** -0.5, flash=flash)
+
+
 class KVCache(NativeResource):
     """Per-layer K and V rows on the backend, `capacity` slots each, written inside the graph.
 

@@ -1,0 +1,103 @@
+"""Reading a Hugging Face checkpoint: a local directory or a repo id (through huggingface_hub),
+`config.json`, and safetensors tensors — single file or sharded with an index — loaded lazily."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from moss_tts.errors import ModelFileError
+
+
+def resolve_model_dir(model: str, *, allow_patterns=("*.json", "*.safetensors", "*.model")) -> Path:
+    """`model` is a directory, or a Hugging Face repo id downloaded (once) into the HF cache."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise ModelFileError(f"{model}: not a checkpoint directory or a Hugging Face repo id "
+                             "(owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise ModelFileError("huggingface_hub is not installed: pip install huggingface_hub") from None
+    try:
+        return Path(snapshot_download(model, allow_patterns=list(allow_patterns)))
+    except LocalEntryNotFoundError:
+        raise ModelFileError(f"{model}: not in the local Hugging Face cache and the hub cannot be "
+                             "reached (offline?) — download it elsewhere and pass the directory") from None
+    except Exception as e:  # network, auth, missing repo: one line naming the repo
+        raise ModelFileError(f"{model}: cannot download from the Hugging Face hub "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}) — "
+                             "pass a local checkpoint directory instead") from None
+
+
+def read_config(model_dir: Path) -> dict:
+    path = model_dir / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelFileError(f"{model_dir}: no config.json — is this a Hugging Face checkpoint "
+                             "directory?") from None
+    except ValueError as e:
+        raise ModelFileError(f"{path}: not valid JSON ({e})") from None
+
+
+class SafetensorsCheckpoint:
+    """name → numpy array over one or several safetensors files, read on access."""
+
+    def __init__(self, model_dir: Path):
+        from safetensors import safe_open
+
+        index = model_dir / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as e:
+                raise ModelFileError(f"{index}: unreadable shard index ({e})") from None
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+            if not files:
+                raise ModelFileError(f"{model_dir}: no *.safetensors files (a .bin checkpoint "
+                                     "must be converted to safetensors first)")
+            weight_map = None
+        self._handles = {}
+        self._where: dict[str, str] = {}
+        for name in files:
+            path = model_dir / name
+            if not path.exists():
+                raise ModelFileError(f"{path}: shard listed in the index is missing")
+            try:
+                h = safe_open(str(path), framework="np")
+            except Exception as e:
+                raise ModelFileError(f"{path}: not a readable safetensors file ({e})") from None
+            self._handles[name] = h
+            for key in h.keys():
+                self._where[key] = name
+        if weight_map is not None:
+            missing = [k for k, f in weight_map.items() if self._where.get(k) != f]
+            if missing:
+                raise ModelFileError(f"{index}: {len(missing)} tensor(s) not found in their "
+                                     f"shards, e.g. {missing[0]}")
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._handles[self._where[name]].get_tensor(name)
+
+
+def fuse_weight_norm(g: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """torch weight_norm(dim=0) → dense weight: W[o] = g[o] · v[o] / ‖v[o]‖₂, norm over every
+    axis but the output one, no epsilon; a 1×1 conv kernel (out, in, 1) becomes (out, in)."""
+    v64 = v.astype(np.float64).reshape(v.shape[0], -1)
+    norm = np.sqrt((v64 ** 2).sum(axis=1, keepdims=True))
+    w = g.astype(np.float64).reshape(-1, 1) * v64 / norm
+    return w.astype(np.float32)

@@ -1,0 +1,170 @@
+"""MOSS-Audio-Tokenizer checkpoint → one codec GGUF (design §4; codecs.md §1-2, seed 003).
+
+    python -m moss_tts convert codec --model DIR_OR_REPO --out codec.gguf [--outtype f16] [--strict]
+
+The towers are resolved from `encoder_kwargs` / `decoder_kwargs` into per-stage metadata (with
+each transformer's sliding-window context); weight-norm pairs are fused into dense weights.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from moss_tts.codec.config import (FORMAT_VERSION, KIND, PATCH, TRANSFORMER, CodecConfig,
+                                   StageConfig, tensor_shapes)
+from moss_tts.codec.tower import LAYER_TENSORS
+from moss_tts.errors import ConfigError, ModelFileError
+
+from .checkpoint import SafetensorsCheckpoint, fuse_weight_norm, read_config, resolve_model_dir
+from .gguf_io import write_gguf
+
+logger = logging.getLogger(__name__)
+
+WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
+# v1 spells the attention and MLP weights differently from v2/Nano; upstream's own load hook
+# accepts the v2 spelling for v1 too, so the GGUF uses that one and the runtime knows one name.
+V1_RENAMES = ((".self_attn.in_projs.0.weight", ".self_attn.in_proj.weight"),
+              (".self_attn.out_projs.0.weight", ".self_attn.out_proj.weight"),
+              (".linear1.weight", ".ffn.0.weight"),
+              (".linear2.weight", ".ffn.2.weight"))
+
+
+def detect_variant(config: dict, names) -> str:
+    if any(".self_attn.in_projs.0.weight" in n for n in names):
+        return "v1"
+    if any(".self_attn.in_proj.weight" in n for n in names):
+        raise ConfigError("this looks like MOSS-Audio-Tokenizer-Nano or -v2 (48 kHz stereo), "
+                          "which this converter does not support yet")
+    raise ConfigError("not a MOSS-Audio-Tokenizer checkpoint: no transformer attention weights found")
+
+
+def resolve_stages(kwargs_list: list[dict], rate: float, duration: float, *, down: bool,
+                   names: set[str], tower: str) -> tuple[tuple[StageConfig, ...], float]:
+    """Upstream's tower construction: a transformer's context is int(rate × duration) at the
+    rate entering it (v1 truncates); the rate changes after each patch stage."""
+    stages = []
+    for i, kw in enumerate(kwargs_list):
+        kind = kw.get("module_type")
+        if kind == "PatchedPretransform":
+            stages.append(StageConfig(kind=PATCH, patch=int(kw["patch_size"])))
+            rate = rate / kw["patch_size"] if down else rate * kw["patch_size"]
+        elif kind == "Transformer":
+            if kw.get("gating", "none") != "none" or kw.get("norm", "layer_norm") != "layer_norm" \
+                    or kw.get("positional_embedding", "rope") != "rope" or not kw.get("causal", True):
+                raise ConfigError(f"{tower}.{i}: unsupported transformer options {kw}")
+            d = int(kw["d_model"])
+            stages.append(StageConfig(
+                kind=TRANSFORMER, in_dim=int(kw["input_dimension"]), d_model=d,
+                out_dim=int(kw.get("output_dimension", d)), n_heads=int(kw["num_heads"]),
+                n_layers=int(kw["num_layers"]), ffn=int(kw["dim_feedforward"]),
+                context=int(rate * duration),
+                has_input_proj=f"{tower}.{i}.input_proj.weight" in names,
+                has_output_proj=f"{tower}.{i}.output_proj.weight" in names))
+        else:
+            raise ConfigError(f"{tower}.{i}: unknown module_type {kind!r}")
+    return tuple(stages), rate
+
+
+def codec_config(config: dict, names) -> CodecConfig:
+    variant = detect_variant(config, names)
+    names = set(names)
+    try:
+        sr = int(config.get("sampling_rate", config.get("sample_rate")))
+        duration = float(config["causal_transformer_context_duration"])
+        q = config["quantizer_kwargs"]
+        if q.get("quantizer_type", config.get("quantizer_type", "rvq")) not in ("rlfq", "random_prefix_rlfq"):
+            raise ConfigError(f"quantizer type {q.get('quantizer_type')!r} is not the RLFQ these "
+                              "codecs use")
+        encoder, rate = resolve_stages(config["encoder_kwargs"], float(sr), duration, down=True,
+                                       names=names, tower="encoder")
+        decoder, _ = resolve_stages(config["decoder_kwargs"], rate, duration, down=False,
+                                    names=names, tower="decoder")
+        return CodecConfig(variant=variant, sample_rate=sr, channels=1,
+                           downsample_rate=int(config["downsample_rate"]), encoder=encoder,
+                           decoder=decoder, n_quantizers=int(q["num_quantizers"]),
+                           codebook_size=int(q["codebook_size"]), codebook_dim=int(q["codebook_dim"]),
+                           rvq_dim=int(q.get("rvq_dim") or q["input_dim"]),
+                           code_dim=int(config.get("code_dim", q["input_dim"])),
+                           rope_base=float(_common(config, "max_period", 10000.0)))
+    except KeyError as e:
+        raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
+
+
+def _common(config: dict, key: str, default):
+    values = {kw[key] for kw in config["encoder_kwargs"] + config["decoder_kwargs"] if key in kw}
+    if len(values) > 1:
+        raise ConfigError(f"stages disagree on {key}: {sorted(values)}")
+    return values.pop() if values else default
+
+
+def map_tensors(ckpt, cfg: CodecConfig) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Checkpoint → GGUF tensors. Returns (tensors, unmapped source keys)."""
+    out, used = {}, set()
+    names = ckpt.keys()
+    for name in names:
+        if name.endswith(WN_G):
+            base = name[: -len(WN_G)]
+            if base + WN_V not in ckpt:
+                continue
+            out[base + ".weight"] = fuse_weight_norm(ckpt[name], ckpt[base + WN_V])
+            used.update((name, base + WN_V))
+    for name in names:
+        if name in used or name.endswith(WN_V):
+            continue
+        target = name
+        for old, new in V1_RENAMES:
+            if name.endswith(old):
+                target = name[: -len(old)] + new
+        if _is_known(target):
+            arr = ckpt[name]
+            out[target] = arr.reshape(arr.shape[0], -1) if target.endswith("proj.weight") and \
+                arr.ndim == 3 else arr
+            used.add(name)
+    unmapped = [n for n in names if n not in used]
+    return out, unmapped
+
+
+_KNOWN = re.compile(r"^(encoder|decoder)\.\d+\.((input|output)_proj\.weight|transformer\.layers\.\d+\."
+                    r"(" + "|".join(re.escape(n) for n in LAYER_TENSORS) + r"))$"
+                    r"|^quantizer\.((input|output)_proj\.(weight|bias)|quantizers\.\d+\."
+                    r"((in|out)_proj\.(weight|bias)|codebook\.weight))$")
+
+
+def _is_known(name: str) -> bool:
+    return bool(_KNOWN.match(name))
+
+
+def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
+            progress=None) -> Path:
+    model_dir = resolve_model_dir(model)
+    config = read_config(model_dir)
+    ckpt = SafetensorsCheckpoint(model_dir)
+    cfg = codec_config(config, ckpt.keys())
+    tensors, unmapped = map_tensors(ckpt, cfg)
+    if unmapped:
+        msg = f"{len(unmapped)} checkpoint tensor(s) not used: {', '.join(unmapped[:8])}"
+        if strict:
+            raise ModelFileError(f"{model_dir}: {msg} (--strict)")
+        logger.warning("%s", msg)
+    expected = tensor_shapes(cfg)
+    problems = [f"{n}: missing" for n in expected if n not in tensors]
+    problems += [f"{n}: shape {tensors[n].shape}, expected {s}" for n, s in expected.items()
+                 if n in tensors and tuple(tensors[n].shape) != s]
+    if problems:
+        raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): " + "; ".join(problems[:8]))
+    tensors = {n: tensors[n] for n in expected}
+    meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
+    return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
+                      is_matmul=is_matmul, progress=progress)
+
+
+def is_matmul(name: str, arr: np.ndarray) -> bool:
+    """Transformer and block-projection weights may be quantized; the quantizer stays f32, as
+    upstream runs it in fp32 whatever the model dtype."""
+    return arr.ndim == 2 and not name.startswith("quantizer.") and name.endswith(".weight") \
+        and not name.split(".")[-2].startswith("norm")

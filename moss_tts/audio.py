@@ -1,0 +1,96 @@
+"""Audio in and out: read/write WAV and FLAC (soundfile), resample (scipy), channel layout, and
+atomic writes so a failed run never leaves a half-written file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from math import gcd
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+WRITE_FORMATS = {".wav": "WAV", ".flac": "FLAC"}
+
+
+def read_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+    """→ (samples float32 [n, channels], sample_rate)."""
+    import soundfile as sf
+
+    path = Path(path)
+    try:
+        data, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except Exception as e:  # libsndfile: unknown format, truncated header, ...
+        raise InputError(f"{path}: cannot read audio ({str(e).splitlines()[0]}) — use a WAV or "
+                         "FLAC file") from None
+    return data, int(sr)
+
+
+def as_samples(samples, *, what: str = "audio") -> np.ndarray:
+    """float32 [n, channels] from [n] or [n, channels]; rejects empty and non-finite input."""
+    x = np.asarray(samples)
+    if x.dtype.kind not in "fiu":
+        raise InputError(f"{what}: samples must be numbers, got dtype {x.dtype}")
+    x = x.astype(np.float32, copy=False)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2:
+        raise InputError(f"{what}: expected shape [n] or [n, channels], got {x.shape}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise InputError(f"{what}: no samples")
+    if not np.isfinite(x).all():
+        raise InputError(f"{what}: contains NaN or infinite samples")
+    return x
+
+
+def resample(x: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:
+    """Polyphase resampling along time (scipy.signal.resample_poly); x [n, channels]."""
+    if sr_from == sr_to:
+        return x
+    if sr_from <= 0 or sr_to <= 0:
+        raise InputError(f"sample rate must be positive, got {sr_from} → {sr_to}")
+    from scipy.signal import resample_poly
+
+    g = gcd(int(sr_from), int(sr_to))
+    return resample_poly(x, sr_to // g, sr_from // g, axis=0).astype(np.float32)
+
+
+def to_channels(x: np.ndarray, channels: int) -> np.ndarray:
+    """Mono codecs take the channel mean (as MOSS-TTS's processors do); stereo codecs duplicate a
+    mono input and refuse more than two channels."""
+    have = x.shape[1]
+    if have == channels:
+        return x
+    if channels == 1:
+        return x.mean(axis=1, keepdims=True, dtype=np.float32)
+    if have == 1:
+        return np.repeat(x, channels, axis=1)
+    raise InputError(f"audio has {have} channels; this codec takes {channels} (or mono)")
+
+
+def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int) -> Path:
+    """Write [n, channels] float32 to .wav (float32) or .flac (24-bit) atomically."""
+    import soundfile as sf
+
+    path = Path(path)
+    fmt = WRITE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(f"{path}: unsupported output format {path.suffix!r}; use .wav or .flac")
+    subtype = "FLOAT" if fmt == "WAV" else "PCM_24"
+    data = np.asarray(samples, dtype=np.float32)
+    if fmt == "FLAC":
+        data = np.clip(data, -1.0, 1.0)  # FLAC is integer PCM
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        sf.write(tmp, data, int(sample_rate), subtype=subtype, format=fmt)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

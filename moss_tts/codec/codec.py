@@ -1,0 +1,234 @@
+"""`Codec`: MOSS-Audio-Tokenizer from one GGUF — encode, decode (first-k partial), reconstruct,
+and an exact streaming decoder. Not thread-safe: use one Codec per thread."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from ..audio import as_samples, resample, to_channels
+from ..errors import InputError
+from ..ggml import I32, Allocator, Graph, Weights, get_backend
+from ..ggml.backend import NativeResource
+from . import rlfq
+from .config import FORMAT_VERSION, KIND, CodecConfig, tensor_shapes
+from .tower import TowerState, load_tower, run_tower
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SECONDS = 2.0  # code frames per graph run; any chunk gives the same result (exact caches)
+
+
+class _TowerRunner:
+    """One tower's caches, and its graphs by (frames, codebooks): built once, replayed."""
+
+    def __init__(self, codec: "Codec", tower: str, chunk_frames: int):
+        self.codec, self.tower, self.chunk = codec, tower, chunk_frames
+        self.state = TowerState(codec.config, tower, chunk_frames, codec.backend)
+        self.allocator = Allocator(codec.backend)
+        self.graphs: dict[tuple[int, int], Graph] = {}
+
+    def graph(self, n_frames: int, n_q: int) -> Graph:
+        key = (n_frames, n_q)
+        if key not in self.graphs:
+            self.graphs[key] = self._build(n_frames, n_q)
+        return self.graphs[key]
+
+    def _build(self, n_frames: int, n_q: int) -> Graph:
+        c = self.codec
+        g = Graph(c.backend, name=f"{self.tower}[{n_frames}x{n_q}]", allocator=self.allocator)
+        stage_inputs = self.state.graph_inputs(g, n_frames)
+        if self.tower == "encoder":
+            x = g.input("samples", (n_frames * c.config.stream_samples_per_frame, 1))  # [1, T]
+            z = run_tower(x, c._encoder, c.config, self.state, stage_inputs)   # [code_dim, N]
+            for i, k in enumerate(rlfq.quantize(z, c.weights, c.tables, n_q)):
+                g.output(k, f"codes.{i}", ndim=1)
+        else:
+            codes = [g.input(f"codes.{i}", (n_frames,), I32) for i in range(n_q)]
+            z = rlfq.dequantize(codes, c.weights, c.tables)                    # [code_dim, N]
+            y = run_tower(z, c._decoder, c.config, self.state, stage_inputs)   # [1, T]
+            g.output(y, "samples", ndim=2)
+        return g.build()
+
+    def run(self, n_frames: int, n_q: int, feed: dict) -> dict:
+        feed = feed | self.state.advance(n_frames)
+        return self.graph(n_frames, n_q).run(feed)
+
+    def close(self) -> None:
+        for g in self.graphs.values():
+            g.close()
+        self.graphs.clear()
+        self.state.close()
+        self.allocator.close()
+
+
+class Codec(NativeResource):
+    """A MOSS audio codec. `Codec.load("codec.gguf")`, then `encode(samples, sample_rate)` →
+    int32 codes [n_quantizers, frames], and `decode(codes)` → float32 samples [n, channels].
+
+    >>> codec = Codec.load("moss-audio-tokenizer.gguf")                  # doctest: +SKIP
+    >>> codes = codec.encode(wav, 24000)                                 # doctest: +SKIP
+    >>> audio = codec.decode(codes, n_quantizers=8)                      # doctest: +SKIP
+    """
+
+    def __init__(self, weights: Weights, *, chunk_seconds: float = CHUNK_SECONDS):
+        self.weights = weights
+        self.backend = weights.backend
+        weights.file.check_kind(KIND, version=FORMAT_VERSION)
+        self.config = CodecConfig.from_gguf(weights.file)
+        weights.require(tensor_shapes(self.config))
+        self.tables = rlfq.derived_tables(weights, self.config, self.backend)
+        self._encoder = load_tower(weights, self.config, "encoder")
+        self._decoder = load_tower(weights, self.config, "decoder")
+        self.chunk_frames = max(1, math.ceil(chunk_seconds * self.config.frame_rate))
+        self._runners: dict[str, _TowerRunner] = {}
+        logger.info("codec %s: %d Hz, %d channel(s), %d codebooks, %.1f MiB of weights",
+                    self.config.variant, self.sample_rate, self.channels, self.n_quantizers,
+                    weights.nbytes / 2**20)
+
+    @classmethod
+    def load(cls, path, *, backend=None, threads: int | None = None, **options) -> "Codec":
+        return cls(Weights.load(path, get_backend(backend, threads)), **options)
+
+    # -- facts ------------------------------------------------------------------------------------
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def channels(self) -> int:
+        return self.config.channels
+
+    @property
+    def n_quantizers(self) -> int:
+        return self.config.n_quantizers
+
+    @property
+    def downsample_rate(self) -> int:
+        return self.config.downsample_rate
+
+    # -- encode / decode --------------------------------------------------------------------------
+    def encode(self, samples, sample_rate: int, *, n_quantizers: int | None = None,
+               progress=None) -> np.ndarray:
+        """samples [n] or [n, channels] at sample_rate → int32 codes [n_quantizers, n // ds].
+
+        Audio is resampled to the codec rate; no normalization or DC removal. A trailing
+        partial frame is dropped (upstream reports floor(n / downsample_rate) frames)."""
+        n_q = self._n_q(n_quantizers)
+        x = to_channels(as_samples(samples), self.channels)
+        x = resample(x, int(sample_rate), self.sample_rate)
+        n_frames = x.shape[0] // self.downsample_rate
+        if n_frames == 0:
+            raise InputError(f"audio is shorter than one code frame ({self.downsample_rate} "
+                             f"samples at {self.sample_rate} Hz)")
+        stream = x[: n_frames * self.downsample_rate].reshape(-1, 1)
+        runner = self._runner("encoder")
+        spf = self.config.stream_samples_per_frame
+        codes = np.empty((n_q, n_frames), dtype=np.int32)
+        for start, f in self._chunks(n_frames, runner, progress):
+            out = runner.run(f, n_q, {"samples": stream[start * spf:(start + f) * spf]})
+            for i in range(n_q):
+                codes[i, start:start + f] = out[f"codes.{i}"]
+        return codes
+
+    def decode(self, codes, *, n_quantizers: int | None = None, progress=None) -> np.ndarray:
+        """int codes [k, frames] → float32 samples [frames · ds, channels], from the first
+        n_quantizers codebooks (default: all rows given)."""
+        codes = self.check_codes(codes, n_quantizers)
+        runner = self._runner("decoder")
+        parts = []
+        for start, f in self._chunks(codes.shape[1], runner, progress):
+            feed = {f"codes.{i}": codes[i, start:start + f] for i in range(codes.shape[0])}
+            parts.append(runner.run(f, codes.shape[0], feed)["samples"])
+        return self._to_output(np.concatenate(parts))
+
+    def reconstruct(self, samples, sample_rate: int, *, n_quantizers: int | None = None,
+                    progress=None) -> np.ndarray:
+        return self.decode(self.encode(samples, sample_rate, n_quantizers=n_quantizers,
+                                       progress=progress), progress=progress)
+
+    def stream_decoder(self, *, n_quantizers: int | None = None) -> "StreamDecoder":
+        """A decoder fed code frames as they arrive; its output concatenated equals decode()."""
+        return StreamDecoder(self, self._n_q(n_quantizers))
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def check_codes(self, codes, n_quantizers: int | None = None) -> np.ndarray:
+        c = np.asarray(codes)
+        if c.dtype.kind not in "iu":
+            raise InputError(f"codes must be integers, got dtype {c.dtype}")
+        if c.ndim != 2 or c.shape[1] == 0 or c.shape[0] == 0:
+            raise InputError(f"codes must have shape [n_quantizers, frames], got {c.shape}")
+        k = c.shape[0] if n_quantizers is None else int(n_quantizers)
+        if not 1 <= k <= min(c.shape[0], self.n_quantizers):
+            raise InputError(f"cannot decode {k} codebooks from codes with {c.shape[0]} rows "
+                             f"(this codec has {self.n_quantizers})")
+        c = c[:k]
+        bad = (c < 0) | (c >= self.config.codebook_size)
+        if bad.any():
+            q, t = np.argwhere(bad)[0]
+            raise InputError(f"code {c[q, t]} at codebook {q}, frame {t} is outside "
+                             f"[0, {self.config.codebook_size}) — pad codes are not codec input")
+        return np.ascontiguousarray(c, dtype=np.int32)
+
+    def _n_q(self, n_quantizers: int | None) -> int:
+        n_q = self.n_quantizers if n_quantizers is None else int(n_quantizers)
+        if not 1 <= n_q <= self.n_quantizers:
+            raise InputError(f"n_quantizers must be 1..{self.n_quantizers}, got {n_quantizers}")
+        return n_q
+
+    def _runner(self, tower: str) -> _TowerRunner:
+        runner = self._runners.get(tower)
+        if runner is None:
+            runner = self._runners[tower] = _TowerRunner(self, tower, self.chunk_frames)
+        runner.state.reset()
+        return runner
+
+    def _chunks(self, n_frames: int, runner: _TowerRunner, progress):
+        for start in range(0, n_frames, runner.chunk):
+            yield start, min(runner.chunk, n_frames - start)
+            if progress is not None:
+                progress(min(start + runner.chunk, n_frames), n_frames)
+
+    def _to_output(self, stream: np.ndarray) -> np.ndarray:
+        """Tower output [T, 1] → samples [n, channels] (stereo codecs de-interleave L R L R)."""
+        return np.ascontiguousarray(stream.reshape(-1, self.channels))
+
+    def close(self) -> None:
+        for r in getattr(self, "_runners", {}).values():
+            r.close()
+        self._runners = {}
+        if getattr(self, "tables", None) is not None:
+            self.tables.close()
+            self.tables = None
+        if getattr(self, "weights", None) is not None:
+            self.weights.close()
+            self.weights = None
+
+
+class StreamDecoder(NativeResource):
+    """`push(codes [k, frames])` → the samples those frames complete; `flush()` → the rest
+    (nothing: every stage is causal and frame-local, so each frame completes at once)."""
+
+    def __init__(self, codec: Codec, n_q: int):
+        self.codec, self.n_q = codec, n_q
+        self._runner = _TowerRunner(codec, "decoder", codec.chunk_frames)
+        self.frames = 0
+
+    def push(self, codes) -> np.ndarray:
+        codes = self.codec.check_codes(codes, self.n_q)
+        parts = []
+        for start, f in self.codec._chunks(codes.shape[1], self._runner, None):
+            feed = {f"codes.{i}": codes[i, start:start + f] for i in range(self.n_q)}
+            parts.append(self._runner.run(f, self.n_q, feed)["samples"])
+        self.frames += codes.shape[1]
+        return self.codec._to_output(np.concatenate(parts))
+
+    def flush(self) -> np.ndarray:
+        return np.zeros((0, self.codec.channels), dtype=np.float32)
+
+    def close(self) -> None:
+        if getattr(self, "_runner", None) is not None:
+            self._runner.close()
+            self._runner = None

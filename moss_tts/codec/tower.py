@@ -1,0 +1,165 @@
+"""Encoder and decoder towers: patch stages (pure reshapes) and causal sliding-window
+transformer stages (codecs.md §1.2-1.5), run chunk by chunk with per-stage KV caches.
+
+Every stage is causal and patching is frame-local, so a tower fed a few code frames at a time
+with each stage's keys kept for its window computes exactly what it computes on the whole
+sequence: offline encode/decode and streaming decode are the same code, and memory stays
+bounded however long the audio is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ggml import F16, I32, ops
+from ..ggml.graph import Graph, Tensor
+from ..nn import KVCache, cached_self_attention, layer_norm, layer_scale, linear, mlp
+from ..nn.patch import patchify, unpatchify
+from .config import PATCH, TRANSFORMER, CodecConfig, StageConfig
+
+LAYER_TENSORS = ("norm1.weight", "norm1.bias", "self_attn.in_proj.weight",
+                 "self_attn.out_proj.weight", "layer_scale_1.scale", "norm2.weight", "norm2.bias",
+                 "ffn.0.weight", "ffn.2.weight", "layer_scale_2.scale")
+
+
+@dataclass(frozen=True)
+class CodecLayer:
+    """One layer's weights; attribute = tensor name below `<tower>.<i>.transformer.layers.<l>.`."""
+
+    norm1_weight: Tensor
+    norm1_bias: Tensor
+    self_attn_in_proj_weight: Tensor
+    self_attn_out_proj_weight: Tensor
+    layer_scale_1_scale: Tensor
+    norm2_weight: Tensor
+    norm2_bias: Tensor
+    ffn_0_weight: Tensor
+    ffn_2_weight: Tensor
+    layer_scale_2_scale: Tensor
+
+
+@dataclass(frozen=True)
+class TransformerStage:
+    config: StageConfig
+    input_proj: Tensor | None      # None: identity (v1 stores no square projection)
+    output_proj: Tensor | None
+    layers: tuple[CodecLayer, ...]
+
+
+def load_tower(weights, cfg: CodecConfig, tower: str) -> list[TransformerStage | StageConfig]:
+    """Stage list of a tower: TransformerStage records, and the StageConfig of patch stages."""
+    stages = []
+    for i, s in enumerate(getattr(cfg, tower)):
+        if s.kind == PATCH:
+            stages.append(s)
+            continue
+        p = f"{tower}.{i}."
+        layers = tuple(CodecLayer(**{n.replace(".", "_"): weights[f"{p}transformer.layers.{il}.{n}"]
+                                     for n in LAYER_TENSORS}) for il in range(s.n_layers))
+        stages.append(TransformerStage(
+            s, weights[p + "input_proj.weight"] if s.has_input_proj else None,
+            weights[p + "output_proj.weight"] if s.has_output_proj else None, layers))
+    return stages
+
+
+def codec_layer(x: Tensor, w: CodecLayer, s: StageConfig, cfg: CodecConfig, *, il: int,
+                cache: KVCache, inputs: dict, name: str) -> Tensor:
+    """x + LS1·attn(LN1 x), then x + LS2·ffn(LN2 x); x [d, T] (codecs.md §1.4)."""
+    h = layer_norm(x, w.norm1_weight, w.norm1_bias, eps=cfg.norm_eps)
+    qkv = linear(h, w.self_attn_in_proj_weight)                              # [3d, T], no bias
+    # RoPE on interleaved pairs (ggml "normal"), positions within this stage's own sequence
+    o = cached_self_attention(qkv, cache, il, n_heads=s.n_heads, rope_mode="normal",
+                              rope_base=cfg.rope_base, n_slots=None, **inputs)
+    x = x + layer_scale(linear(o, w.self_attn_out_proj_weight), w.layer_scale_1_scale)
+    h = layer_norm(x, w.norm2_weight, w.norm2_bias, eps=cfg.norm_eps)
+    # exact erf GELU (nn.GELU() / F.gelu default), not the tanh approximation
+    x = x + layer_scale(mlp(h, w.ffn_0_weight, w.ffn_2_weight, activation="gelu_erf"),
+                        w.layer_scale_2_scale)
+    return ops.name(x, f"{name}.{il}.out")
+
+
+def transformer_stage(x: Tensor, stage: TransformerStage, cfg: CodecConfig, *, caches: KVCache,
+                      inputs: dict, name: str) -> Tensor:
+    """[in_dim, T] → input_proj → layers → output_proj → [out_dim, T]."""
+    if stage.input_proj is not None:
+        x = linear(x, stage.input_proj)
+    for il, layer in enumerate(stage.layers):
+        x = codec_layer(x, layer, stage.config, cfg, il=il, cache=caches, inputs=inputs, name=name)
+    if stage.output_proj is not None:
+        x = linear(x, stage.output_proj)
+    return x
+
+
+class TowerState:
+    """The running state of one tower: per transformer stage a ring KV cache of
+    `context + chunk − 1` slots (exact for any chunk up to `chunk` positions) and its position."""
+
+    def __init__(self, cfg: CodecConfig, tower: str, max_frames: int, backend):
+        self.cfg = cfg
+        self.tower = tower
+        self.stages = getattr(cfg, tower)
+        self.max_frames = max_frames
+        self.per_frame = positions_per_frame(cfg, tower)
+        self.caches: dict[int, KVCache] = {}
+        for i, s in enumerate(self.stages):
+            if s.kind == TRANSFORMER:
+                capacity = s.context + max_frames * self.per_frame[i] - 1
+                self.caches[i] = KVCache(s.n_layers, s.n_heads, s.head_dim, capacity, backend=backend)
+        self.position = {i: 0 for i in self.caches}
+
+    def reset(self) -> None:
+        for i, c in self.caches.items():
+            c.reset()
+            self.position[i] = 0
+
+    def graph_inputs(self, g: Graph, n_frames: int) -> dict[int, dict]:
+        """Per transformer stage: positions, slots and mask inputs of a chunk of n_frames."""
+        out = {}
+        for i in self.caches:
+            t = n_frames * self.per_frame[i]
+            cap = self.caches[i].capacity
+            out[i] = {"positions": g.input(f"{self.tower}.{i}.pos", (t,), I32),
+                      "slots": g.input(f"{self.tower}.{i}.slots", (t,), I32),
+                      "mask": g.input(f"{self.tower}.{i}.mask", (t, cap), F16)}
+        return out
+
+    def advance(self, n_frames: int) -> dict[str, np.ndarray]:
+        """Host side of the next chunk: reserve ring slots and build each stage's window mask."""
+        feed = {}
+        for i, cache in self.caches.items():
+            t = n_frames * self.per_frame[i]
+            pos = np.arange(self.position[i], self.position[i] + t)
+            feed[f"{self.tower}.{i}.pos"] = pos.astype(np.int32)
+            feed[f"{self.tower}.{i}.slots"] = cache.reserve(pos, ring=True)
+            feed[f"{self.tower}.{i}.mask"] = cache.mask(pos, window=self.stages[i].context,
+                                                        dtype=np.float16)
+            self.position[i] += t
+        return feed
+
+    def close(self) -> None:
+        for c in self.caches.values():
+            c.close()
+
+
+def positions_per_frame(cfg: CodecConfig, tower: str) -> list[int]:
+    """Sequence positions one code frame spans at the input of each stage of a tower."""
+    per, out = (cfg.stream_samples_per_frame if tower == "encoder" else 1), []
+    for s in getattr(cfg, tower):
+        out.append(per)
+        if s.kind == PATCH:
+            per = per // s.patch if tower == "encoder" else per * s.patch
+    return out
+
+
+def run_tower(x: Tensor, stages: list, cfg: CodecConfig, state: TowerState,
+              stage_inputs: dict[int, dict]) -> Tensor:
+    """x [D, T] through every stage of a tower (patches fold time into channels or back)."""
+    for i, stage in enumerate(stages):
+        if isinstance(stage, StageConfig):
+            x = patchify(x, stage.patch) if state.tower == "encoder" else unpatchify(x, stage.patch)
+        else:
+            x = transformer_stage(x, stage, cfg, caches=state.caches[i], inputs=stage_inputs[i],
+                                  name=f"{state.tower}.{i}")
+    return x
