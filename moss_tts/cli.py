@@ -98,6 +98,132 @@ def _info(args) -> int:
     return 0
 
 
+class Progress:
+    """A one-line progress indicator on stderr; silent with --quiet or when stderr is no TTY."""
+
+    def __init__(self, label: str, quiet: bool):
+        self.label = label
+        self.enabled = not quiet and sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.enabled:
+            pct = 100 * done // max(total, 1)
+            print(f"\r{self.label}: {pct:3d}% ({done}/{total} frames)", end="", file=sys.stderr,
+                  flush=True)
+            self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            print(file=sys.stderr)
+            self.shown = False
+
+
+def _load_codec(args):
+    from .codec import Codec
+
+    return Codec.load(args.codec, backend=args.backend, threads=args.threads,
+                      **({"chunk_seconds": args.chunk_seconds} if args.chunk_seconds else {}))
+
+
+def _encode(args) -> int:
+    from .audio import read_audio
+    from .codec.io import save_codes
+
+    samples, sr = read_audio(args.input)
+    with _load_codec(args) as codec:
+        bar = Progress("encoding", args.quiet)
+        try:
+            codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
+        finally:
+            bar.close()
+    save_codes(args.out, codes)
+    _say(args, f"{args.out}: {codes.shape[0]} codebooks x {codes.shape[1]} frames")
+    return 0
+
+
+def _decode(args) -> int:
+    from .audio import write_audio
+    from .codec.io import load_codes
+
+    codes = load_codes(args.input)
+    with _load_codec(args) as codec:
+        bar = Progress("decoding", args.quiet)
+        try:
+            audio = codec.decode(codes, n_quantizers=args.n_quantizers, progress=bar)
+        finally:
+            bar.close()
+        write_audio(args.out, audio, codec.sample_rate)
+        _say(args, f"{args.out}: {audio.shape[0] / codec.sample_rate:.2f} s at "
+                   f"{codec.sample_rate} Hz, {audio.shape[1]} channel(s)")
+    return 0
+
+
+def _reconstruct(args) -> int:
+    from .audio import read_audio, write_audio
+
+    samples, sr = read_audio(args.input)
+    with _load_codec(args) as codec:
+        bar = Progress("encoding", args.quiet)
+        try:
+            codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
+        finally:
+            bar.close()
+        bar = Progress("decoding", args.quiet)
+        try:
+            audio = codec.decode(codes, progress=bar)
+        finally:
+            bar.close()
+        write_audio(args.out, audio, codec.sample_rate)
+        _say(args, f"{args.out}: {codes.shape[1]} frames through {codes.shape[0]} codebooks")
+    return 0
+
+
+def _convert(args) -> int:
+    if args.family == "codec":
+        from converters.codec import convert
+    else:  # argparse restricts the choices; each family lands with its own issue
+        raise AssertionError(args.family)
+    bar = Progress("writing", args.quiet)
+    try:
+        out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
+                      progress=lambda i, n, name: bar(i, n))
+    finally:
+        bar.close()
+    _say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
+    return 0
+
+
+def _say(args, message: str) -> None:
+    if not args.quiet:
+        print(message, file=sys.stderr)
+
+
+def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="cpu", help="ggml backend: cpu (default), cuda, vulkan, metal")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+
+
+def _add_codec_commands(sub) -> None:
+    for name, func, helptext, src, dst in (
+            ("encode", _encode, "audio file → codes (.npy, int32 [n_quantizers, frames])",
+             "audio file (WAV/FLAC)", "codes .npy"),
+            ("decode", _decode, "codes (.npy) → audio file", "codes .npy", "WAV or FLAC file"),
+            ("reconstruct", _reconstruct, "audio → codes → audio through a codec",
+             "audio file (WAV/FLAC)", "WAV or FLAC file")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("input", help=src)
+        p.add_argument("--codec", required=True, help="codec GGUF (python -m moss_tts convert codec ...)")
+        p.add_argument("--out", "-o", required=True, help=dst)
+        p.add_argument("--n-quantizers", type=int, default=None,
+                       help="use only the first K codebooks (default: all)")
+        p.add_argument("--chunk-seconds", type=float, default=None,
+                       help="audio per graph run (memory/speed trade-off; results are identical)")
+        _add_runtime_flags(p)
+        p.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m moss_tts",
                                 description="MOSS-TTS family on stock ggml, from Python.")
@@ -111,6 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--full", action="store_true", help="do not abbreviate long values")
     i.set_defaults(func=_info)
+    c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF")
+    c.add_argument("family", choices=["codec"], help="what the checkpoint is")
+    c.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
+    c.add_argument("--out", "-o", required=True, help="output .gguf")
+    c.add_argument("--outtype", default="f32",
+                   help="matmul weight type: f32 (default), f16, bf16, q8_0, q4_K, ...")
+    c.add_argument("--strict", action="store_true", help="fail on any checkpoint tensor not used")
+    c.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    c.set_defaults(func=_convert)
+    _add_codec_commands(sub)
     return p
 
 

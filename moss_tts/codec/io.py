@@ -1,0 +1,42 @@
+"""Code files: int32 [n_quantizers, frames] in .npy, written atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+
+
+def save_codes(path: str | os.PathLike, codes: np.ndarray) -> Path:
+    path = Path(path)
+    if path.suffix.lower() != ".npy":
+        raise InputError(f"{path}: codes are written as .npy; use a .npy file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.asarray(codes, dtype=np.int32))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_codes(path: str | os.PathLike) -> np.ndarray:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise InputError(f"{path}: not a .npy file — pass codes written by "
+                                 "`python -m moss_tts encode`")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (ValueError, OSError) as e:
+        raise InputError(f"{path}: unreadable .npy file ({str(e).splitlines()[0]})") from None
