@@ -166,6 +166,7 @@ class Graph(NativeResource):
         self.outputs: dict[str, Tensor] = {}
         self._output_ndim: dict[str, int] = {}
         self._allocated = False
+        self._placed = False     # tensors carry addresses from an earlier allocation
         self._unused: set[str] = set()
         self._bounds: dict[str, int] = {}   # index inputs: values must lie in [0, bound)
 
@@ -278,6 +279,7 @@ class Graph(NativeResource):
         self._ctx_used = _TENSORS_PER_CONTEXT
         self._effects.clear()
         self._bounds.clear()
+        self._placed = False
         self.cgraph = None
         self.inputs.clear()
         self.outputs.clear()
@@ -291,11 +293,28 @@ class Graph(NativeResource):
         if self.cgraph is None:
             self.build()
         if self.allocator.current is not self or not self._allocated:
+            if self._placed:
+                self._forget_placement()
             self.allocator.alloc(self)
-            self._allocated = True
+            self._allocated = self._placed = True
             # An input no output depends on is not in the graph and gets no memory.
             self._unused = {n for n, t in self.inputs.items()
                             if not _lib.ggml_tensor.from_address(t.ptr).buffer}
+
+    def _forget_placement(self) -> None:
+        """Clear every tensor address of this graph before allocating it again.
+
+        The allocator leaves tensors that already have an address where they are; after another
+        graph grew (reallocated) the shared buffer, those addresses point into freed memory.
+        """
+        L = self.lib
+        for c, *_ in self._ctxs[: self._ctx_index + 1]:
+            p = L.ggml_get_first_tensor(c)
+            while p:
+                t = _lib.ggml_tensor.from_address(p)
+                t.data = None
+                t.buffer = None
+                p = L.ggml_get_next_tensor(c, p)
 
     def set_input(self, name: str, value) -> None:
         """Write one input; call after `allocate()` (writing earlier would abort in ggml)."""

@@ -235,3 +235,21 @@ def test_ggml_log_lines_reach_python_logging_at_debug(tmp_path, caplog):
     assert "\n" not in str(e.value)
     records = [r for r in caplog.records if r.name == "moss_tts.ggml"]
     assert records and all(r.levelno == logging.DEBUG for r in records)
+
+
+def test_graph_replayed_after_a_larger_graph_grew_the_shared_buffer(rng):
+    # The allocator keeps tensors that already have an address; when a larger graph reallocates
+    # the shared buffer, an earlier graph must be placed again, not run on freed memory.
+    small = Graph(name="small")
+    big = Graph(name="big", allocator=small.allocator)
+    xs = small.input("x", (2, 8))
+    small.output(ops.tanh(ops.silu(xs)), "y")
+    xb = big.input("x", (4096, 64))
+    big.output(ops.silu(ops.tanh(xb)), "y")
+    v = rng.standard_normal((2, 8)).astype(np.float32)
+    first = small.run({"x": v})["y"]
+    size_before = small.allocator.buffer_size
+    big.run({"x": rng.standard_normal((4096, 64)).astype(np.float32)})
+    assert small.allocator.buffer_size > size_before  # the buffer really was reallocated
+    for _ in range(3):
+        assert_close(small.run({"x": v})["y"], first, atol=0, what="small graph after growth")
