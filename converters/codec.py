@@ -26,6 +26,7 @@ from .gguf_io import write_gguf
 logger = logging.getLogger(__name__)
 
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
+WN_LEGACY_G, WN_LEGACY_V = ".weight_g", ".weight_v"  # older weight_norm spelling, same math
 # v1 spells the attention and MLP weights differently from v2/Nano; upstream's own load hook
 # accepts the v2 spelling for v1 too, so the GGUF uses that one and the runtime knows one name.
 V1_RENAMES = ((".self_attn.in_projs.0.weight", ".self_attn.in_proj.weight"),
@@ -35,18 +36,21 @@ V1_RENAMES = ((".self_attn.in_projs.0.weight", ".self_attn.in_proj.weight"),
 
 
 def detect_variant(config: dict, names) -> str:
+    """v1 (24 kHz mono) spells attention `in_projs.0`; Nano and v2 (48 kHz stereo) `in_proj`.
+    Nano and v2 share their code; the label (16 vs 32 codebooks) is informational."""
     if any(".self_attn.in_projs.0.weight" in n for n in names):
         return "v1"
     if any(".self_attn.in_proj.weight" in n for n in names):
-        raise ConfigError("this looks like MOSS-Audio-Tokenizer-Nano or -v2 (48 kHz stereo), "
-                          "which this converter does not support yet")
+        q = config.get("quantizer_kwargs", {})
+        return "nano" if int(q.get("num_quantizers", 0)) == 16 else "v2"
     raise ConfigError("not a MOSS-Audio-Tokenizer checkpoint: no transformer attention weights found")
 
 
 def resolve_stages(kwargs_list: list[dict], rate: float, duration: float, *, down: bool,
-                   names: set[str], tower: str) -> tuple[tuple[StageConfig, ...], float]:
-    """Upstream's tower construction: a transformer's context is int(rate × duration) at the
-    rate entering it (v1 truncates); the rate changes after each patch stage."""
+                   tower: str, variant: str) -> tuple[tuple[StageConfig, ...], float]:
+    """Upstream's tower construction: a transformer's context is its duration (v2/Nano: the
+    module's own `context_duration`, else the global one) × the frame rate entering it; v1
+    truncates, v2/Nano round. The rate changes after each patch stage."""
     stages = []
     for i, kw in enumerate(kwargs_list):
         kind = kw.get("module_type")
@@ -58,13 +62,16 @@ def resolve_stages(kwargs_list: list[dict], rate: float, duration: float, *, dow
                     or kw.get("positional_embedding", "rope") != "rope" or not kw.get("causal", True):
                 raise ConfigError(f"{tower}.{i}: unsupported transformer options {kw}")
             d = int(kw["d_model"])
+            seconds = duration if variant == "v1" else float(kw.get("context_duration", duration))
+            context = int(rate * seconds) if variant == "v1" else int(round(rate * seconds))
             stages.append(StageConfig(
                 kind=TRANSFORMER, in_dim=int(kw["input_dimension"]), d_model=d,
                 out_dim=int(kw.get("output_dimension", d)), n_heads=int(kw["num_heads"]),
-                n_layers=int(kw["num_layers"]), ffn=int(kw["dim_feedforward"]),
-                context=int(rate * duration),
-                has_input_proj=f"{tower}.{i}.input_proj.weight" in names,
-                has_output_proj=f"{tower}.{i}.output_proj.weight" in names))
+                n_layers=int(kw["num_layers"]), ffn=int(kw["dim_feedforward"]), context=context,
+                # v1 builds a projection only where the dims differ (Identity otherwise);
+                # v2/Nano always build both. A checkpoint that disagrees is reported, not trusted.
+                has_input_proj=variant != "v1" or int(kw["input_dimension"]) != d,
+                has_output_proj=variant != "v1" or int(kw.get("output_dimension", d)) != d))
         else:
             raise ConfigError(f"{tower}.{i}: unknown module_type {kind!r}")
     return tuple(stages), rate
@@ -72,19 +79,24 @@ def resolve_stages(kwargs_list: list[dict], rate: float, duration: float, *, dow
 
 def codec_config(config: dict, names) -> CodecConfig:
     variant = detect_variant(config, names)
-    names = set(names)
     try:
         sr = int(config.get("sampling_rate", config.get("sample_rate")))
-        duration = float(config["causal_transformer_context_duration"])
+        # v1 has no stereo path; the v2/Nano config class defaults to 2 channels
+        default_channels = 1 if variant == "v1" else 2
+        channels = int(config.get("number_channels", config.get("channels_numbers", default_channels)))
+        if channels > 1 and not config.get("enable_channel_interleave", False):
+            raise ConfigError(f"{channels}-channel codec without channel interleave is not supported")
+        duration = float(config.get("causal_transformer_context_duration", 10.0))
         q = config["quantizer_kwargs"]
         if q.get("quantizer_type", config.get("quantizer_type", "rvq")) not in ("rlfq", "random_prefix_rlfq"):
             raise ConfigError(f"quantizer type {q.get('quantizer_type')!r} is not the RLFQ these "
                               "codecs use")
-        encoder, rate = resolve_stages(config["encoder_kwargs"], float(sr), duration, down=True,
-                                       names=names, tower="encoder")
+        # stereo codecs run one interleaved L R L R stream at channels × the sample rate
+        encoder, rate = resolve_stages(config["encoder_kwargs"], float(sr * channels), duration,
+                                       down=True, tower="encoder", variant=variant)
         decoder, _ = resolve_stages(config["decoder_kwargs"], rate, duration, down=False,
-                                    names=names, tower="decoder")
-        return CodecConfig(variant=variant, sample_rate=sr, channels=1,
+                                    tower="decoder", variant=variant)
+        return CodecConfig(variant=variant, sample_rate=sr, channels=channels,
                            downsample_rate=int(config["downsample_rate"]), encoder=encoder,
                            decoder=decoder, n_quantizers=int(q["num_quantizers"]),
                            codebook_size=int(q["codebook_size"]), codebook_dim=int(q["codebook_dim"]),
@@ -107,14 +119,13 @@ def map_tensors(ckpt, cfg: CodecConfig) -> tuple[dict[str, np.ndarray], list[str
     out, used = {}, set()
     names = ckpt.keys()
     for name in names:
-        if name.endswith(WN_G):
-            base = name[: -len(WN_G)]
-            if base + WN_V not in ckpt:
-                continue
-            out[base + ".weight"] = fuse_weight_norm(ckpt[name], ckpt[base + WN_V])
-            used.update((name, base + WN_V))
+        for g_suffix, v_suffix in ((WN_G, WN_V), (WN_LEGACY_G, WN_LEGACY_V)):
+            if name.endswith(g_suffix) and name[: -len(g_suffix)] + v_suffix in ckpt:
+                base = name[: -len(g_suffix)]
+                out[base + ".weight"] = fuse_weight_norm(ckpt[name], ckpt[base + v_suffix])
+                used.update((name, base + v_suffix))
     for name in names:
-        if name in used or name.endswith(WN_V):
+        if name in used:
             continue
         target = name
         for old, new in V1_RENAMES:
@@ -146,12 +157,15 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
     ckpt = SafetensorsCheckpoint(model_dir)
     cfg = codec_config(config, ckpt.keys())
     tensors, unmapped = map_tensors(ckpt, cfg)
+    expected = tensor_shapes(cfg)
+    # well-formed names the architecture has no place for (e.g. a square v1 projection, where
+    # upstream has an Identity) are reported like any other unused tensor, never dropped silently
+    unmapped += sorted(n for n in tensors if n not in expected)
     if unmapped:
         msg = f"{len(unmapped)} checkpoint tensor(s) not used: {', '.join(unmapped[:8])}"
         if strict:
             raise ModelFileError(f"{model_dir}: {msg} (--strict)")
         logger.warning("%s", msg)
-    expected = tensor_shapes(cfg)
     problems = [f"{n}: missing" for n in expected if n not in tensors]
     problems += [f"{n}: shape {tensors[n].shape}, expected {s}" for n, s in expected.items()
                  if n in tensors and tuple(tensors[n].shape) != s]

@@ -1,0 +1,375 @@
+"""converters/codec.py: the tiny MOSS-Audio-Tokenizer v1 checkpoint (fixtures/make_codec.py) →
+codec GGUF. Expected values are computed here from config.json and the raw safetensors, not
+through the converter's own helpers (codecs.md §1.5, §1.6, §2.3)."""
+
+import json
+import logging
+import re
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from converters.codec import convert
+from fixtures.compare import assert_close, assert_differs
+from fixtures.make_codec import load_config, load_state, make_tiny_v1_checkpoint
+from moss_tts.codec import Codec
+from moss_tts.errors import ConfigError, ModelFileError
+from moss_tts.ggml import GGMLType, GGUFFile, Weights
+
+WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
+V1_NAMES = {".self_attn.in_projs.0.weight": ".self_attn.in_proj.weight",
+            ".self_attn.out_projs.0.weight": ".self_attn.out_proj.weight",
+            ".linear1.weight": ".ffn.0.weight", ".linear2.weight": ".ffn.2.weight"}
+# Transformer and block-projection matmul weights: the only tensors outtype may change.
+MATMUL = re.compile(r"^(encoder|decoder)\.\d+\.(input_proj|output_proj|transformer\.layers\.\d+\."
+                    r"(self_attn\.(in|out)_proj|ffn\.[02]))\.weight$")
+# The fused weight is computed in float64 and stored as f32: one rounding (values ≤ ~1.5).
+FUSED_ATOL = 1e-6
+# Decode of a quantized codec vs the f32 one, as RMS error over RMS signal: f16 weights keep
+# ~11 bits (measured 5e-4), q8_0 ~8 bits per 32-block (measured 6.5e-3).
+QUANT_REL_RMS = {"f16": 2e-3, "q8_0": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_v1_checkpoint(tmp_path_factory.mktemp("codec_ckpt") / "single", seed=0)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    return make_tiny_v1_checkpoint(tmp_path_factory.mktemp("codec_ckpt") / "sharded", seed=0,
+                                   sharded=True)
+
+
+@pytest.fixture(scope="module")
+def gguf(checkpoint, tmp_path_factory):
+    return convert(str(checkpoint), tmp_path_factory.mktemp("codec_gguf") / "codec.gguf")
+
+
+@pytest.fixture(scope="module")
+def state(checkpoint):
+    return load_state(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def config(checkpoint):
+    return load_config(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def tensors(gguf):
+    with Weights.load(gguf) as w:
+        return {name: w.read(name) for name in w.names()}
+
+
+def edited_checkpoint(src, dst, edit):
+    """A single-file copy of checkpoint `src` whose state dict went through `edit(state)`."""
+    dst.mkdir(parents=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    state = dict(load_state(src))
+    edit(state)
+    save_file(state, str(dst / "model.safetensors"))
+    return dst
+
+
+def one_line(excinfo):
+    msg = str(excinfo.value)
+    assert msg and "\n" not in msg, msg
+    return msg
+
+
+def transformer_modules(config):
+    """(tower, index, kwargs) of every transformer module of both towers."""
+    return [(tower, i, kw) for tower in ("encoder", "decoder")
+            for i, kw in enumerate(config[f"{tower}_kwargs"]) if kw["module_type"] == "Transformer"]
+
+
+# -- layouts ----------------------------------------------------------------------------------
+
+
+def test_single_file_and_sharded_checkpoints_give_identical_gguf_tensors(gguf, sharded,
+                                                                         tmp_path, tensors):
+    assert (sharded / "model.safetensors.index.json").exists()
+    assert len(list(sharded.glob("*.safetensors"))) == 2
+    other = convert(str(sharded), tmp_path / "sharded.gguf")
+    with GGUFFile(gguf) as a, GGUFFile(other) as b:
+        assert list(a.tensors) == list(b.tensors)
+        types = {n: t.type for n, t in a.tensors.items()}
+        assert types == {n: t.type for n, t in b.tensors.items()}
+        assert a.keys() == b.keys()
+        for key in a.keys():
+            assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), key
+    with Weights.load(other) as w:
+        for name, want in tensors.items():
+            assert_close(w.read(name), want, atol=0.0, what=name)
+
+
+# -- tensor surgery ---------------------------------------------------------------------------
+
+
+def test_weight_norm_pairs_are_fused_to_g_times_v_over_norm_v(state, tensors):
+    bases = sorted(n[: -len(WN_G)] for n in state if n.endswith(WN_G))
+    assert len(bases) == 2 + 2 * 8  # quantizer in/out + in/out per codebook
+    for base in bases:
+        g = state[base + WN_G].astype(np.float64)          # (out, 1, 1)
+        v = state[base + WN_V].astype(np.float64)[:, :, 0]  # (out, in, 1) → (out, in)
+        want = g[:, 0, :] * v / np.sqrt((v * v).sum(axis=1, keepdims=True))
+        got = tensors[base + ".weight"]
+        assert_close(got, want, atol=FUSED_ATOL, what=base)
+        assert_differs(got, v, atol=FUSED_ATOL, what=f"{base} vs raw v")  # sensitivity guard
+        assert_close(tensors[base + ".bias"], state[base + ".bias"], atol=0.0, what=base + ".bias")
+    assert not any("parametrizations" in n for n in tensors)
+
+
+def test_identity_projections_stay_absent_and_real_ones_are_kept(config, state, gguf, tensors):
+    seen = set()
+    with GGUFFile(gguf) as f:
+        for tower, i, kw in transformer_modules(config):
+            d = kw["d_model"]
+            sides = (("input_proj", (kw["input_dimension"], d), "has_input_proj"),
+                     ("output_proj", (d, kw["output_dimension"]), "has_output_proj"))
+            for side, dims, flag in sides:
+                name = f"{tower}.{i}.{side}.weight"
+                present = dims[0] != dims[1]
+                seen.add(present)
+                assert (name in tensors) == present, name
+                assert bool(f[f"moss.codec.{tower}.{flag}"][i]) == present, name
+                if present:
+                    assert_close(tensors[name], state[name], atol=0.0, what=name)
+    assert seen == {True, False}  # the tiny config has both kinds
+
+
+def test_v1_names_are_renamed_and_every_tensor_is_accounted_for(state, tensors):
+    expected = {}
+    for name in state:
+        if name.endswith(WN_V) or name.endswith(WN_G):
+            expected[name[: -len(WN_G)] + ".weight"] = None  # checked by the fusion test
+            continue
+        target = name
+        for old, new in V1_NAMES.items():
+            if name.endswith(old):
+                target = name[: -len(old)] + new
+        expected[target] = name
+    assert set(tensors) == set(expected)
+    renamed = [(t, s) for t, s in expected.items() if s is not None and t != s]
+    assert len(renamed) == 4 * 8  # 8 layers in the tiny towers, 4 renamed matrices each
+    for target, source in renamed:
+        assert_close(tensors[target], state[source], atol=0.0, what=f"{source} → {target}")
+    assert not [n for n in tensors if re.search(r"in_projs|out_projs|linear[12]", n)]
+
+
+def test_stage_metadata_follows_the_config(config, gguf):
+    """Each transformer's window is int(rate entering it × context duration); the rate starts at
+    the sampling rate, is divided by each encoder patch and multiplied by each decoder patch."""
+    duration = config["causal_transformer_context_duration"]
+    rate = float(config["sampling_rate"])
+    contexts = {}
+    with GGUFFile(gguf) as f:
+        for tower in ("encoder", "decoder"):
+            meta = {k: [int(x) for x in f[f"moss.codec.{tower}.{k}"]]
+                    for k in ("kind", "patch", "in_dim", "d_model", "out_dim", "n_heads",
+                              "n_layers", "ffn", "context")}
+            modules = config[f"{tower}_kwargs"]
+            assert len(meta["kind"]) == len(modules)
+            for i, kw in enumerate(modules):
+                if kw["module_type"] == "PatchedPretransform":
+                    assert (meta["kind"][i], meta["patch"][i]) == (0, kw["patch_size"])
+                    h = kw["patch_size"]
+                    rate = rate / h if tower == "encoder" else rate * h
+                    continue
+                context = int(rate * duration)
+                contexts[f"{tower}.{i}"] = context
+                assert meta["kind"][i] == 1
+                got = {k: meta[k][i] for k in ("in_dim", "d_model", "out_dim", "n_heads",
+                                               "n_layers", "ffn", "context")}
+                assert got == {"in_dim": kw["input_dimension"], "d_model": kw["d_model"],
+                               "out_dim": kw["output_dimension"], "n_heads": kw["num_heads"],
+                               "n_layers": kw["num_layers"], "ffn": kw["dim_feedforward"],
+                               "context": context}, f"{tower}.{i}"
+        q = config["quantizer_kwargs"]
+        assert f["moss.codec.variant"] == "v1" and f["moss.codec.channels"] == 1
+        assert f["moss.codec.sample_rate"] == config["sampling_rate"]
+        assert f["moss.codec.downsample_rate"] == config["downsample_rate"]
+        assert f["moss.codec.code_dim"] == config["code_dim"]
+        assert (f["moss.codec.quantizer.n_quantizers"], f["moss.codec.quantizer.codebook_size"],
+                f["moss.codec.quantizer.codebook_dim"], f["moss.codec.quantizer.rvq_dim"]) == \
+            (q["num_quantizers"], q["codebook_size"], q["codebook_dim"], q["rvq_dim"])
+        assert json.loads(f["moss.codec.config_json"]) == config
+    # 3200 Hz → 200 / 100 / 50 Hz at the encoder transformers, × 0.5 s; the decoder mirrors it
+    assert contexts == {"encoder.1": 100, "encoder.3": 50, "encoder.5": 25,
+                        "decoder.0": 25, "decoder.2": 50, "decoder.4": 100}
+
+
+# -- strictness and broken checkpoints ----------------------------------------------------------
+
+EXTRA = "encoder.1.transformer.layers.0.extra_gate.weight"
+
+
+def add_extra(state):
+    state[EXTRA] = np.full((4, 4), 0.5, np.float32)
+
+
+def test_converter_strict_rejects_unmapped_key(checkpoint, tmp_path):
+    src = edited_checkpoint(checkpoint, tmp_path / "extra", add_extra)
+    with pytest.raises(ModelFileError) as e:
+        convert(str(src), tmp_path / "out.gguf", strict=True)
+    assert EXTRA in one_line(e)
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_converter_without_strict_warns_and_skips_unmapped_key(checkpoint, tmp_path, caplog,
+                                                               tensors):
+    src = edited_checkpoint(checkpoint, tmp_path / "extra", add_extra)
+    with caplog.at_level(logging.WARNING, logger="converters.codec"):
+        out = convert(str(src), tmp_path / "out.gguf")
+    assert any(EXTRA in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    with Weights.load(out) as w:
+        assert set(w.names()) == set(tensors)
+        for name in ("encoder.1.transformer.layers.0.ffn.0.weight", "quantizer.input_proj.weight"):
+            assert_close(w.read(name), tensors[name], atol=0.0, what=name)
+
+
+def _drop(name):
+    return lambda state: state.pop(name)
+
+
+def _reshape(name, shape):
+    def edit(state):
+        state[name] = np.resize(state[name], shape)
+    return edit
+
+
+BROKEN = {  # edit, substrings the one-line error must contain
+    "missing_layer_weight": (_drop("decoder.2.transformer.layers.0.linear1.weight"),
+                             ["decoder.2.transformer.layers.0.", "missing"]),
+    "missing_codebook": (_drop("quantizer.quantizers.5.codebook.weight"),
+                         ["quantizer.quantizers.5.codebook.weight"]),
+    "missing_weight_norm_half": (_drop("quantizer.quantizers.2.out_proj" + WN_V),
+                                 ["quantizer.quantizers.2.out_proj"]),
+    # in_dim 16 != d_model 32 and d_model 32 != out_dim 16: upstream has a Linear here
+    "missing_input_proj": (_drop("encoder.1.input_proj.weight"), ["encoder.1.input_proj.weight"]),
+    "missing_output_proj": (_drop("decoder.4.output_proj.weight"),
+                            ["decoder.4.output_proj.weight"]),
+    "transposed_layer_weight": (_reshape("encoder.3.transformer.layers.0.linear2.weight", (64, 16)),
+                                ["encoder.3.transformer.layers.0.", "shape"]),
+    "wrong_codebook_shape": (_reshape("quantizer.quantizers.0.codebook.weight", (63, 4)),
+                             ["quantizer.quantizers.0.codebook.weight", "(63, 4)"]),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_converter_reports_missing_or_misshapen_tensor_by_name(checkpoint, tmp_path, case):
+    edit, expected = BROKEN[case]
+    src = edited_checkpoint(checkpoint, tmp_path / case, edit)
+    with pytest.raises(ModelFileError) as e:
+        convert(str(src), tmp_path / "out.gguf")
+    msg = one_line(e)
+    for part in expected:
+        assert part in msg, (part, msg)
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_converter_rejects_projection_where_upstream_has_identity(checkpoint, tmp_path):
+    """encoder.5 is 32 → 32 → 24: upstream v1 builds an Identity input projection, so a stray
+    square `input_proj.weight` is an unexpected key there, not a weight to apply."""
+    name = "encoder.5.input_proj.weight"
+    src = edited_checkpoint(checkpoint, tmp_path / "stray",
+                            lambda s: s.__setitem__(name, np.eye(32, dtype=np.float32) * 0.5))
+    with pytest.raises(ModelFileError) as e:
+        convert(str(src), tmp_path / "out.gguf", strict=True)
+    assert name in one_line(e)
+
+
+def test_converter_never_reads_v2_spelled_attention_as_v1(checkpoint, tmp_path):
+    """`self_attn.in_proj` is the Nano/v2 spelling (v1 writes `in_projs.0`): such a checkpoint is
+    refused or labelled Nano/v2 (stereo rules: every projection present, rounded windows), never
+    converted as v1."""
+    def to_v2_names(state):
+        for name in [n for n in state if ".in_projs.0." in n or ".out_projs.0." in n]:
+            state[name.replace("in_projs.0", "in_proj").replace("out_projs.0", "out_proj")] = \
+                state.pop(name)
+    src = edited_checkpoint(checkpoint, tmp_path / "v2", to_v2_names)
+    try:
+        out = convert(str(src), tmp_path / "out.gguf")
+    except (ConfigError, ModelFileError) as e:
+        assert "\n" not in str(e)
+        return
+    with GGUFFile(out) as f:
+        assert f["moss.codec.variant"] in ("nano", "v2")
+
+
+def test_converter_rejects_checkpoint_without_attention_weights(checkpoint, tmp_path):
+    src = edited_checkpoint(checkpoint, tmp_path / "noattn", lambda state: [
+        state.pop(n) for n in [n for n in state if ".self_attn." in n]])
+    with pytest.raises(ConfigError) as e:
+        convert(str(src), tmp_path / "out.gguf")
+    assert "not a MOSS-Audio-Tokenizer checkpoint" in one_line(e)
+
+
+def test_converter_reports_missing_config_json(checkpoint, tmp_path):
+    src = tmp_path / "noconfig"
+    src.mkdir()
+    shutil.copy(checkpoint / "model.safetensors", src)
+    with pytest.raises(ModelFileError) as e:
+        convert(str(src), tmp_path / "out.gguf")
+    assert "config.json" in one_line(e)
+
+
+def test_converter_reports_directory_without_safetensors(checkpoint, tmp_path):
+    src = tmp_path / "noweights"
+    src.mkdir()
+    shutil.copy(checkpoint / "config.json", src)
+    with pytest.raises(ModelFileError) as e:
+        convert(str(src), tmp_path / "out.gguf")
+    assert "safetensors" in one_line(e)
+
+
+def test_converter_reports_unknown_repo_id_when_offline(tmp_path, monkeypatch):
+    hf_constants = pytest.importorskip("huggingface_hub.constants")
+    # the hub reads these at import time, so set the live values as well as the environment
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf_cache"))
+    with pytest.raises(ModelFileError) as e:
+        convert("moss-tts-tests/no-such-codec", tmp_path / "out.gguf")
+    assert "moss-tts-tests/no-such-codec" in one_line(e)
+
+
+def test_converter_reports_a_path_that_does_not_exist(tmp_path):
+    with pytest.raises(ModelFileError) as e:
+        convert(str(tmp_path / "nowhere" / "ckpt"), tmp_path / "out.gguf")
+    assert "nowhere" in one_line(e)
+
+
+# -- output types -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_outtype_changes_only_transformer_and_projection_matmuls(checkpoint, tmp_path, outtype,
+                                                                 tensors):
+    path = convert(str(checkpoint), tmp_path / f"codec-{outtype}.gguf", outtype=outtype)
+    want_type = GGMLType.parse(outtype)
+    with GGUFFile(path) as f:
+        types = {n: t.type for n, t in f.tensors.items()}
+    assert set(types) == set(tensors)
+    for name, t in types.items():
+        if not MATMUL.match(name):
+            assert t == GGMLType.F32, name  # quantizer, norms, layer scales, biases, codebooks
+        elif tensors[name].shape[-1] % 32 and want_type == GGMLType.Q8_0:
+            assert t == GGMLType.F16, name  # rows of 16 do not fill a q8_0 block of 32
+        else:
+            assert t == want_type, name
+    assert sum(t == want_type for t in types.values()) >= 20  # non-vacuous
+    assert not [n for n in types if n.startswith("quantizer.") and types[n] != GGMLType.F32]
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_quantized_codec_decodes_close_to_f32(checkpoint, gguf, tmp_path, outtype):
+    path = convert(str(checkpoint), tmp_path / f"codec-{outtype}.gguf", outtype=outtype)
+    codes = np.random.default_rng(8).integers(0, 64, (8, 40), dtype=np.int32)
+    with Codec.load(gguf, threads=1) as ref_codec, Codec.load(path, threads=1) as codec:
+        want, got = ref_codec.decode(codes), codec.decode(codes)
+    rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
+    assert np.isfinite(got).all() and 0 < rel < QUANT_REL_RMS[outtype], rel
