@@ -35,15 +35,24 @@ V1_RENAMES = ((".self_attn.in_projs.0.weight", ".self_attn.in_proj.weight"),
               (".linear2.weight", ".ffn.2.weight"))
 
 
+V2_FAMILY_KEYS = ("number_channels", "channels_numbers", "enable_channel_interleave")
+
+
 def detect_variant(config: dict, names) -> str:
-    """v1 (24 kHz mono) spells attention `in_projs.0`; Nano and v2 (48 kHz stereo) `in_proj`.
-    Nano and v2 share their code; the label (16 vs 32 codebooks) is informational."""
-    if any(".self_attn.in_projs.0.weight" in n for n in names):
-        return "v1"
-    if any(".self_attn.in_proj.weight" in n for n in names):
+    """From config.json, as upstream's classes differ: the Nano/v2 code (48 kHz stereo) carries
+    channel keys, its own model_type or per-module context durations; v1 (24 kHz mono) has none.
+    Weight names do not decide it: the Nano/v2 loader also accepts v1's spellings. Nano and v2
+    share their code; that label (16 vs 32 codebooks) is informational."""
+    if not any(".self_attn.in_projs.0.weight" in n or ".self_attn.in_proj.weight" in n
+               for n in names):
+        raise ConfigError("not a MOSS-Audio-Tokenizer checkpoint: no transformer attention "
+                          "weights found")
+    stages = config.get("encoder_kwargs", []) + config.get("decoder_kwargs", [])
+    if any(k in config for k in V2_FAMILY_KEYS) or config.get("model_type") == "moss-audio-tokenizer" \
+            or any("context_duration" in kw for kw in stages):
         q = config.get("quantizer_kwargs", {})
         return "nano" if int(q.get("num_quantizers", 0)) == 16 else "v2"
-    raise ConfigError("not a MOSS-Audio-Tokenizer checkpoint: no transformer attention weights found")
+    return "v1"
 
 
 def resolve_stages(kwargs_list: list[dict], rate: float, duration: float, *, down: bool,

@@ -282,22 +282,21 @@ def test_converter_rejects_projection_where_upstream_has_identity(checkpoint, tm
     assert name in one_line(e)
 
 
-def test_converter_never_reads_v2_spelled_attention_as_v1(checkpoint, tmp_path):
-    """`self_attn.in_proj` is the Nano/v2 spelling (v1 writes `in_projs.0`): such a checkpoint is
-    refused or labelled Nano/v2 (stereo rules: every projection present, rounded windows), never
-    converted as v1."""
+def test_v1_config_with_v2_spelled_attention_converts_as_the_same_v1_codec(checkpoint, tmp_path):
+    """The family comes from config.json: upstream's v1 load hook also accepts `in_proj.weight`
+    for `in_projs.0`, so a v1 config with that spelling is the same v1 codec."""
     def to_v2_names(state):
         for name in [n for n in state if ".in_projs.0." in n or ".out_projs.0." in n]:
             state[name.replace("in_projs.0", "in_proj").replace("out_projs.0", "out_proj")] = \
                 state.pop(name)
-    src = edited_checkpoint(checkpoint, tmp_path / "v2", to_v2_names)
-    try:
-        out = convert(str(src), tmp_path / "out.gguf")
-    except (ConfigError, ModelFileError) as e:
-        assert "\n" not in str(e)
-        return
-    with GGUFFile(out) as f:
-        assert f["moss.codec.variant"] in ("nano", "v2")
+    src = edited_checkpoint(checkpoint, tmp_path / "v2names", to_v2_names)
+    renamed = convert(str(src), tmp_path / "renamed.gguf", strict=True)
+    original = convert(str(checkpoint), tmp_path / "original.gguf", strict=True)
+    with GGUFFile(renamed) as a, GGUFFile(original) as b:
+        assert a["moss.codec.variant"] == b["moss.codec.variant"] == "v1"
+        assert a.tensors.keys() == b.tensors.keys()
+        assert [a[k].tolist() for k in ("moss.codec.encoder.context", "moss.codec.decoder.context")] \
+            == [b[k].tolist() for k in ("moss.codec.encoder.context", "moss.codec.decoder.context")]
 
 
 def test_converter_rejects_checkpoint_without_attention_weights(checkpoint, tmp_path):
