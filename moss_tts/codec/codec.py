@@ -18,28 +18,32 @@ from .tower import TowerState, load_tower, run_tower
 
 logger = logging.getLogger(__name__)
 
-CHUNK_SECONDS = 2.0  # code frames per graph run; any chunk gives the same result (exact caches)
+# Audio per graph run. Any chunk gives the same result (exact caches); 10 s was fastest at the
+# real 24 kHz dimensions (bench/codec.py: more rows per matmul in the 12.5 Hz stage).
+CHUNK_SECONDS = 10.0
+STREAM_PUSH_FRAMES = 8  # streaming decode: the largest push run as one graph (upstream uses 8)
 
 
 class _TowerRunner:
     """One tower's caches, and its graphs by (frames, codebooks): built once, replayed."""
 
-    def __init__(self, codec: "Codec", tower: str, chunk_frames: int):
+    def __init__(self, codec: "Codec", tower: str, chunk_frames: int, *, narrow_prefix=True):
         self.codec, self.tower, self.chunk = codec, tower, chunk_frames
-        self.state = TowerState(codec.config, tower, chunk_frames, codec.backend)
+        self.state = TowerState(codec.config, tower, chunk_frames, codec.backend,
+                                narrow_prefix=narrow_prefix)
         self.allocator = Allocator(codec.backend)
-        self.graphs: dict[tuple[int, int], Graph] = {}
+        self.graphs: dict[tuple, Graph] = {}
 
-    def graph(self, n_frames: int, n_q: int) -> Graph:
-        key = (n_frames, n_q)
+    def graph(self, n_frames: int, n_q: int, counts: tuple[int, ...]) -> Graph:
+        key = (n_frames, n_q, counts)
         if key not in self.graphs:
-            self.graphs[key] = self._build(n_frames, n_q)
+            self.graphs[key] = self._build(n_frames, n_q, counts)
         return self.graphs[key]
 
-    def _build(self, n_frames: int, n_q: int) -> Graph:
+    def _build(self, n_frames: int, n_q: int, counts: tuple[int, ...]) -> Graph:
         c = self.codec
         g = Graph(c.backend, name=f"{self.tower}[{n_frames}x{n_q}]", allocator=self.allocator)
-        stage_inputs = self.state.graph_inputs(g, n_frames)
+        stage_inputs = self.state.graph_inputs(g, n_frames, counts)
         if self.tower == "encoder":
             x = g.input("samples", (n_frames * c.config.stream_samples_per_frame, 1))  # [1, T]
             z = run_tower(x, c._encoder, c.config, self.state, stage_inputs)   # [code_dim, N]
@@ -53,8 +57,9 @@ class _TowerRunner:
         return g.build()
 
     def run(self, n_frames: int, n_q: int, feed: dict) -> dict:
-        feed = feed | self.state.advance(n_frames)
-        return self.graph(n_frames, n_q).run(feed)
+        counts = self.state.slot_counts(n_frames)
+        graph = self.graph(n_frames, n_q, counts)
+        return graph.run(feed | self.state.advance(n_frames, counts))
 
     def close(self) -> None:
         for g in self.graphs.values():
@@ -149,9 +154,11 @@ class Codec(NativeResource):
         return self.decode(self.encode(samples, sample_rate, n_quantizers=n_quantizers,
                                        progress=progress), progress=progress)
 
-    def stream_decoder(self, *, n_quantizers: int | None = None) -> "StreamDecoder":
-        """A decoder fed code frames as they arrive; its output concatenated equals decode()."""
-        return StreamDecoder(self, self._n_q(n_quantizers))
+    def stream_decoder(self, *, n_quantizers: int | None = None,
+                       max_push_frames: int = STREAM_PUSH_FRAMES) -> "StreamDecoder":
+        """A decoder fed code frames as they arrive; its output concatenated equals decode().
+        Pushes longer than max_push_frames are split (it sizes the per-stage caches)."""
+        return StreamDecoder(self, self._n_q(n_quantizers), int(max_push_frames))
 
     # -- helpers ----------------------------------------------------------------------------------
     def check_codes(self, codes, n_quantizers: int | None = None) -> np.ndarray:
@@ -211,9 +218,12 @@ class StreamDecoder(NativeResource):
     """`push(codes [k, frames])` → the samples those frames complete; `flush()` → the rest
     (nothing: every stage is causal and frame-local, so each frame completes at once)."""
 
-    def __init__(self, codec: Codec, n_q: int):
+    def __init__(self, codec: Codec, n_q: int, max_push_frames: int):
+        if max_push_frames < 1:
+            raise InputError(f"max_push_frames must be at least 1, got {max_push_frames}")
         self.codec, self.n_q = codec, n_q
-        self._runner = _TowerRunner(codec, "decoder", codec.chunk_frames)
+        # caches sized for small pushes, attended over in full: one graph per push size
+        self._runner = _TowerRunner(codec, "decoder", max_push_frames, narrow_prefix=False)
         self.frames = 0
 
     def push(self, codes) -> np.ndarray:

@@ -71,7 +71,7 @@ def codec_layer(x: Tensor, w: CodecLayer, s: StageConfig, cfg: CodecConfig, *, i
     qkv = linear(h, w.self_attn_in_proj_weight)                              # [3d, T], no bias
     # RoPE on interleaved pairs (ggml "normal"), positions within this stage's own sequence
     o = cached_self_attention(qkv, cache, il, n_heads=s.n_heads, rope_mode="normal",
-                              rope_base=cfg.rope_base, n_slots=None, **inputs)
+                              rope_base=cfg.rope_base, **inputs)
     x = x + layer_scale(linear(o, w.self_attn_out_proj_weight), w.layer_scale_1_scale)
     h = layer_norm(x, w.norm2_weight, w.norm2_bias, eps=cfg.norm_eps)
     # exact erf GELU (nn.GELU() / F.gelu default), not the tanh approximation
@@ -96,8 +96,10 @@ class TowerState:
     """The running state of one tower: per transformer stage a ring KV cache of
     `context + chunk − 1` slots (exact for any chunk up to `chunk` positions) and its position."""
 
-    def __init__(self, cfg: CodecConfig, tower: str, max_frames: int, backend):
+    def __init__(self, cfg: CodecConfig, tower: str, max_frames: int, backend, *,
+                 narrow_prefix: bool = True):
         self.cfg = cfg
+        self.narrow_prefix = narrow_prefix
         self.tower = tower
         self.stages = getattr(cfg, tower)
         self.max_frames = max_frames
@@ -108,34 +110,49 @@ class TowerState:
                 capacity = s.context + max_frames * self.per_frame[i] - 1
                 self.caches[i] = KVCache(s.n_layers, s.n_heads, s.head_dim, capacity, backend=backend)
         self.position = {i: 0 for i in self.caches}
+        self.frames = 0
 
     def reset(self) -> None:
         for i, c in self.caches.items():
             c.reset()
             self.position[i] = 0
+        self.frames = 0
 
-    def graph_inputs(self, g: Graph, n_frames: int) -> dict[int, dict]:
+    def slot_counts(self, n_frames: int) -> tuple[int, ...]:
+        """Cache slots each stage attends over for the next chunk of n_frames.
+
+        Until a ring is full only a prefix of its slots holds keys, so attending over that
+        prefix gives the same result for less work (the first chunk of a short clip sees just
+        its own rows). Counts are rounded up to whole chunks so few distinct graphs arise.
+        """
+        if not self.narrow_prefix:  # one graph per chunk size, e.g. for small streaming pushes
+            return tuple(c.capacity for c in self.caches.values())
+        filled = -(-(self.frames + n_frames) // self.max_frames) * self.max_frames
+        return tuple(min(c.capacity, filled * self.per_frame[i]) for i, c in self.caches.items())
+
+    def graph_inputs(self, g: Graph, n_frames: int, counts: tuple[int, ...]) -> dict[int, dict]:
         """Per transformer stage: positions, slots and mask inputs of a chunk of n_frames."""
         out = {}
-        for i in self.caches:
+        for (i, cache), n_slots in zip(self.caches.items(), counts):
             t = n_frames * self.per_frame[i]
-            cap = self.caches[i].capacity
             out[i] = {"positions": g.input(f"{self.tower}.{i}.pos", (t,), I32),
                       "slots": g.input(f"{self.tower}.{i}.slots", (t,), I32),
-                      "mask": g.input(f"{self.tower}.{i}.mask", (t, cap), F16)}
+                      "mask": g.input(f"{self.tower}.{i}.mask", (t, n_slots), F16),
+                      "n_slots": n_slots}
         return out
 
-    def advance(self, n_frames: int) -> dict[str, np.ndarray]:
+    def advance(self, n_frames: int, counts: tuple[int, ...]) -> dict[str, np.ndarray]:
         """Host side of the next chunk: reserve ring slots and build each stage's window mask."""
         feed = {}
-        for i, cache in self.caches.items():
+        for (i, cache), n_slots in zip(self.caches.items(), counts):
             t = n_frames * self.per_frame[i]
             pos = np.arange(self.position[i], self.position[i] + t)
             feed[f"{self.tower}.{i}.pos"] = pos.astype(np.int32)
             feed[f"{self.tower}.{i}.slots"] = cache.reserve(pos, ring=True)
             feed[f"{self.tower}.{i}.mask"] = cache.mask(pos, window=self.stages[i].context,
-                                                        dtype=np.float16)
+                                                        n_slots=n_slots, dtype=np.float16)
             self.position[i] += t
+        self.frames += n_frames
         return feed
 
     def close(self) -> None:
