@@ -101,3 +101,102 @@ def fuse_weight_norm(g: np.ndarray, v: np.ndarray) -> np.ndarray:
     norm = np.sqrt((v64 ** 2).sum(axis=1, keepdims=True))
     w = g.astype(np.float64).reshape(-1, 1) * v64 / norm
     return w.astype(np.float32)
+
+
+class TorchBinCheckpoint:
+    """name → numpy array from a PyTorch `torch.save` zip (e.g. pytorch_model.bin), read without
+    torch: a restricted unpickler that knows only tensor rebuilding, storages and OrderedDict."""
+
+    _DTYPES = {"FloatStorage": np.float32, "HalfStorage": np.float16, "DoubleStorage": np.float64,
+               "BFloat16Storage": "bfloat16", "LongStorage": np.int64, "IntStorage": np.int32,
+               "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8,
+               "BoolStorage": np.bool_}
+
+    def __init__(self, path: Path):
+        import pickle
+        import zipfile
+
+        try:
+            self._zip = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as e:
+            raise ModelFileError(f"{path}: not a PyTorch zip checkpoint ({e}); legacy "
+                                 "(pre-1.6) torch.save files are not supported") from None
+        names = self._zip.namelist()
+        pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
+        if pkl is None:
+            raise ModelFileError(f"{path}: no data.pkl inside — not a torch.save checkpoint")
+        root = pkl[: -len("data.pkl")]
+        zf, dtypes = self._zip, self._DTYPES
+
+        class Storage:
+            def __init__(self, kind, key):
+                self.kind, self.key = kind, key
+
+            def array(self):
+                raw = zf.read(f"{root}data/{self.key}")
+                if dtypes[self.kind] == "bfloat16":  # widen bf16 bits to f32
+                    return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+                return np.frombuffer(raw, dtypes[self.kind])
+
+        def rebuild_tensor(storage, offset, shape, stride, *_):
+            return _LazyTensor(storage, int(offset), tuple(shape), tuple(stride))
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module, name):
+                if (module, name) in (("torch._utils", "_rebuild_tensor_v2"),
+                                      ("torch._utils", "_rebuild_tensor")):
+                    return rebuild_tensor
+                if module == "torch" and name in dtypes:
+                    return name
+                if (module, name) == ("collections", "OrderedDict"):
+                    import collections
+                    return collections.OrderedDict
+                raise ModelFileError(f"{path}: unsupported object {module}.{name} in the "
+                                     "checkpoint (only tensors are read)")
+
+            def persistent_load(self, pid):
+                if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
+                    raise ModelFileError(f"{path}: unsupported persistent id {pid!r}")
+                kind = pid[1] if isinstance(pid[1], str) else getattr(pid[1], "__name__", "")
+                if kind not in dtypes:
+                    raise ModelFileError(f"{path}: unsupported storage type {kind}")
+                return Storage(kind, pid[2])
+
+        with zf.open(pkl) as f:
+            state = Unpickler(f).load()
+        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+            state = state["state_dict"]
+        self._tensors = {k: v for k, v in state.items() if isinstance(v, _LazyTensor)}
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._tensors[name].numpy()
+
+
+class _LazyTensor:
+    def __init__(self, storage, offset: int, shape: tuple, stride: tuple):
+        self.storage, self.offset, self.shape, self.stride = storage, offset, shape, stride
+
+    def numpy(self) -> np.ndarray:
+        flat = self.storage.array()
+        item = flat.itemsize
+        return np.lib.stride_tricks.as_strided(
+            flat[self.offset:], shape=self.shape, strides=tuple(s * item for s in self.stride)).copy()
+
+
+def open_checkpoint(model_dir: Path):
+    """Safetensors when present, else a PyTorch pytorch_model.bin read without torch."""
+    if any(model_dir.glob("*.safetensors")) or (model_dir / "model.safetensors.index.json").exists():
+        return SafetensorsCheckpoint(model_dir)
+    bins = sorted(model_dir.glob("*.bin"))
+    if not bins:
+        raise ModelFileError(f"{model_dir}: no *.safetensors or pytorch_model.bin weights")
+    if len(bins) > 1:
+        raise ModelFileError(f"{model_dir}: several .bin files; sharded .bin checkpoints are not "
+                             "supported — convert them to safetensors")
+    return TorchBinCheckpoint(bins[0])

@@ -20,7 +20,7 @@ from moss_tts.codec.config import (FORMAT_VERSION, KIND, PATCH, TRANSFORMER, Cod
 from moss_tts.codec.tower import LAYER_TENSORS
 from moss_tts.errors import ConfigError, ModelFileError
 
-from .checkpoint import SafetensorsCheckpoint, fuse_weight_norm, read_config, resolve_model_dir
+from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
 from .gguf_io import write_gguf
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
             progress=None) -> Path:
     model_dir = resolve_model_dir(model)
     config = read_config(model_dir)
-    ckpt = SafetensorsCheckpoint(model_dir)
+    ckpt = open_checkpoint(model_dir)
     cfg = codec_config(config, ckpt.keys())
     tensors, unmapped = map_tensors(ckpt, cfg)
     expected = tensor_shapes(cfg)
