@@ -1,0 +1,184 @@
+"""Long-text chunking for voice cloning and the pauses between chunks (nano.md §5.4-5.5).
+
+Follows upstream HF `modeling_moss_tts_nano.py` `_split_text_into_best_sentences` (copied as
+`split_voice_clone_text` in `onnx_tts_runtime.py`) and its inter-chunk pause estimate.
+Token counts use the model's own tokenizer (anything with `encode(text) -> list[int]`).
+"""
+
+from moss_tts.errors import InputError
+
+DEFAULT_MAX_TEXT_TOKENS = 75  # every user-facing entry point; the model signature says 50
+SHORT_CHUNK_PAUSE_SECONDS = 0.40  # after a chunk of <= 4 whitespace-separated words
+LONG_CHUNK_PAUSE_SECONDS = 0.24
+SHORT_CHUNK_MAX_WORDS = 4
+
+SENTENCE_END = frozenset(".!?。！？；;")
+CLAUSE_END = frozenset(",，、；;：:")
+CLOSERS = frozenset("\"'”’)]}）】》」』")  # taken into the piece that the mark before them ends
+_TOKEN_CUT_BOUNDARIES = SENTENCE_END | CLAUSE_END | {" "}
+# Upstream scans prefix[-1] down to prefix[-24]: 24 positions, written as a 25-char window.
+_TOKEN_CUT_LOOKBACK = 24
+_SHORT_TEXT_WORDS = 5
+_SHORT_TEXT_PADDING = " " * 8
+
+
+def contains_cjk(text):
+    """Any CJK ideograph, kana or Hangul syllable (the chunker's notion of "CJK")."""
+    return any(
+        "\u4e00" <= ch <= "\u9fff"
+        or "\u3400" <= ch <= "\u4dbf"
+        or "\u3040" <= ch <= "\u30ff"
+        or "\uac00" <= ch <= "\ud7af"
+        for ch in text
+    )
+
+
+def prepare_for_chunking(text):
+    """Fold newlines and double spaces, then close the text with a sentence mark."""
+    text = text.strip()
+    if not text:
+        raise InputError("text is empty")
+    text = text.replace("\n", " ").replace("\r", " ")
+    while "  " in text:
+        text = text.replace("  ", " ")
+    if contains_cjk(text):
+        return text if text[-1] in SENTENCE_END else text + "。"
+    if not text[0].isupper():
+        text = text[0].upper() + text[1:]
+    if text[-1].isalnum():
+        text += "."
+    if len(text.split()) < _SHORT_TEXT_WORDS:
+        # Upstream pads short texts; the padding is stripped again by the splitter.
+        text = _SHORT_TEXT_PADDING + text
+    return text
+
+
+def split_at_marks(text, marks):
+    """Cut after every char in `marks` (plus any closers right after it); pieces are stripped."""
+    pieces, start, i = [], 0, 0
+    while i < len(text):
+        if text[i] not in marks:
+            i += 1
+            continue
+        i += 1
+        while i < len(text) and text[i] in CLOSERS:
+            i += 1
+        piece = text[start:i].strip()
+        if piece:
+            pieces.append(piece)
+        while i < len(text) and text[i].isspace():
+            i += 1
+        start = i
+    tail = text[start:].strip()
+    if tail:
+        pieces.append(tail)
+    return pieces
+
+
+def _longest_prefix_within(text, count, max_tokens):
+    """Largest n with count(text[:n].strip()) <= max_tokens, by binary search (1 if none)."""
+    low, high, best = 1, len(text), 1
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = text[:middle].strip()
+        if candidate and count(candidate) > max_tokens:
+            high = middle - 1
+            continue
+        if candidate:
+            best = middle
+        low = middle + 1
+    return best
+
+
+def split_by_token_budget(text, count, max_tokens):
+    """Cut `text` into pieces of <= `max_tokens` tokens, preferring a space or mark near the cut."""
+    pieces, rest = [], text.strip()
+    while rest:
+        if count(rest) <= max_tokens:
+            pieces.append(rest)
+            break
+        limit = _longest_prefix_within(rest, count, max_tokens)
+        cut = limit
+        for i in range(limit - 1, max(-1, limit - 1 - _TOKEN_CUT_LOOKBACK), -1):
+            if rest[i] in _TOKEN_CUT_BOUNDARIES:
+                cut = i + 1
+                break
+        piece = rest[:cut].strip()
+        if not piece:
+            piece, cut = rest[:limit].strip(), limit
+        pieces.append(piece)
+        rest = rest[cut:].strip()
+    return pieces
+
+
+def _join(left, right):
+    if not left or not right:
+        return left or right
+    return left + right if contains_cjk(left) or contains_cjk(right) else f"{left} {right}"
+
+
+def _budget_pieces(sentence, count, max_tokens):
+    """(tokens, text) pieces of one sentence: whole, else by clauses, else by token budget."""
+    n_tokens = count(sentence)
+    if n_tokens <= max_tokens:
+        return [(n_tokens, sentence)]
+    pieces = []
+    for clause in split_at_marks(sentence, CLAUSE_END) or [sentence]:
+        n_tokens = count(clause)
+        if n_tokens <= max_tokens:
+            pieces.append((n_tokens, clause))
+            continue
+        pieces.extend((count(p), p) for p in split_by_token_budget(clause, count, max_tokens))
+    return pieces
+
+
+def split_into_chunks(text, tokenizer, max_tokens=DEFAULT_MAX_TEXT_TOKENS):
+    """Voice-clone chunks of at most `max_tokens` tokens each (when a piece allows it).
+
+    Sentences are cut at sentence marks, too-long ones at clause marks, and too-long clauses by
+    token count; the pieces are then packed greedily. A budget <= 0 disables chunking, and a
+    result of one chunk returns the original `text` unchanged (not the prepared form).
+
+    >>> split_into_chunks("One. Two.", tok, max_tokens=75)  # doctest: +SKIP
+    ['One. Two.']
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("text is empty")
+    if int(max_tokens) <= 0:
+        return [text]
+    max_tokens = int(max_tokens)
+
+    def count(piece):
+        return len(tokenizer.encode(piece))
+
+    prepared = prepare_for_chunking(text)
+    pieces = []
+    for sentence in split_at_marks(prepared, SENTENCE_END) or [prepared.strip()]:
+        pieces.extend(_budget_pieces(sentence, count, max_tokens))
+
+    chunks, current, current_tokens = [], "", 0
+    for n_tokens, piece in pieces:
+        if current and current_tokens + n_tokens > max_tokens:
+            chunks.append(current.strip())
+            current, current_tokens = piece, n_tokens
+        elif current:
+            current = _join(current, piece)
+            current_tokens = count(current)  # recounted: a join can merge tokens
+        else:
+            current, current_tokens = piece, n_tokens
+    if current:
+        chunks.append(current.strip())
+    return chunks if len(chunks) > 1 else [text]
+
+
+def pause_after(chunk_text):
+    """Silence in seconds after a chunk that is not the last (CJK without spaces = one word)."""
+    n_words = len(chunk_text.split())
+    return (
+        SHORT_CHUNK_PAUSE_SECONDS if n_words <= SHORT_CHUNK_MAX_WORDS else LONG_CHUNK_PAUSE_SECONDS
+    )
+
+
+def pause_samples(chunk_text, sample_rate):
+    """`pause_after` as a sample count: round(sample_rate × seconds)."""
+    return max(0, round(sample_rate * pause_after(chunk_text)))

@@ -1,0 +1,261 @@
+"""Text normalization before tokenization (nano.md §7).
+
+`normalize_tts_text` is the robust, non-semantic cleanup of upstream MOSS-TTS-Nano
+`tts_robust_normalizer_single_script.py`; `prepare_texts` is the stage order of upstream
+`text_normalization_pipeline.py` `prepare_tts_request_texts`. WeText (semantic number/date
+expansion) needs pynini and is not a dependency: callers may plug one in as `wetext=`.
+"""
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+# Scripts written without spaces between words: CJK ideographs (ext. A + basic) and kana.
+_CJK_CLASS = "\u3400-\u4dbf\u4e00-\u9fff\u3040-\u30ff"
+_CJK = f"[{_CJK_CLASS}]"
+_CJK_IDEOGRAPH = re.compile("[\u3400-\u9fff]")
+
+# Protected spans are swapped for numbered placeholders so later rules cannot touch them.
+_PLACEHOLDER = r"___PROT\d+___"
+_PLACEHOLDER_RE = re.compile(_PLACEHOLDER)
+_TOKEN_CHARS = r"A-Za-z0-9._/+:-"  # characters of file names, versions and paths
+# A Latin-ish token: a placeholder, or a file/version-like run that contains a letter.
+_LATINISH = rf"(?:{_PLACEHOLDER}|(?=[{_TOKEN_CHARS}]*[A-Za-z])[A-Za-z0-9][{_TOKEN_CHARS}]*)"
+
+# Order matters: URLs before e-mails before @mentions, file-like tokens last.
+_PROTECTED_PATTERNS = tuple(
+    re.compile(p)
+    for p in (
+        r"https?://[^\s\u3000，。！？；、）】》〉」』]+",  # URL, up to whitespace or CJK punctuation
+        r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}(?![\w.-])",  # e-mail
+        r"(?<![A-Za-z0-9_])@[A-Za-z0-9_]{1,32}",  # @mention
+        r"(?<![A-Za-z0-9_])[ur]/[A-Za-z0-9_]+",  # reddit u/name, r/name
+        r"(?<![A-Za-z0-9_])#(?!\s)[^\s#]+",  # #hashtag
+        r"(?<![A-Za-z0-9_])\.(?=[A-Za-z0-9._-]*[A-Za-z0-9])[A-Za-z0-9._-]+",  # .env, .map
+        # app.js.map, v2.3.1, a/b-c.py: must hold a letter and one of . / + : - (plain
+        # snake_case is not protected, so its `_` still becomes a space).
+        (
+            rf"(?<![A-Za-z0-9_])(?=[{_TOKEN_CHARS}]*[A-Za-z])(?=[{_TOKEN_CHARS}]*[./+:-])"
+            rf"[A-Za-z0-9][{_TOKEN_CHARS}]*(?![A-Za-z0-9_])"
+        ),
+    )
+)
+
+_MARKDOWN_LINK = re.compile(r"\[([^\[\]]+?)\]\((https?://[^)\s]+)\)")
+# Line prefixes removed in this order: heading, quote, bullet, ordered-list number.
+_LINE_PREFIXES = tuple(
+    re.compile(p) for p in (r"^#{1,6}\s+", r"^>\s+", r"^[-*+]\s+", r"^\d+[.)]\s+")
+)
+_ARROW = re.compile(r"\s*(?:<[-=]+>|[-=]+>|<[-=]+|[→←↔⇒⇐⇔⟶⟵⟷⟹⟸⟺↦↤↪↩])\s*")
+_CLOSERS = frozenset("\"')]}）】》〉」』”’")  # looked past when checking a line's last mark
+
+# (pattern, replacement) passes of the space rules, applied in order.
+_SPACE_RULES = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (r"[ \t\r\f\v]+", " "),
+        (rf"({_CJK})\s+(?={_CJK})", r"\1"),  # no spaces inside CJK runs
+        (rf"({_CJK})\s+(?=\d)", r"\1"),  # nor between CJK and digits
+        (rf"(\d)\s+(?={_CJK})", r"\1"),
+        (rf"({_CJK})(?={_LATINISH})", r"\1 "),  # one space between CJK and Latin-ish tokens
+        (rf"({_LATINISH})(?={_CJK})", r"\1 "),
+        (r" {2,}", " "),
+        (r"\s+([，。！？；：、”’」』】）》])", r"\1"),  # none before Chinese closing punctuation
+        (r"([（【「『《“‘])\s+", r"\1"),  # none after Chinese opening brackets
+        (r"([，。！？；：、])\s*", r"\1"),  # none after Chinese punctuation
+        (r"\s+([,.;!?])", r"\1"),  # none before ASCII punctuation
+        (r" {2,}", " "),
+    )
+)
+
+_BRACKET_RULES = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (r"\[\s*([^\[\]]+?)\s*\]", r'"\1"'),
+        (r"\{\s*([^{}]+?)\s*\}", r'"\1"'),
+        (r"[【〖『「]\s*([^】〗』」]+?)\s*[】〗』」]", r'"\1"'),
+        # A stand-alone 《title》 (text start or after a sentence end, followed by the end, a
+        # protected span, a dash run or punctuation) loses its brackets; embedded titles stay.
+        (
+            rf"(^|[。！？!?；;]\s*)《([^》]+)》(?=\s*(?:{_PLACEHOLDER}|[—–―-]{{2,}}|$|[。！？!?；;，,]))",
+            r"\1\2",
+        ),
+    )
+)
+_DASH_RUN = re.compile(r"\s*[—–―-]{2,}\s*")
+
+_REPEAT_RULES = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (r"\.{3,}|…{2,}", "。"),  # ellipses; a single … is kept
+        (r"[。．]{2,}", "。"),
+        (r"[，,]{2,}", "，"),
+        (r"[!！]{2,}", "！"),
+        (r"[?？]{2,}", "？"),
+    )
+)
+_QE_RUN = re.compile(r"[!?！？]{2,}")
+
+# zh WeText hyphen guard: a kept hyphen is parked behind a marker while the others are rewritten.
+_KEEP_HYPHEN = "\x00KEEP_HYPHEN\x00"
+_NEGATIVE_OR_RANGE = tuple(
+    re.compile(p)
+    for p in (
+        r"(^\s*)-\s*(?=\d)",  # -2 at the start
+        r"([=:+*/,(，:：；;（【\[{])\s*-\s*(?=\d)",  # x=-2, (-2)
+        r"([\u3400-\u9fff])\s*-\s*(?=\d)",  # 为-2
+        r"(\d)\s*-\s*(?=\d)",  # 10-3, 2024-05-01
+    )
+)
+_CJK_HYPHEN_CJK = re.compile(r"([\u3400-\u9fff])\s*-\s*(?=[\u3400-\u9fff])")
+_OTHER_HYPHEN = re.compile(r"([^\s-])\s*-\s*(?=[^\s-])")
+
+ENGLISH_VOICES = frozenset({"Trump", "Ava", "Bella", "Adam", "Nathan"})
+
+
+def _apply(rules, text):
+    for pattern, replacement in rules:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _drop_control_chars(text):
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u3000", " ")
+    # Category C covers the zero-width chars (U+200B-U+200D, U+FEFF are Cf) too.
+    return "".join(ch for ch in text if ch in "\n\t " or unicodedata.category(ch)[0] != "C")
+
+
+def _with_terminal_mark(line):
+    """`line` + `。` unless its last visible char (closing quotes skipped) is punctuation."""
+    i = len(line) - 1
+    while i >= 0 and line[i].isspace():
+        i -= 1
+    while i >= 0 and line[i] in _CLOSERS:
+        i -= 1
+    if i >= 0 and unicodedata.category(line[i])[0] == "P":
+        return line
+    return line + "。"
+
+
+def _flatten_lines(text):
+    """Strip Markdown line prefixes and join the lines, each ending in punctuation."""
+    text = _MARKDOWN_LINK.sub(r"\1 \2", text)
+    lines = []
+    for raw in text.splitlines():  # str.splitlines also splits on U+2028 / U+2029
+        line = raw.strip()
+        if line:
+            lines.append(_apply(((p, "") for p in _LINE_PREFIXES), line))
+    return "".join(_with_terminal_mark(line) for line in lines[:-1]) + (lines[-1] if lines else "")
+
+
+def _protect(text):
+    spans = []
+
+    def park(match):
+        spans.append(match.group(0))
+        return f"___PROT{len(spans) - 1}___"
+
+    for pattern in _PROTECTED_PATTERNS:
+        text = pattern.sub(park, text)
+    return text, spans
+
+
+def _restore(text, spans):
+    for index, span in enumerate(spans):
+        text = text.replace(f"___PROT{index}___", span)
+    return text
+
+
+def _underscores_to_spaces(text):
+    pieces = re.split(f"({_PLACEHOLDER})", text)
+    return "".join(p if _PLACEHOLDER_RE.fullmatch(p) else p.replace("_", " ") for p in pieces)
+
+
+def _fold_question_exclaim(match):
+    run = match.group(0)
+    question, exclaim = any(c in "?？" for c in run), any(c in "!！" for c in run)
+    return "？！" if question and exclaim else ("？" if question else "！")
+
+
+def normalize_tts_text(text):
+    """Robust, non-semantic TTS text cleanup (no number/date expansion); idempotent.
+
+    >>> normalize_tts_text("这是Anthropic的npm包")
+    '这是 Anthropic 的 npm 包。'
+    """
+    text = _flatten_lines(_drop_control_chars(text))
+    text = _ARROW.sub("，", text)
+    text, spans = _protect(text)
+    text = _underscores_to_spaces(text)
+    text = _apply(_SPACE_RULES, text).strip()
+    text = _apply(_BRACKET_RULES, text)
+    text = _ARROW.sub("，", text)  # again: spans that were protected are placeholders now
+    text = _DASH_RUN.sub("。", text)
+    text = _apply(_REPEAT_RULES, text)
+    text = _QE_RUN.sub(_fold_question_exclaim, text)
+    text = _apply(_SPACE_RULES, text).strip()
+    text = _restore(text, spans).strip()
+    # Lines were joined above, so the text is one line: one terminal mark at the end.
+    return _with_terminal_mark(text) if text else text
+
+
+def resolve_wetext_language(text, voice=""):
+    """`zh` for any CJK ideograph, else `en` for any ASCII letter or an English preset voice."""
+    if _CJK_IDEOGRAPH.search(text):
+        return "zh"
+    if re.search(r"[A-Za-z]", text) or voice in ENGLISH_VOICES:
+        return "en"
+    return "zh"  # kana-only or Hangul text goes to the zh normalizer, as upstream
+
+
+def guard_zh_hyphens(text):
+    """Rewrite hyphens before zh WeText so it does not read them as 减 (minus).
+
+    Minus signs and numeric ranges stay; CJK-CJK becomes `，`; any other hyphen becomes a space.
+    """
+    if "-" not in text:
+        return text
+    for pattern in _NEGATIVE_OR_RANGE:
+        text = pattern.sub(rf"\1{_KEEP_HYPHEN}", text)
+    text = _CJK_HYPHEN_CJK.sub(r"\1，", text)
+    text = _OTHER_HYPHEN.sub(r"\1 ", text)
+    return re.sub(r" {2,}", " ", text).strip().replace(_KEEP_HYPHEN, "-")
+
+
+@dataclass(frozen=True)
+class PreparedTexts:
+    text: str
+    prompt_text: str | None  # None when absent or empty after normalization (as infer.py)
+    stages: tuple  # e.g. ("robust",) or ("robust_pre", "wetext:zh", "robust_post")
+    language: str  # WeText language, "" when WeText did not run
+
+
+def prepare_texts(text, prompt_text=None, *, robust=True, wetext=None, voice=""):
+    """Normalize the target text and the optional prompt text the same way.
+
+    Stage order: robust → (zh: hyphen guard) → wetext → robust again when both are on; robust
+    once, or (guard →) wetext once, when only one is on. `wetext(text, language) -> str` is an
+    optional semantic normalizer (WeText); `language` is "zh" or "en".
+
+    Upstream defaults: `infer.py` and `moss-tts-nano generate` (PyTorch) run robust + WeText;
+    `generate --backend onnx` runs robust only. Our default (robust only, no WeText) therefore
+    equals the upstream ONNX CLI and differs from its PyTorch CLI only in number/date reading.
+    """
+    prompt_text = prompt_text or ""
+    stages, language = [], ""
+    if robust and wetext is not None:
+        text = normalize_tts_text(text)
+        prompt_text = normalize_tts_text(prompt_text) if prompt_text else ""
+        stages.append("robust_pre")
+    if wetext is not None:
+        language = resolve_wetext_language(text, voice)
+        if language == "zh":
+            text, prompt_text = guard_zh_hyphens(text), guard_zh_hyphens(prompt_text)
+        text = wetext(text, language) if text else ""
+        prompt_text = wetext(prompt_text, language) if prompt_text else ""
+        stages.append(f"wetext:{language}")
+    if robust:
+        text = normalize_tts_text(text)
+        prompt_text = normalize_tts_text(prompt_text) if prompt_text else ""
+        stages.append("robust_post" if wetext is not None else "robust")
+    return PreparedTexts(text, prompt_text.strip() or None, tuple(stages), language)

@@ -1,0 +1,129 @@
+import re
+
+import pytest
+
+from moss_tts.errors import InputError
+from moss_tts.text.chunking import pause_after, pause_samples, split_into_chunks
+
+
+class WordTokenizer:
+    """One token per whitespace word and per CJK character: chunk boundaries are hand-derivable."""
+
+    def encode(self, text):
+        return re.findall(r"[\u4e00-\u9fff]|[^\s\u4e00-\u9fff]+", text)
+
+
+class CharTokenizer:
+    """One token per non-space character."""
+
+    def encode(self, text):
+        return [c for c in text if not c.isspace()]
+
+
+WORDS = WordTokenizer()
+CHARS = CharTokenizer()
+
+
+@pytest.mark.parametrize(
+    "budget, expected",
+    [
+        (5, ["The cat sat.", "The dog ran far away.", "Birds sing."]),
+        (8, ["The cat sat. The dog ran far away.", "Birds sing."]),
+    ],
+)
+def test_english_sentences_pack_greedily_within_the_budget(budget, expected):
+    text = "The cat sat. The dog ran far away. Birds sing."
+    assert split_into_chunks(text, WORDS, budget) == expected
+
+
+def test_cjk_sentences_join_without_space_and_get_a_final_mark():
+    text = "今天天气很好。我们去公园吧！好的"
+    assert split_into_chunks(text, WORDS, 8) == ["今天天气很好。", "我们去公园吧！", "好的。"]
+    assert split_into_chunks(text, WORDS, 14) == ["今天天气很好。我们去公园吧！", "好的。"]
+
+
+def test_long_sentence_is_cut_at_clause_marks_of_the_prepared_text():
+    text = "one two three, four five six, seven eight nine."
+    # More than one chunk: the prepared text (first letter upper-cased) is what gets split.
+    assert split_into_chunks(text, WORDS, 4) == [
+        "One two three,",
+        "four five six,",
+        "seven eight nine.",
+    ]
+
+
+def test_closing_quotes_stay_with_their_sentence():
+    text = 'He said "stop." Then left.'
+    assert split_into_chunks(text, WORDS, 3) == ['He said "stop."', "Then left."]
+
+
+def test_single_overlong_sentence_is_cut_by_token_budget_at_spaces():
+    text = "alpha beta gamma delta epsilon zeta eta theta"
+    assert split_into_chunks(text, WORDS, 3) == [
+        "Alpha beta gamma",
+        "delta epsilon zeta",
+        "eta theta.",
+    ]
+
+
+@pytest.mark.parametrize("n_x, cut_at_space", [(7, True), (6, False)])
+def test_token_cut_backs_off_to_a_space_only_within_24_chars(n_x, cut_at_space):
+    # 30-token budget: the longest prefix is 31 chars (x's, a space, y's); upstream scans the
+    # last 24 of them for a boundary, so a space at index 7 is found and one at index 6 is not.
+    text = "x" * n_x + " " + "y" * 40
+    chunks = split_into_chunks(text, CHARS, 30)
+    if cut_at_space:
+        assert chunks[0] == "X" + "x" * (n_x - 1)
+    else:
+        assert chunks[0] == "X" + "x" * (n_x - 1) + " " + "y" * (30 - n_x)
+    assert "".join(chunks).replace(" ", "") == ("X" + "x" * (n_x - 1) + "y" * 40 + ".")
+    assert all(len(CHARS.encode(c)) <= 30 for c in chunks)
+
+
+@pytest.mark.parametrize("budget", [0, -5])
+def test_budget_of_zero_or_less_disables_chunking(budget):
+    text = "  first line.\nSecond line!  " + "word " * 200
+    assert split_into_chunks(text, WORDS, budget) == [text]
+
+
+@pytest.mark.parametrize("text", ["hello world", "你好", "  lower case, no mark  "])
+def test_one_chunk_returns_the_original_text(text):
+    assert split_into_chunks(text, WORDS, 75) == [text]
+
+
+@pytest.mark.parametrize("text", ["", "   \n "])
+def test_empty_text_raises_input_error(text):
+    with pytest.raises(InputError, match="text is empty"):
+        split_into_chunks(text, WORDS, 75)
+
+
+def test_tiny_spm_chunks_respect_the_budget_and_keep_every_character(tiny_tokenizer):
+    text = (
+        "The speaker reads a short sentence in the morning. 今天天气很好，我们一起去公园。"
+        "Every student clones the long story with a calm voice, again and again, near the river! "
+        "ni hao shi jie jin tian tian qi hen hao wo men yi qi qu gong yuan xie xie zai jian"
+    )
+    budget = 20
+    chunks = split_into_chunks(text, tiny_tokenizer, budget)
+    assert len(chunks) > 2
+    assert all(len(tiny_tokenizer.encode(c)) <= budget for c in chunks)
+    assert "".join(chunks).replace(" ", "") == text.replace(" ", "") + "。"
+
+
+@pytest.mark.parametrize(
+    "chunk, seconds",
+    [
+        ("Hello there.", 0.40),
+        ("one two three four", 0.40),
+        ("one two three four five", 0.24),
+        ("今天天气很好我们一起去公园吧这是一个很长的句子。", 0.40),  # no spaces: one "word"
+        ("今天 天气 很好 我们 一起", 0.24),
+    ],
+)
+def test_pause_after_depends_on_whitespace_word_count(chunk, seconds):
+    assert pause_after(chunk) == seconds
+
+
+def test_pause_samples_round_at_48k():
+    assert pause_samples("a b c d e f", 48000) == 11520
+    assert pause_samples("hi", 48000) == 19200
