@@ -1,0 +1,280 @@
+"""MOSS-TTS-Nano: a global GPT-2 over prompt/frame rows and a 1-layer local (depth) transformer
+that emits one frame's 16 codes (upstream `MossTTSNanoForCausalLM`; nano.md §1-4).
+
+A row is [text id, code_0 … code_15]; its embedding is wte[text] + Σ_c audio_embeddings[c][code_c]
+with pad codes contributing nothing. Heads are tied: the text head is wte (only the continue/stop
+rows are ever needed) and audio head c is audio_embeddings[c].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from ..ggml import F16, I32, Graph, Weights, ops
+from ..ggml.graph import Tensor
+from ..nn import KVCache, layer_norm, masked_embedding_sum
+from . import gpt2
+
+KIND = "nano"
+FORMAT_VERSION = 1
+PREFIX = "moss.nano"
+TOKENIZER_KEY = "moss.tokenizer.sentencepiece"
+GLOBAL, LOCAL = "transformer", "local_transformer"
+
+
+@dataclass(frozen=True)
+class NanoConfig:
+    backbone: gpt2.GPT2Config          # the global transformer
+    local: gpt2.GPT2Config             # the depth transformer (same widths, fewer layers)
+    vocab_size: int
+    n_vq: int
+    audio_vocab_size: int
+    audio_pad_token_id: int
+    pad_token_id: int
+    im_start_token_id: int
+    im_end_token_id: int
+    audio_start_token_id: int
+    audio_end_token_id: int
+    audio_user_slot_token_id: int
+    audio_assistant_slot_token_id: int
+    sample_rate: int = 48000
+
+    def __post_init__(self):
+        if self.local.n_embd != self.backbone.n_embd:
+            raise ConfigError("Nano: the local transformer must have the global width")
+        if self.audio_pad_token_id < self.audio_vocab_size:
+            raise ConfigError(f"Nano: audio pad id {self.audio_pad_token_id} lies inside the "
+                              f"codebooks (size {self.audio_vocab_size})")
+
+    IDS = ("vocab_size", "n_vq", "audio_vocab_size", "audio_pad_token_id", "pad_token_id",
+           "im_start_token_id", "im_end_token_id", "audio_start_token_id", "audio_end_token_id",
+           "audio_user_slot_token_id", "audio_assistant_slot_token_id", "sample_rate")
+
+    @classmethod
+    def from_gguf(cls, meta) -> "NanoConfig":
+        return cls(backbone=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.global"),
+                   local=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.local"),
+                   **{k: int(meta[f"{PREFIX}.{k}"]) for k in cls.IDS})
+
+    def to_metadata(self) -> dict:
+        meta = {f"{PREFIX}.{k}": int(getattr(self, k)) for k in self.IDS}
+        for name, c in (("global", self.backbone), ("local", self.local)):
+            for f in fields(c):
+                value = getattr(c, f.name)
+                if value is not None:
+                    meta[f"{PREFIX}.{name}.{f.name}"] = value
+        return meta
+
+    def tensor_shapes(self) -> dict[str, tuple]:
+        d = self.backbone.n_embd
+        shapes = {f"{GLOBAL}.wte.weight": (self.vocab_size, d), f"{GLOBAL}.ln_f.weight": (d,),
+                  f"{GLOBAL}.ln_f.bias": (d,), f"{LOCAL}.ln_f.weight": (d,),
+                  f"{LOCAL}.ln_f.bias": (d,)}
+        for prefix, c in ((GLOBAL, self.backbone), (LOCAL, self.local)):
+            for i in range(c.n_layer):
+                shapes.update({f"{prefix}.h.{i}.{n}": s for n, s in c.layer_shapes().items()})
+        shapes.update({f"audio_embeddings.{c}.weight": (self.audio_vocab_size, d)
+                       for c in range(self.n_vq)})
+        return shapes
+
+
+@dataclass(frozen=True)
+class NanoWeights:
+    wte: Tensor
+    layers: list[gpt2.GPT2Layer]
+    ln_f: tuple[Tensor, Tensor]
+    local_layers: list[gpt2.GPT2Layer]
+    local_ln_f: tuple[Tensor, Tensor]
+    audio_embeddings: list[Tensor]     # input tables, and (tied) the audio heads
+
+    @classmethod
+    def from_weights(cls, w: Weights, cfg: NanoConfig) -> "NanoWeights":
+        t = w.require(cfg.tensor_shapes())
+        return cls(wte=t[f"{GLOBAL}.wte.weight"],
+                   layers=[gpt2.GPT2Layer.from_tensors(t, f"{GLOBAL}.h.{i}.")
+                           for i in range(cfg.backbone.n_layer)],
+                   ln_f=(t[f"{GLOBAL}.ln_f.weight"], t[f"{GLOBAL}.ln_f.bias"]),
+                   local_layers=[gpt2.GPT2Layer.from_tensors(t, f"{LOCAL}.h.{i}.")
+                                 for i in range(cfg.local.n_layer)],
+                   local_ln_f=(t[f"{LOCAL}.ln_f.weight"], t[f"{LOCAL}.ln_f.bias"]),
+                   audio_embeddings=[t[f"audio_embeddings.{c}.weight"] for c in range(cfg.n_vq)])
+
+
+# -- host-side row inputs -----------------------------------------------------------------------
+def row_inputs(rows: np.ndarray, cfg: NanoConfig) -> dict[str, np.ndarray]:
+    """rows int [L, n_vq+1] → graph inputs: text ids, and per channel safe code ids plus a 0/1
+    mask (the pad id lies outside every table, so it is looked up as 0 and masked out)."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2 or rows.shape[1] != cfg.n_vq + 1 or rows.shape[0] == 0:
+        raise InputError(f"prompt rows must have shape [L, {cfg.n_vq + 1}], got {rows.shape}")
+    text, codes = rows[:, 0], rows[:, 1:]
+    if text.min() < 0 or text.max() >= cfg.vocab_size:
+        raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
+    pad = codes == cfg.audio_pad_token_id
+    if ((codes < 0) | ((codes >= cfg.audio_vocab_size) & ~pad)).any():
+        raise InputError(f"audio codes must lie in [0, {cfg.audio_vocab_size}) or be the pad "
+                         f"id {cfg.audio_pad_token_id}")
+    feed = {"rows.text": text.astype(np.int32)}
+    for c in range(cfg.n_vq):
+        feed[f"rows.code.{c}"] = np.where(pad[:, c], 0, codes[:, c]).astype(np.int32)
+        feed[f"rows.mask.{c}"] = (~pad[:, c]).astype(np.float32)[:, None]
+    return feed
+
+
+# -- graph builders ---------------------------------------------------------------------------
+def embed_rows(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int) -> Tensor:
+    """[D, n_rows]: wte[text] + Σ_c mask_c · audio_embeddings[c][code_c] (no position table)."""
+    text = g.input("rows.text", (n_rows,), I32)
+    ids = [g.input(f"rows.code.{c}", (n_rows,), I32) for c in range(cfg.n_vq)]
+    masks = [g.input(f"rows.mask.{c}", (n_rows, 1)) for c in range(cfg.n_vq)]
+    return ops.add(ops.get_rows(w.wte, text), masked_embedding_sum(w.audio_embeddings, ids, masks))
+
+
+def build_global_step(g: Graph, w: NanoWeights, cfg: NanoConfig, cache: KVCache, n_rows: int,
+                      n_slots: int) -> Graph:
+    """Rows → the hidden state of the last row ("global.hidden" [D]), caching every row's K/V."""
+    x = embed_rows(g, w, cfg, n_rows)
+    pos = g.input("global.pos", (n_rows,), I32)
+    slots = g.input("global.slots", (n_rows,), I32)
+    mask = g.input("global.mask", (n_rows, n_slots), F16)
+    h = gpt2.forward(x, w.layers, w.ln_f, cfg.backbone, positions=pos, cache=cache, slots=slots,
+                     mask=mask, n_slots=n_slots, stage="global")
+    last = ops.view(h, (cfg.backbone.n_embd, 1), offset=(n_rows - 1) * h.nb[1])
+    g.output(last, "global.hidden", ndim=1)
+    return g.build()
+
+
+def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, cache: KVCache, p: int) -> Graph:
+    """Local position p of a frame (nano.md §3): input h (p = 0), wte[decision] (p = 1) or
+    audio_embeddings[p−2][code] (p ≥ 2); output the text decision logits [2] (p = 0: rows
+    continue, stop of the tied text head) or audio head p−1's logits [audio_vocab]."""
+    d = cfg.local.n_embd
+    if p == 0:
+        x = g.input("depth.h", (1, d))
+    elif p == 1:
+        x = ops.get_rows(w.wte, g.input("depth.token", (1,), I32))
+    else:
+        x = ops.get_rows(w.audio_embeddings[p - 2], g.input("depth.code", (1,), I32))
+    pos = g.input("depth.pos", (1,), I32)
+    slots = g.input("depth.slots", (1,), I32)
+    mask = g.input("depth.mask", (1, cache.capacity), F16)
+    h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local, positions=pos, cache=cache,
+                     slots=slots, mask=mask, n_slots=cache.capacity, stage="depth")
+    if p == 0:
+        # only the continue/stop rows of the text head are ever used: 2 rows, not the vocabulary
+        heads = ops.get_rows(w.wte, g.input("depth.decision_ids", (2,), I32))
+        g.output(ops.mul_mat(heads, h), "depth.logits", ndim=1)
+    else:
+        g.output(ops.mul_mat(w.audio_embeddings[p - 1], h), "depth.logits", ndim=1)
+    return g.build()
+
+
+# -- the runtime ------------------------------------------------------------------------------
+class GenerationState:
+    """Per-utterance state owned by the caller (style C16): the global KV cache sized for the
+    prompt plus the frame budget, the per-frame local cache, and their replayed graphs."""
+
+    def __init__(self, model: "NanoModel", capacity: int):
+        cfg, b = model.config, model.config.backbone
+        self.model = model
+        self.cache = KVCache(b.n_layer, b.n_head, b.head_dim, capacity, backend=model.backend)
+        self.local_cache = KVCache(cfg.local.n_layer, cfg.local.n_head, cfg.local.head_dim,
+                                   cfg.n_vq + 1, backend=model.backend)
+        self.step_graph: Graph | None = None      # one row, every slot: built once, replayed
+        self.depth_graphs: list[Graph] = []       # one per local position, replayed every frame
+        self.position = 0
+
+    def close(self) -> None:
+        for g in [self.step_graph, *self.depth_graphs]:
+            if g is not None:
+                g.close()
+        self.cache.close()
+        self.local_cache.close()
+
+
+class NanoModel:
+    """The Nano transformer pair on a backend; stateless after load (style C16)."""
+
+    def __init__(self, weights: Weights):
+        self.weights = weights
+        self.backend = weights.backend
+        weights.file.check_kind(KIND, version=FORMAT_VERSION)
+        self.config = NanoConfig.from_gguf(weights.file)
+        self.w = NanoWeights.from_weights(weights, self.config)
+        self.decision_ids = np.array([self.config.audio_assistant_slot_token_id,
+                                      self.config.audio_end_token_id], dtype=np.int32)
+
+    def make_state(self, capacity: int) -> GenerationState:
+        return GenerationState(self, capacity)
+
+    def prefill(self, state: GenerationState, rows: np.ndarray) -> np.ndarray:
+        """Run prompt rows (appended after what the state holds) → hidden of the last row [D]."""
+        feed = row_inputs(rows, self.config)
+        n = len(rows)
+        if state.position + n > state.cache.capacity:
+            raise InputError(f"{state.position} + {n} rows exceed the cache of "
+                             f"{state.cache.capacity}; make a larger state")
+        if n == 1:
+            if state.step_graph is None:
+                state.step_graph = build_global_step(Graph(self.backend, name="nano.step"), self.w,
+                                                     self.config, state.cache, 1, state.cache.capacity)
+            g, n_slots = state.step_graph, state.cache.capacity
+        else:
+            n_slots = state.position + n
+            g = build_global_step(Graph(self.backend, name=f"nano.prefill[{n}]"), self.w,
+                                  self.config, state.cache, n, n_slots)
+        pos = np.arange(state.position, state.position + n)
+        feed |= {"global.pos": pos.astype(np.int32), "global.slots": state.cache.reserve(pos),
+                 "global.mask": state.cache.mask(pos, n_slots=n_slots, dtype=np.float16)}
+        hidden = g.run(feed)["global.hidden"]
+        if g is not state.step_graph:
+            g.close()
+        state.position += n
+        return hidden
+
+    def depth_logits(self, state: GenerationState, p: int, value) -> np.ndarray:
+        """Local position p of the current frame: value is h (p = 0), the decision token (p = 1)
+        or the previous channel's code (p ≥ 2). Returns that position's head logits."""
+        if not state.depth_graphs:
+            state.depth_graphs = [build_depth_step(Graph(self.backend, name=f"nano.depth[{i}]"),
+                                                   self.w, self.config, state.local_cache, i)
+                                  for i in range(self.config.n_vq + 1)]
+        if p == 0:
+            state.local_cache.reset()  # every frame is a fresh local sequence (positions from 0)
+            feed = {"depth.h": np.asarray(value, np.float32).reshape(1, -1),
+                    "depth.decision_ids": self.decision_ids}
+        elif p == 1:
+            feed = {"depth.token": np.array([value], np.int32)}
+        else:
+            feed = {"depth.code": np.array([value], np.int32)}
+        feed |= {"depth.pos": np.array([p], np.int32),
+                 "depth.slots": state.local_cache.reserve([p]),
+                 "depth.mask": state.local_cache.mask([p], dtype=np.float16)}
+        return state.depth_graphs[p].run(feed)["depth.logits"]
+
+    def frame(self, state: GenerationState, h: np.ndarray, choose_code, decide) -> np.ndarray | None:
+        """One frame from the global hidden h: the continue/stop decision, then the n_vq codes
+        (each chosen by `choose_code(channel, logits)`); None when the model stops."""
+        ell = self.depth_logits(state, 0, h)
+        if not decide(float(ell[0]), float(ell[1])):
+            return None
+        codes = np.empty(self.config.n_vq, dtype=np.int32)
+        value = int(self.decision_ids[0])
+        for c in range(self.config.n_vq):
+            # head c reads local position c+1, whose input is the previous channel's code
+            # (the decision token for c = 0): the off-by-one of nano.md §3
+            codes[c] = choose_code(c, self.depth_logits(state, c + 1, value))
+            value = int(codes[c])
+        return codes
+
+    def frame_row(self, codes: np.ndarray) -> np.ndarray:
+        """A generated frame as the next global row: the assistant slot token and its codes."""
+        return np.concatenate([[self.config.audio_assistant_slot_token_id], codes]).astype(np.int32)[None]
+
+    def close(self) -> None:
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None
