@@ -20,10 +20,10 @@ def read_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     import soundfile as sf
 
     path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
     try:
         data, sr = sf.read(str(path), dtype="float32", always_2d=True)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
     except Exception as e:  # libsndfile: unknown format, truncated header, ...
         raise InputError(f"{path}: cannot read audio ({str(e).splitlines()[0]}) — use a WAV or "
                          "FLAC file") from None
@@ -94,3 +94,37 @@ def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int) 
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+class PcmStreamWriter:
+    """Interleaved 16-bit PCM to a binary stream as audio arrives: raw s16le, or a WAV whose
+    header declares the maximum length (the total is unknown while streaming; players read on)."""
+
+    def __init__(self, stream, sample_rate: int, channels: int, *, fmt: str = "wav"):
+        self.stream, self.sample_rate, self.channels, self.fmt = stream, sample_rate, channels, fmt
+        self._header_done = fmt == "raw"
+
+    def _header(self) -> bytes:
+        import struct
+
+        block = 2 * self.channels
+        size = 0xFFFFFFFF - 36
+        return (b"RIFF" + struct.pack("<I", size + 36) + b"WAVEfmt " +
+                struct.pack("<IHHIIHH", 16, 1, self.channels, self.sample_rate,
+                            self.sample_rate * block, block, 16) + b"data" + struct.pack("<I", size))
+
+    def write(self, samples: np.ndarray) -> None:
+        if not self._header_done:
+            self.stream.write(self._header())
+            self._header_done = True
+        pcm = np.round(np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
+        self.stream.write(pcm.tobytes())
+        self.stream.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._header_done and exc[0] is None:
+            self.stream.write(self._header())
+        self.stream.flush()

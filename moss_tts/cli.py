@@ -12,8 +12,10 @@ import logging
 import platform
 import sys
 
+from pathlib import Path
+
 from . import __version__
-from .errors import MossTTSError
+from .errors import InputError, MossTTSError
 
 
 def _doctor(args) -> int:
@@ -182,8 +184,8 @@ def _reconstruct(args) -> int:
 def _convert(args) -> int:
     if args.family == "codec":
         from converters.codec import convert
-    else:  # argparse restricts the choices; each family lands with its own issue
-        raise AssertionError(args.family)
+    else:
+        from converters.nano import convert
     bar = Progress("writing", args.quiet)
     try:
         out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
@@ -224,6 +226,155 @@ def _add_codec_commands(sub) -> None:
         p.set_defaults(func=func)
 
 
+def _read_text(args) -> str:
+    if args.text is not None:
+        return args.text
+    if args.text_file is not None:
+        try:
+            return Path(args.text_file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"{args.text_file}: cannot read ({e.strerror})") from None
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InputError("no text: pass --text, --text-file, or pipe text on stdin")
+    return sys.stdin.read()
+
+
+def _tts_nano(args) -> int:
+    from .audio import read_audio, write_audio
+    from .hub import resolve_gguf
+    from .models.nano_tts import NanoTTS, Reference
+    from .sampling import SamplingOptions
+    from .voices import load_voice
+
+    text = _read_text(args)
+    options = SamplingOptions(
+        do_sample=not args.greedy, text_temperature=args.text_temperature,
+        audio_temperature=args.temperature, audio_top_k=args.top_k, audio_top_p=args.top_p,
+        audio_repetition_penalty=args.repetition_penalty)
+    if args.out != "-" and Path(args.out).suffix.lower() not in (".wav", ".flac"):
+        raise InputError(f"{args.out}: use a .wav or .flac file name, or - for stdout")
+    model = resolve_gguf(args.model, "nano")
+    codec = resolve_gguf(args.codec, "codec")
+    with NanoTTS.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
+        reference = prompt = None
+        if args.voice:
+            codes, _ = load_voice(args.voice)
+            reference = Reference(codes[:, : tts.config.n_vq])
+        elif args.reference:
+            reference = tts.encode_reference(*read_audio(args.reference))
+        if args.prompt_audio:
+            prompt = tts.encode_reference(*read_audio(args.prompt_audio))
+        chunks = tts.stream(text, reference=reference, prompt_text=args.prompt_text,
+                            prompt=prompt, options=options, seed=args.seed,
+                            max_frames=args.max_frames,
+                            max_text_tokens=args.voice_clone_max_text_tokens)
+        bar = Progress("generating", args.quiet)
+        done = 0
+        if args.out == "-":
+            from .audio import PcmStreamWriter
+            with PcmStreamWriter(sys.stdout.buffer, tts.sample_rate, 2, fmt=args.format) as out:
+                for part in chunks:
+                    out.write(part)
+                    done += len(part)
+                    bar(done * 125 // tts.sample_rate // 10, 0)
+            bar.close()
+            return 0
+        parts = []
+        for part in chunks:
+            parts.append(part)
+            done += len(part)
+            bar(done * 125 // tts.sample_rate // 10, 0)
+        bar.close()
+        import numpy as np
+        audio = np.concatenate(parts) if parts else np.zeros((0, 2), np.float32)
+        write_audio(args.out, audio, tts.sample_rate)
+        _say(args, f"{args.out}: {len(audio) / tts.sample_rate:.2f} s at {tts.sample_rate} Hz, stereo")
+    return 0
+
+
+def _add_tts_nano(sub) -> None:
+    from .hub import DEFAULT_NANO, DEFAULT_NANO_CODEC
+
+    p = sub.add_parser("tts-nano", help="text → 48 kHz stereo speech with MOSS-TTS-Nano")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", help="the text to speak (or --text-file, or stdin)")
+    src.add_argument("--text-file", help="read the text from this UTF-8 file")
+    p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF or Hugging Face repo id "
+                   f"(default {DEFAULT_NANO}; converted once into the cache)")
+    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id "
+                   f"(default {DEFAULT_NANO_CODEC})")
+    voice = p.add_mutually_exclusive_group()
+    voice.add_argument("--reference", "--prompt-speech", dest="reference",
+                       help="reference speech to clone (WAV/FLAC)")
+    voice.add_argument("--voice", help="a stored voice (python -m moss_tts voice add ...)")
+    p.add_argument("--prompt-text", help="continuation: the transcript of --prompt-audio")
+    p.add_argument("--prompt-audio", help="continuation: speech the output continues")
+    p.add_argument("--out", "-o", required=True, help="output .wav/.flac, or - for stdout")
+    p.add_argument("--format", choices=["wav", "raw"], default="wav",
+                   help="stdout format: WAV (streamed header) or raw s16le interleaved stereo")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
+    p.add_argument("--temperature", type=float, default=0.8, help="audio temperature (0.8)")
+    p.add_argument("--text-temperature", type=float, default=1.0, help="stop decision temperature")
+    p.add_argument("--top-k", type=int, default=25, help="audio top-k (25; 0 = off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="audio top-p (0.95)")
+    p.add_argument("--repetition-penalty", type=float, default=1.2,
+                   help="per-channel audio repetition penalty (1.2; 1 = off)")
+    p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=int, default=1000,
+                   help="hard cap of frames per text chunk (80 ms each; default 1000)")
+    p.add_argument("--voice-clone-max-text-tokens", type=int, default=75,
+                   help="text tokens per chunk when cloning a voice (75)")
+    p.add_argument("--stream", action="store_true",
+                   help="emit audio as it is generated (always on for --out -)")
+    _add_runtime_flags(p)
+    p.set_defaults(func=_tts_nano)
+
+
+def _voice(args) -> int:
+    from .voices import add_voice, list_voices, remove_voice
+
+    if args.voice_command == "list":
+        for v in list_voices():
+            print(f"{v['name']}\t{v.get('frames', '?')} frames\t{v.get('source', '')}")
+        return 0
+    if args.voice_command == "remove":
+        remove_voice(args.name)
+        _say(args, f"removed voice {args.name}")
+        return 0
+    from .audio import read_audio
+    from .codec import Codec
+    from .hub import resolve_gguf
+
+    samples, sr = read_audio(args.reference)
+    with Codec.load(resolve_gguf(args.codec, "codec"), threads=args.threads) as codec:
+        codes = codec.encode(samples, sr)
+        info = {"source": str(args.reference), "sample_rate": codec.sample_rate,
+                "codebook_size": codec.config.codebook_size, "variant": codec.config.variant}
+    add_voice(args.name, codes.T, info, overwrite=args.force)
+    _say(args, f"voice {args.name}: {codes.shape[1]} frames from {args.reference}")
+    return 0
+
+
+def _add_voice_commands(sub) -> None:
+    from .hub import DEFAULT_NANO_CODEC
+
+    p = sub.add_parser("voice", help="store, list and remove reference voices")
+    vs = p.add_subparsers(dest="voice_command", required=True, metavar="ACTION")
+    a = vs.add_parser("add", help="encode a reference once and store it under a name")
+    a.add_argument("name")
+    a.add_argument("reference", help="reference speech (WAV/FLAC)")
+    a.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id")
+    a.add_argument("--force", action="store_true", help="replace an existing voice")
+    a.add_argument("--threads", type=int, default=None)
+    a.add_argument("--quiet", action="store_true")
+    lst = vs.add_parser("list", help="list stored voices")
+    lst.add_argument("--quiet", action="store_true")
+    r = vs.add_parser("remove", help="delete a stored voice")
+    r.add_argument("name")
+    r.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_voice)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m moss_tts",
                                 description="MOSS-TTS family on stock ggml, from Python.")
@@ -238,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--full", action="store_true", help="do not abbreviate long values")
     i.set_defaults(func=_info)
     c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF")
-    c.add_argument("family", choices=["codec"], help="what the checkpoint is")
+    c.add_argument("family", choices=["codec", "nano"],
+                   help="codec: a MOSS-Audio-Tokenizer; nano: MOSS-TTS-Nano")
     c.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
     c.add_argument("--out", "-o", required=True, help="output .gguf")
     c.add_argument("--outtype", default="f32",
@@ -247,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=_convert)
     _add_codec_commands(sub)
+    _add_tts_nano(sub)
+    _add_voice_commands(sub)
     return p
 
 
