@@ -27,8 +27,11 @@ class SamplingOptions:
         for name in ("text_temperature", "audio_temperature"):
             if self.do_sample and not getattr(self, name) > 0:
                 raise InputError(f"{name} must be > 0 when sampling (use greedy instead of 0)")
-        if self.audio_top_k < 0:
-            raise InputError(f"audio_top_k must be ≥ 0 (0 = off), got {self.audio_top_k}")
+        if isinstance(self.audio_top_k, bool) or not float(self.audio_top_k).is_integer() \
+                or self.audio_top_k < 0:
+            raise InputError(f"audio_top_k must be a whole number ≥ 0 (0 = off), got "
+                             f"{self.audio_top_k}")
+        object.__setattr__(self, "audio_top_k", int(self.audio_top_k))
         if not 0 < self.audio_top_p <= 1:
             raise InputError(f"audio_top_p must be in (0, 1], got {self.audio_top_p}")
         if not self.audio_repetition_penalty > 0:

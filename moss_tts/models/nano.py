@@ -108,6 +108,8 @@ def row_inputs(rows: np.ndarray, cfg: NanoConfig) -> dict[str, np.ndarray]:
     """rows int [L, n_vq+1] → graph inputs: text ids, and per channel safe code ids plus a 0/1
     mask (the pad id lies outside every table, so it is looked up as 0 and masked out)."""
     rows = np.asarray(rows)
+    if rows.dtype.kind not in "iu":
+        raise InputError(f"prompt rows must be integers, got dtype {rows.dtype}")
     if rows.ndim != 2 or rows.shape[1] != cfg.n_vq + 1 or rows.shape[0] == 0:
         raise InputError(f"prompt rows must have shape [L, {cfg.n_vq + 1}], got {rows.shape}")
     text, codes = rows[:, 0], rows[:, 1:]
@@ -238,6 +240,8 @@ class NanoModel:
     def depth_logits(self, state: GenerationState, p: int, value) -> np.ndarray:
         """Local position p of the current frame: value is h (p = 0), the decision token (p = 1)
         or the previous channel's code (p ≥ 2). Returns that position's head logits."""
+        if not 0 <= p <= self.config.n_vq:
+            raise InputError(f"local position {p} is outside 0..{self.config.n_vq}")
         if not state.depth_graphs:
             state.depth_graphs = [build_depth_step(Graph(self.backend, name=f"nano.depth[{i}]"),
                                                    self.w, self.config, state.local_cache, i)

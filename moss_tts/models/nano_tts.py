@@ -106,6 +106,8 @@ class NanoTTS(NativeResource):
                     seed: int | None = None, max_frames: int = MAX_FRAMES) -> Iterator[np.ndarray]:
         """Frames [n_vq] generated after prompt rows, until the model stops (nano.md §4.1)."""
         cfg, m = self.config, self.model
+        if max_frames < 1:
+            raise InputError(f"max_frames must be at least 1, got {max_frames}")
         rng = np.random.default_rng(seed) if options.do_sample else None
         seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)  # per-channel history
         state = m.make_state(len(rows) + max_frames)

@@ -1,0 +1,111 @@
+"""Tiny MOSS-TTS-Nano checkpoints (fixtures.make_nano), converted once per session through the real
+converter and loaded through the real loader (style C30), with their float64 reference state, and
+the tiny 1600 Hz stereo codec (fixtures.make_codec) that matches them."""
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from converters.codec import convert as convert_codec
+from converters.nano import convert as convert_nano
+from fixtures.make_codec import make_tiny_nano_checkpoint
+from fixtures.make_nano import load_config, load_state, make_tiny_nano_tts_checkpoint
+from fixtures.make_spm import make_tiny_spm
+from fixtures.reference import nano as ref
+from moss_tts.ggml import Weights, get_backend
+from moss_tts.models.nano import NanoModel
+from moss_tts.models.nano_tts import NanoTTS
+
+# The tiny models' ops take microseconds; on a shared machine several ggml threads mostly wait on
+# each other (tests/codec/conftest.py measured 10× slower on 2 loaded cores).
+THREADS = 1
+SAMPLE_RATE = 1600  # the tiny stereo codec: 8 codebooks of 64, 32 samples per frame and channel
+N_VQ = 4
+AUDIO_VOCAB = 64    # fixtures.make_nano default; the audio pad id is 64, outside every codebook
+
+
+@pytest.fixture(scope="session")
+def spm_bytes():
+    """The tiny SentencePiece model with the real Nano special ids (vocab 480)."""
+    return make_tiny_spm()
+
+
+@pytest.fixture(scope="session")
+def nano_files(tmp_path_factory, spm_bytes):
+    """(seed, stop_bias) → (checkpoint dir, GGUF path); each is written and converted once."""
+    made = {}
+
+    def get(seed=0, stop_bias=0.0):
+        key = (int(seed), float(stop_bias))
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"nano_seed{seed}_bias{stop_bias:+g}")
+            ckpt = make_tiny_nano_tts_checkpoint(
+                root / "hf", seed=seed, tokenizer_model_bytes=spm_bytes, stop_bias=stop_bias,
+                n_vq=N_VQ, audio_vocab_size=AUDIO_VOCAB, audio_tokenizer_sample_rate=SAMPLE_RATE)
+            made[key] = (ckpt, convert_nano(str(ckpt), root / "nano.gguf"))
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def nano_reference(nano_files):
+    """(seed, stop_bias) → (float64 state, config.json dict) for fixtures.reference.nano."""
+    made = {}
+
+    def get(seed=0, stop_bias=0.0):
+        key = (int(seed), float(stop_bias))
+        if key not in made:
+            ckpt, _ = nano_files(seed, stop_bias)
+            made[key] = (ref.as_float64(load_state(ckpt)), load_config(ckpt))
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def nano_model(nano_files):
+    """The default tiny model (seed 0, stop_bias 0) as a bare NanoModel."""
+    _, gguf = nano_files()
+    model = NanoModel(Weights.load(gguf, get_backend(None, THREADS)))
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def codec_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nano_codec")
+    return convert_codec(str(make_tiny_nano_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
+
+
+@pytest.fixture(scope="session")
+def nano_tts(nano_files, codec_gguf):
+    """(seed, stop_bias) → NanoTTS with the tiny stereo codec, loaded once per session."""
+    made = {}
+
+    def get(seed=0, stop_bias=0.0):
+        key = (int(seed), float(stop_bias))
+        if key not in made:
+            _, gguf = nano_files(seed, stop_bias)
+            made[key] = NanoTTS.load(gguf, codec=codec_gguf, threads=THREADS)
+        return made[key]
+
+    yield get
+    for tts in made.values():
+        tts.close()
+
+
+@contextlib.contextmanager
+def generation_state(model, capacity):
+    """A GenerationState closed on exit (it owns two KV caches and its graphs)."""
+    state = model.make_state(capacity)
+    try:
+        yield state
+    finally:
+        state.close()
+
+
+def seeded_codes(frames, *, seed):
+    """Random codes [frames, N_VQ] inside the codebooks (never all equal)."""
+    return np.random.default_rng(seed).integers(0, AUDIO_VOCAB, size=(frames, N_VQ))

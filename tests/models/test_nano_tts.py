@@ -1,0 +1,292 @@
+"""NanoTTS (moss_tts/models/nano_tts.py): greedy generation against the float64 reference
+generation loop (fixtures/reference/nano.py generate_greedy) in every prompt mode, the stop
+decision, seeds, streaming vs offline decode, long-text chunks and their pauses, the frame budget,
+and the load-time checks. Tiny Nano models (tests/models/conftest.py) with the tiny 1600 Hz
+stereo codec; everything through the real converters and loaders."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from converters.codec import convert as convert_codec
+from fixtures.compare import assert_close, assert_differs
+from fixtures.make_codec import make_tiny_v1_checkpoint
+from fixtures.reference import nano as ref
+from moss_tts.errors import InputError, ModelFileError
+from moss_tts.models.nano_tts import MAX_FRAMES, MIN_FRAMES, NanoTTS, Reference, frame_budget
+from moss_tts.sampling import SamplingOptions
+from moss_tts.text import pause_samples
+
+from .conftest import AUDIO_VOCAB, N_VQ, SAMPLE_RATE, THREADS, seeded_codes
+
+# The codec's streaming decoder vs its offline decode: the same f32 graphs over different cache
+# fillings (tests/codec/test_streaming.py measured ≤ 4e-6; here ≤ 3e-6).
+STREAM_ATOL = 1e-5
+SAMPLES_PER_FRAME = 32   # the tiny stereo codec: 1600 Hz / 50 Hz frames, per channel
+
+# seed 0 models (fixtures.make_nano): stop_bias −2 stops on its own in some prompts and runs to
+# the frame limit in others; ±50 force stop / continue at every frame.
+PARITY, NEVER_STOPS, STOPS_AT_ONCE = (0, -2.0), (0, -50.0), (0, 50.0)
+PARITY_FRAMES = 24
+TEXT = "The speaker reads a short sentence."
+LONG_TEXT = ("The speaker reads a short sentence aloud. Hello there. "
+             "My friend hears the long story today. Yes.")
+GREEDY = SamplingOptions(do_sample=False, audio_repetition_penalty=1.0)
+
+
+def request(mode):
+    """plan() keywords of the three prompt modes (nano.md §5.3)."""
+    if mode == "voice_clone":
+        return {"reference": Reference(seeded_codes(6, seed=1))}
+    if mode == "continuation":
+        return {}
+    return {"prompt_text": "Hello there.", "prompt": Reference(seeded_codes(5, seed=2))}
+
+
+MODES = ["voice_clone", "continuation", "continuation_with_prompt"]
+
+
+def single_prompt(tts, mode, text=TEXT):
+    plan = tts.plan(text, **request(mode))
+    assert len(plan) == 1
+    return plan[0][1]
+
+
+# --- greedy parity -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.2], ids=["no_penalty", "penalty_1.2"])
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_generation_matches_reference(nano_tts, nano_reference, mode, penalty):
+    tts = nano_tts(*PARITY)
+    state, cfg = nano_reference(*PARITY)
+    rows = single_prompt(tts, mode)
+    options = SamplingOptions(do_sample=False, audio_repetition_penalty=penalty)
+    got = tts.generate(rows, options=options, seed=0, max_frames=PARITY_FRAMES)
+    want = ref.generate_greedy(state, cfg, rows, PARITY_FRAMES, repetition_penalty=penalty)
+    assert got.dtype == np.int32 and got.shape[1] == N_VQ
+    assert len(want) > 0, "the reference stops at once: the comparison would be vacuous"
+    np.testing.assert_array_equal(got, want, err_msg=f"{mode}, penalty {penalty}")
+    if penalty != 1.0:
+        # guard: greedy decoding still applies the penalty, and here it changes the codes
+        plain = ref.generate_greedy(state, cfg, rows, PARITY_FRAMES)
+        assert plain.shape != want.shape or (plain != want).any(), \
+            "the penalty changes nothing for this prompt: the check would be vacuous"
+
+
+def test_parity_prompts_cover_natural_stops_and_full_runs(nano_tts, nano_reference):
+    """The parity cases above include runs the model stops itself and runs cut by max_frames,
+    and every mode's prompt is different."""
+    tts = nano_tts(*PARITY)
+    state, cfg = nano_reference(*PARITY)
+    lengths = [len(ref.generate_greedy(state, cfg, single_prompt(tts, m), PARITY_FRAMES,
+                                       repetition_penalty=p))
+               for m in MODES for p in (1.0, 1.2)]
+    assert min(lengths) < PARITY_FRAMES and max(lengths) == PARITY_FRAMES, lengths
+    prompts = [single_prompt(tts, m) for m in MODES]
+    assert len({p.tobytes() for p in prompts}) == len(MODES)
+
+
+def test_prompt_rows_carry_reference_and_prompt_codes_with_their_slots(nano_tts):
+    tts = nano_tts(*PARITY)
+    clone = single_prompt(tts, "voice_clone")
+    codes = request("voice_clone")["reference"].codes
+    audio = clone[clone[:, 0] == 8]
+    np.testing.assert_array_equal(audio[:, 1:], codes)
+    prompt = single_prompt(tts, "continuation_with_prompt")
+    prompt_codes = request("continuation_with_prompt")["prompt"].codes
+    np.testing.assert_array_equal(prompt[-5:, 1:], prompt_codes)
+    assert (prompt[-5:, 0] == 9).all() and prompt[-6, 0] == 6
+    assert clone[-1, 0] == 6 and (clone[-1, 1:] == AUDIO_VOCAB).all()
+
+
+# --- stop decision -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_bias_plus_50_generates_no_frame(nano_tts, nano_reference, mode):
+    tts = nano_tts(*STOPS_AT_ONCE)
+    rows = single_prompt(tts, mode)
+    assert tts.generate(rows, options=GREEDY, max_frames=10).shape == (0, N_VQ)
+    assert tts.generate(rows, seed=0, max_frames=10).shape == (0, N_VQ)  # sampled
+    assert len(ref.generate_greedy(*nano_reference(*STOPS_AT_ONCE), rows, 10)) == 0
+    audio, sr = tts.synthesize(TEXT, seed=0, **request(mode))
+    assert audio.shape == (0, 2) and audio.dtype == np.float32 and sr == SAMPLE_RATE
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_bias_minus_50_runs_to_max_frames(nano_tts, mode):
+    tts = nano_tts(*NEVER_STOPS)
+    rows = single_prompt(tts, mode)
+    assert tts.generate(rows, options=GREEDY, max_frames=17).shape == (17, N_VQ)
+    assert tts.generate(rows, seed=5, max_frames=17).shape == (17, N_VQ)
+
+
+# --- seeds and streaming -----------------------------------------------------------------------
+
+
+def test_streaming_matches_offline_decode_for_the_same_seed(nano_tts):
+    tts = nano_tts(*PARITY)
+    kw = request("voice_clone")
+    parts = list(tts.stream(TEXT, seed=3, max_frames=20, **kw))
+    frames = tts.generate(single_prompt(tts, "voice_clone"), seed=3, max_frames=20)
+    assert len(frames) >= 2, "too few frames to compare a stream"
+    assert len(parts) == len(frames), "one streamed block per generated frame"
+    assert all(p.shape == (SAMPLES_PER_FRAME, 2) and p.dtype == np.float32 for p in parts)
+    offline = tts.codec.decode(frames.T, n_quantizers=N_VQ)
+    assert_close(np.concatenate(parts), offline, atol=STREAM_ATOL, what="stream vs offline")
+    assert_close(tts.synthesize(TEXT, seed=3, max_frames=20, **kw)[0], offline,
+                 atol=STREAM_ATOL, what="synthesize vs offline")
+
+
+def test_same_seed_same_audio_and_different_seed_different_audio(nano_tts):
+    tts = nano_tts(*NEVER_STOPS)
+    kw = dict(max_frames=12, **request("voice_clone"))
+    a, _ = tts.synthesize(TEXT, seed=3, **kw)
+    b, _ = tts.synthesize(TEXT, seed=3, **kw)
+    c, _ = tts.synthesize(TEXT, seed=4, **kw)
+    np.testing.assert_array_equal(a, b)
+    assert_differs(c, a, atol=STREAM_ATOL, what="seed 4 vs seed 3")
+    rows = single_prompt(tts, "voice_clone")
+    codes_3 = tts.generate(rows, seed=3, max_frames=12)
+    assert (codes_3 != tts.generate(rows, seed=4, max_frames=12)).any()
+
+
+def test_continuation_audio_continues_the_prompt_codec_stream(nano_tts):
+    """With prompt codes the codec stream starts from the prompt; its audio is not returned."""
+    tts = nano_tts(*NEVER_STOPS)
+    kw = request("continuation_with_prompt")
+    audio, _ = tts.synthesize(TEXT, seed=2, max_frames=9, **kw)
+    frames = tts.generate(single_prompt(tts, "continuation_with_prompt"), seed=2, max_frames=9)
+    prompt = kw["prompt"].codes
+    whole = tts.codec.decode(np.concatenate([prompt, frames]).T, n_quantizers=N_VQ)
+    assert_close(audio, whole[len(prompt) * SAMPLES_PER_FRAME:], atol=STREAM_ATOL,
+                 what="continuation after the prompt")
+    assert_differs(audio, tts.codec.decode(frames.T, n_quantizers=N_VQ), atol=STREAM_ATOL,
+                   what="decoded without the prompt context")
+
+
+# --- long text ---------------------------------------------------------------------------------
+
+
+def test_long_voice_clone_text_is_chunked_with_pauses(nano_tts):
+    """Each chunk: its own prompt with the same reference, frames, decode; then 0.24 s (more
+    than four words) or 0.40 s of zeros after every chunk but the last (nano.md §5.4-5.5)."""
+    tts = nano_tts(*NEVER_STOPS)
+    kw = dict(max_text_tokens=20, **request("voice_clone"))
+    plan = tts.plan(LONG_TEXT, **kw)
+    pauses = [pause_samples(chunk, SAMPLE_RATE) for chunk, _ in plan[:-1]]
+    assert len(plan) >= 3 and set(pauses) == {round(0.24 * SAMPLE_RATE), round(0.40 * SAMPLE_RATE)}
+    reference = kw["reference"].codes
+    expected, spans, at = [], [], 0
+    for i, (chunk, rows) in enumerate(plan):
+        np.testing.assert_array_equal(rows[rows[:, 0] == 8, 1:], reference)
+        frames = tts.generate(rows, options=GREEDY, max_frames=5)
+        expected.append(tts.codec.decode(frames.T, n_quantizers=N_VQ))
+        at += len(expected[-1])
+        if i < len(pauses):
+            expected.append(np.zeros((pauses[i], 2), np.float32))
+            spans.append((at, at + pauses[i]))
+            at += pauses[i]
+    audio, _ = tts.synthesize(LONG_TEXT, options=GREEDY, max_frames=5, **kw)
+    assert len(audio) == len(plan) * 5 * SAMPLES_PER_FRAME + sum(pauses)
+    assert_close(audio, np.concatenate(expected), atol=STREAM_ATOL, what="chunks with pauses")
+    for start, stop in spans:
+        assert not audio[start:stop].any(), "a pause holds non-zero samples"
+        assert audio[start - SAMPLES_PER_FRAME:start].any()   # speech on both sides
+        assert audio[stop:stop + SAMPLES_PER_FRAME].any()
+
+
+def test_continuation_is_not_chunked(nano_tts):
+    tts = nano_tts(*NEVER_STOPS)
+    assert len(tts.plan(LONG_TEXT, max_text_tokens=10)) == 1
+    assert len(tts.plan(LONG_TEXT, max_text_tokens=10, **request("voice_clone"))) > 1
+
+
+# --- frame budget -------------------------------------------------------------------------------
+
+
+def test_frame_budget_scales_with_text_length_under_the_cap():
+    budgets = [frame_budget(n) for n in range(400)]
+    assert all(b >= MIN_FRAMES for b in budgets) and max(budgets) == MAX_FRAMES
+    assert all(a <= b for a, b in itertools.pairwise(budgets)), "not monotonic"
+    assert frame_budget(40) > frame_budget(10) > frame_budget(0)
+    assert frame_budget(10**6) == MAX_FRAMES
+    assert frame_budget(40, cap=7) == 7 and frame_budget(0, cap=7) == 7
+
+
+def test_synthesis_frames_follow_the_budget_and_the_cap(nano_tts):
+    """A model that never stops fills exactly the budget of its text; max_frames caps it."""
+    tts = nano_tts(*NEVER_STOPS)
+    counts = {}
+    for text in ("Hi.", LONG_TEXT):
+        (chunk, _), = tts.plan(text)
+        audio, _ = tts.synthesize(text, seed=0)
+        counts[text] = len(audio) // SAMPLES_PER_FRAME
+        assert len(audio) % SAMPLES_PER_FRAME == 0
+        assert counts[text] == frame_budget(len(tts.tokenizer.encode(chunk))), text
+    assert counts[LONG_TEXT] > counts["Hi."]
+    capped, _ = tts.synthesize(LONG_TEXT, seed=0, max_frames=7)
+    assert len(capped) == 7 * SAMPLES_PER_FRAME
+
+
+# --- load-time checks and inputs -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def v1_codec_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v1_codec")
+    return convert_codec(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
+
+
+def test_mismatched_codec_raises_model_file_error(nano_files, v1_codec_gguf):
+    _, gguf = nano_files(*PARITY)
+    with pytest.raises(ModelFileError, match="mismatched codec"):
+        NanoTTS.load(gguf, codec=v1_codec_gguf, threads=THREADS)
+
+
+def test_gguf_of_another_kind_as_model_raises_model_file_error(codec_gguf):
+    with pytest.raises(ModelFileError, match="expected a nano GGUF"):
+        NanoTTS.load(codec_gguf, threads=THREADS)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t "])
+def test_empty_text_raises_input_error(nano_tts, text):
+    tts = nano_tts(*PARITY)
+    with pytest.raises(InputError, match="empty"):
+        tts.synthesize(text, seed=0)
+    with pytest.raises(InputError, match="empty"):
+        tts.plan(text, **request("voice_clone"))
+
+
+def test_synthesis_without_codec_raises_input_error(nano_files):
+    _, gguf = nano_files(*PARITY)
+    with NanoTTS.load(gguf, threads=THREADS) as tts, pytest.raises(InputError, match="codec"):
+        tts.synthesize(TEXT, seed=0)
+
+
+def test_synthesize_returns_finite_stereo_float32_at_the_codec_rate(nano_tts):
+    tts = nano_tts(*NEVER_STOPS)
+    audio, sr = tts.synthesize(TEXT, seed=1, max_frames=10, **request("voice_clone"))
+    assert sr == SAMPLE_RATE == tts.sample_rate
+    assert audio.dtype == np.float32 and audio.shape == (10 * SAMPLES_PER_FRAME, 2)
+    assert np.isfinite(audio).all() and np.abs(audio).max() > 0
+
+
+def test_encode_reference_gives_frames_by_codebooks(nano_tts):
+    tts = nano_tts(*NEVER_STOPS)
+    rng = np.random.default_rng(11)
+    t = np.arange(SAMPLE_RATE) / SAMPLE_RATE
+    mono = 0.3 * np.sin(2 * np.pi * 110 * t) + 0.05 * rng.standard_normal(t.size)
+    mono = mono.astype(np.float32)
+    voice = tts.encode_reference(mono, SAMPLE_RATE)
+    assert voice.codes.shape == (SAMPLE_RATE // SAMPLES_PER_FRAME, N_VQ)
+    assert np.issubdtype(voice.codes.dtype, np.integer)
+    assert ((voice.codes >= 0) & (voice.codes < AUDIO_VOCAB)).all()
+    assert len(np.unique(voice.codes)) > 1
+    # mono is duplicated to stereo
+    stereo = tts.encode_reference(np.stack([mono, mono], axis=1), SAMPLE_RATE)
+    np.testing.assert_array_equal(stereo.codes, voice.codes)
+    audio, _ = tts.synthesize(TEXT, reference=voice, seed=0, max_frames=4)
+    assert audio.shape == (4 * SAMPLES_PER_FRAME, 2)
