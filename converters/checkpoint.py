@@ -93,6 +93,10 @@ class SafetensorsCheckpoint:
     def __getitem__(self, name: str) -> np.ndarray:
         return self._handles[self._where[name]].get_tensor(name)
 
+    def shape(self, name: str) -> tuple:
+        """A tensor's shape, read from the header (no data is loaded)."""
+        return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+
 
 def fuse_weight_norm(g: np.ndarray, v: np.ndarray) -> np.ndarray:
     """torch weight_norm(dim=0) → dense weight: W[o] = g[o] · v[o] / ‖v[o]‖₂, norm over every
@@ -176,6 +180,9 @@ class TorchBinCheckpoint:
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self._tensors[name].numpy()
+
+    def shape(self, name: str) -> tuple:
+        return self._tensors[name].shape
 
 
 class _LazyTensor:

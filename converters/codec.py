@@ -21,7 +21,7 @@ from moss_tts.codec.tower import LAYER_TENSORS
 from moss_tts.errors import ConfigError, ModelFileError
 
 from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
-from .gguf_io import write_gguf
+from .gguf_io import Lazy, write_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -123,15 +123,18 @@ def _common(config: dict, key: str, default):
     return values.pop() if values else default
 
 
-def map_tensors(ckpt, cfg: CodecConfig) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Checkpoint → GGUF tensors. Returns (tensors, unmapped source keys)."""
+def map_tensors(ckpt, cfg: CodecConfig) -> tuple[dict[str, Lazy], list[str]]:
+    """Checkpoint → GGUF tensors, loaded only when written. Returns (tensors, unmapped keys)."""
     out, used = {}, set()
     names = ckpt.keys()
     for name in names:
         for g_suffix, v_suffix in ((WN_G, WN_V), (WN_LEGACY_G, WN_LEGACY_V)):
             if name.endswith(g_suffix) and name[: -len(g_suffix)] + v_suffix in ckpt:
                 base = name[: -len(g_suffix)]
-                out[base + ".weight"] = fuse_weight_norm(ckpt[name], ckpt[base + v_suffix])
+                v_shape = ckpt.shape(base + v_suffix)
+                out[base + ".weight"] = Lazy(
+                    (v_shape[0], int(np.prod(v_shape[1:]))), np.float32,
+                    lambda g=name, v=base + v_suffix: fuse_weight_norm(ckpt[g], ckpt[v]))
                 used.update((name, base + v_suffix))
     for name in names:
         if name in used:
@@ -141,9 +144,10 @@ def map_tensors(ckpt, cfg: CodecConfig) -> tuple[dict[str, np.ndarray], list[str
             if name.endswith(old):
                 target = name[: -len(old)] + new
         if _is_known(target):
-            arr = ckpt[name]
-            out[target] = arr.reshape(arr.shape[0], -1) if target.endswith("proj.weight") and \
-                arr.ndim == 3 else arr
+            shape = ckpt.shape(name)
+            if target.endswith("proj.weight") and len(shape) == 3:  # a 1x1 conv kernel (out, in, 1)
+                shape = (shape[0], int(np.prod(shape[1:])))
+            out[target] = Lazy(shape, np.float32, lambda n=name, s=shape: ckpt[n].reshape(s))
             used.add(name)
     unmapped = [n for n in names if n not in used]
     return out, unmapped
@@ -176,7 +180,7 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
             raise ModelFileError(f"{model_dir}: {msg} (--strict)")
         logger.warning("%s", msg)
     problems = [f"{n}: missing" for n in expected if n not in tensors]
-    problems += [f"{n}: shape {tensors[n].shape}, expected {s}" for n, s in expected.items()
+    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {s}" for n, s in expected.items()
                  if n in tensors and tuple(tensors[n].shape) != s]
     if problems:
         raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): " + "; ".join(problems[:8]))
@@ -186,8 +190,8 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
                       is_matmul=is_matmul, progress=progress)
 
 
-def is_matmul(name: str, arr: np.ndarray) -> bool:
+def is_matmul(name: str, spec) -> bool:
     """Transformer and block-projection weights may be quantized; the quantizer stays f32, as
     upstream runs it in fp32 whatever the model dtype."""
-    return arr.ndim == 2 and not name.startswith("quantizer.") and name.endswith(".weight") \
+    return spec.ndim == 2 and not name.startswith("quantizer.") and name.endswith(".weight") \
         and not name.split(".")[-2].startswith("norm")

@@ -11,28 +11,68 @@ import gguf
 import numpy as np
 
 from moss_tts.errors import ConfigError
-from moss_tts.ggml.quant import block_size, quantize
+from moss_tts.ggml.quant import block_size, quantize, row_bytes
 from moss_tts.ggml.types import GGMLType
 from moss_tts.ggml.weights import KIND_KEY, VERSION_KEY
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 
 
-def tensor_type(name: str, arr: np.ndarray, outtype: GGMLType, is_matmul) -> GGMLType:
+class Lazy:
+    """A tensor known by shape and dtype now and loaded only when written, so a converter holds
+    one tensor at a time however large the checkpoint (a 7 GB codec otherwise needs ~15 GB)."""
+
+    def __init__(self, shape, dtype, load):
+        self.shape, self.dtype, self._load = tuple(int(s) for s in shape), np.dtype(dtype), load
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def load(self) -> np.ndarray:
+        arr = np.asarray(self._load())
+        if tuple(arr.shape) != self.shape:
+            raise ConfigError(f"tensor loaded with shape {arr.shape}, declared {self.shape}")
+        return arr
+
+
+def tensor_type(name: str, spec, outtype: GGMLType, is_matmul) -> GGMLType:
     """Embeddings, norms, biases and anything not a matmul weight stay f32 (design §4); a matmul
-    weight whose rows do not fit the block size falls back to f16."""
-    if arr.dtype.kind in "iu" or not is_matmul(name, arr):
-        return GGMLType.F32 if arr.dtype.kind == "f" else GGMLType.I32
-    if outtype in FLOAT_TYPES or arr.shape[-1] % block_size(outtype) == 0:
+    weight whose rows do not fit the block size falls back to f16. `spec` has shape/ndim/dtype."""
+    if spec.dtype.kind in "iu" or not is_matmul(name, spec):
+        return GGMLType.F32 if spec.dtype.kind == "f" else GGMLType.I32
+    if outtype in FLOAT_TYPES or spec.shape[-1] % block_size(outtype) == 0:
         return outtype
     return GGMLType.F16
 
 
-def write_gguf(path: str | os.PathLike, tensors: dict[str, np.ndarray], meta: dict, *,
-               kind: str, version: int, outtype: "GGMLType | str" = GGMLType.F32,
-               is_matmul=lambda name, arr: arr.ndim == 2 and name.endswith(".weight"),
+def _stored(t: GGMLType, shape: tuple) -> tuple[tuple, np.dtype, int, object]:
+    """(shape, numpy dtype, bytes, raw ggml type) of a tensor as the GGUF stores it."""
+    n = int(np.prod(shape))
+    if t in (GGMLType.F32, GGMLType.I32, GGMLType.F16):
+        dtype = {GGMLType.F32: np.float32, GGMLType.I32: np.int32, GGMLType.F16: np.float16}[t]
+        return shape, np.dtype(dtype), n * np.dtype(dtype).itemsize, None
+    byte_shape = shape[:-1] + (row_bytes(t, shape[-1]),)
+    return byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), gguf.GGMLQuantizationType(int(t))
+
+
+def _encode(arr: np.ndarray, t: GGMLType) -> np.ndarray:
+    if t == GGMLType.F32:
+        return np.ascontiguousarray(arr, dtype=np.float32)
+    if t == GGMLType.I32:
+        return np.ascontiguousarray(arr, dtype=np.int32)
+    if t == GGMLType.F16:
+        return np.ascontiguousarray(arr, dtype=np.float16)
+    raw = quantize(arr.reshape(-1, arr.shape[-1]), t)
+    return raw.reshape(arr.shape[:-1] + (raw.shape[-1],))
+
+
+def write_gguf(path: str | os.PathLike, tensors: dict, meta: dict, *, kind: str, version: int,
+               outtype: "GGMLType | str" = GGMLType.F32,
+               is_matmul=lambda name, spec: spec.ndim == 2 and name.endswith(".weight"),
                progress=None) -> Path:
-    """Write tensors (numpy, any float dtype) and metadata to `path` atomically."""
+    """Write tensors (numpy arrays or `Lazy`, any float dtype) and metadata to `path`
+    atomically, one tensor in memory at a time."""
     path = Path(path)
     outtype = GGMLType.parse(outtype)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,23 +84,21 @@ def write_gguf(path: str | os.PathLike, tensors: dict[str, np.ndarray], meta: di
         w.add_uint32(VERSION_KEY, version)
         for key, value in meta.items():
             _add_meta(w, key, value)
-        for i, (name, arr) in enumerate(tensors.items()):
-            arr = np.asarray(arr)
-            t = tensor_type(name, arr, outtype, is_matmul)
-            if t == GGMLType.F32:
-                w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-            elif t == GGMLType.I32:
-                w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.int32))
-            else:
-                raw = quantize(arr.reshape(-1, arr.shape[-1]), t)
-                raw = raw.reshape(arr.shape[:-1] + (raw.shape[-1],))
-                w.add_tensor(name, raw, raw_shape=raw.shape,
-                             raw_dtype=gguf.GGMLQuantizationType(int(t)))
-            if progress:
-                progress(i + 1, len(tensors), name)
+        plan = []
+        for name, value in tensors.items():
+            spec = value if isinstance(value, Lazy) else np.asarray(value)
+            t = tensor_type(name, spec, outtype, is_matmul)
+            shape, dtype, nbytes, raw = _stored(t, tuple(spec.shape))
+            w.add_tensor_info(name, shape, dtype, nbytes, raw_dtype=raw)
+            plan.append((name, value, t))
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_ti_data_to_file()
+        for i, (name, value, t) in enumerate(plan):
+            arr = value.load() if isinstance(value, Lazy) else np.asarray(value)
+            w.write_tensor_data(_encode(arr, t))
+            if progress:
+                progress(i + 1, len(plan), name)
         w.close()
         os.replace(tmp, path)
     except BaseException:

@@ -20,7 +20,7 @@ from moss_tts.models import gpt2
 from moss_tts.models.nano import FORMAT_VERSION, KIND, TOKENIZER_KEY, NanoConfig
 
 from .checkpoint import open_checkpoint, read_config, resolve_model_dir
-from .gguf_io import write_gguf
+from .gguf_io import Lazy, write_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +74,15 @@ def find_tokenizer(model_dir: Path) -> bytes:
     raise ModelFileError(f"{model_dir}: no SentencePiece model ({' or '.join(TOKENIZER_FILES)})")
 
 
-def map_tensors(ckpt, cfg: NanoConfig) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Checkpoint → GGUF tensors (upstream names verbatim). Returns (tensors, unmapped keys)."""
+def map_tensors(ckpt, cfg: NanoConfig) -> tuple[dict[str, Lazy], list[str]]:
+    """Checkpoint → GGUF tensors (upstream names verbatim), loaded only when written.
+    Returns (tensors, unmapped keys)."""
     expected = cfg.tensor_shapes()
     out, unmapped = {}, []
     for name in ckpt.keys():
         if name in expected:
-            out[name] = ckpt[name]
+            out[name] = Lazy(ckpt.shape(name), np.float32,
+                             lambda n=name: ckpt[n].astype(np.float32, copy=False))
         elif any(p.search(name) for p, _ in IGNORED):
             continue
         elif TIED[0].match(name) or TIED[1].match(name):
@@ -93,9 +95,9 @@ def map_tensors(ckpt, cfg: NanoConfig) -> tuple[dict[str, np.ndarray], list[str]
     return out, unmapped
 
 
-def is_matmul(name: str, arr: np.ndarray) -> bool:
+def is_matmul(name: str, spec) -> bool:
     """Block linear weights may be quantized; embeddings (also the tied heads) and norms stay f32."""
-    return arr.ndim == 2 and ".h." in name and not name.split(".")[-2].startswith("ln_")
+    return spec.ndim == 2 and ".h." in name and not name.split(".")[-2].startswith("ln_")
 
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
@@ -118,6 +120,6 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
     if problems:
         raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): " + "; ".join(problems[:8]))
     meta = cfg.to_metadata() | {TOKENIZER_KEY: tokenizer}
-    tensors = {n: tensors[n].astype(np.float32) for n in expected}
+    tensors = {n: tensors[n] for n in expected}
     return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
                       is_matmul=is_matmul, progress=progress)
