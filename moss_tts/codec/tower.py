@@ -19,6 +19,11 @@ from ..nn import KVCache, cached_self_attention, layer_norm, layer_scale, linear
 from ..nn.patch import patchify, unpatchify
 from .config import PATCH, TRANSFORMER, CodecConfig, StageConfig
 
+# Slot counts are multiples of 32: an f16 mask row is then a multiple of 64 bytes, and the f32
+# activations placed after it stay 64-byte aligned (ggml's CPU buffers only align to 32); a
+# misaligned f32 matmul was 30-50 % slower in bench/codec.py. Extra slots are always masked.
+SLOT_ALIGN = 32
+
 LAYER_TENSORS = ("norm1.weight", "norm1.bias", "self_attn.in_proj.weight",
                  "self_attn.out_proj.weight", "layer_scale_1.scale", "norm2.weight", "norm2.bias",
                  "ffn.0.weight", "ffn.2.weight", "layer_scale_2.scale")
@@ -107,7 +112,7 @@ class TowerState:
         self.caches: dict[int, KVCache] = {}
         for i, s in enumerate(self.stages):
             if s.kind == TRANSFORMER:
-                capacity = s.context + max_frames * self.per_frame[i] - 1
+                capacity = _round_up(s.context + max_frames * self.per_frame[i] - 1, SLOT_ALIGN)
                 self.caches[i] = KVCache(s.n_layers, s.n_heads, s.head_dim, capacity, backend=backend)
         self.position = {i: 0 for i in self.caches}
         self.frames = 0
@@ -127,8 +132,9 @@ class TowerState:
         """
         if not self.narrow_prefix:  # one graph per chunk size, e.g. for small streaming pushes
             return tuple(c.capacity for c in self.caches.values())
-        filled = -(-(self.frames + n_frames) // self.max_frames) * self.max_frames
-        return tuple(min(c.capacity, filled * self.per_frame[i]) for i, c in self.caches.items())
+        filled = _round_up(self.frames + n_frames, self.max_frames)
+        return tuple(min(c.capacity, _round_up(filled * self.per_frame[i], SLOT_ALIGN))
+                     for i, c in self.caches.items())
 
     def graph_inputs(self, g: Graph, n_frames: int, counts: tuple[int, ...]) -> dict[int, dict]:
         """Per transformer stage: positions, slots and mask inputs of a chunk of n_frames."""
@@ -158,6 +164,10 @@ class TowerState:
     def close(self) -> None:
         for c in self.caches.values():
             c.close()
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def positions_per_frame(cfg: CodecConfig, tower: str) -> list[int]:

@@ -182,7 +182,11 @@ class GenerationState:
     def __init__(self, model: "NanoModel", capacity: int):
         cfg, b = model.config, model.config.backbone
         self.model = model
-        self.cache = KVCache(b.n_layer, b.n_head, b.head_dim, capacity, backend=model.backend)
+        self.capacity = capacity  # rows this state accepts
+        # the cache holds a multiple of 32 slots: the f16 mask rows, and what follows them,
+        # stay 64-byte aligned (the extra slots are never filled, so always masked)
+        self.cache = KVCache(b.n_layer, b.n_head, b.head_dim, -(-capacity // 32) * 32,
+                             backend=model.backend)
         self.local_cache = KVCache(cfg.local.n_layer, cfg.local.n_head, cfg.local.head_dim,
                                    cfg.n_vq + 1, backend=model.backend)
         self.step_graph: Graph | None = None      # one row, every slot: built once, replayed
@@ -216,9 +220,9 @@ class NanoModel:
         """Run prompt rows (appended after what the state holds) → hidden of the last row [D]."""
         feed = row_inputs(rows, self.config)
         n = len(rows)
-        if state.position + n > state.cache.capacity:
-            raise InputError(f"{state.position} + {n} rows exceed the cache of "
-                             f"{state.cache.capacity}; make a larger state")
+        if state.position + n > state.capacity:
+            raise InputError(f"{state.position} + {n} rows exceed the state's capacity of "
+                             f"{state.capacity}; make a larger state")
         if n == 1:
             if state.step_graph is None:
                 state.step_graph = build_global_step(Graph(self.backend, name="nano.step"), self.w,
