@@ -39,14 +39,19 @@ def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
     Allowed iff k_pos ≤ q_pos, and q_pos − k_pos < window (a window of exactly `window` keys,
     itself included), and valid[k]. Slots with k_pos < 0 (an empty cache slot) are never seen.
     """
-    q = np.asarray(q_pos, dtype=np.int64)[:, None]
-    k = np.asarray(k_pos, dtype=np.int64)[None, :]
-    ok = (k <= q) & (k >= 0)
+    # int32 positions and one difference matrix: this runs on the host for every chunk of every
+    # stage (16 M entries at 400 Hz with 10 s chunks), so it is kept to a few passes
+    q = np.asarray(q_pos, dtype=np.int32)[:, None]
+    k = np.asarray(k_pos, dtype=np.int32)[None, :]
+    d = q - k
+    ok = d >= 0
+    ok &= k >= 0
     if window is not None:
-        ok &= (q - k) < window
+        ok &= d < window
     if valid is not None:
         ok &= np.asarray(valid, dtype=bool)[None, :]
-    return np.where(ok, np.float32(0), NEG_INF).astype(dtype)
+    dtype = np.dtype(dtype).type
+    return np.where(ok, dtype(0), dtype(-np.inf))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float,
