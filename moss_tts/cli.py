@@ -115,10 +115,22 @@ class Progress:
                   flush=True)
             self.shown = True
 
+    def audio(self, seconds: float) -> None:
+        """Progress of open-ended work: the seconds of audio made so far."""
+        if self.enabled:
+            print(f"\r{self.label}: {seconds:6.1f} s of audio", end="", file=sys.stderr, flush=True)
+            self.shown = True
+
     def close(self) -> None:
         if self.shown:
             print(file=sys.stderr)
             self.shown = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _load_codec(args):
@@ -133,12 +145,8 @@ def _encode(args) -> int:
     from .codec.io import save_codes
 
     samples, sr = read_audio(args.input)
-    with _load_codec(args) as codec:
-        bar = Progress("encoding", args.quiet)
-        try:
-            codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
-        finally:
-            bar.close()
+    with _load_codec(args) as codec, Progress("encoding", args.quiet) as bar:
+        codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
     save_codes(args.out, codes)
     _say(args, f"{args.out}: {codes.shape[0]} codebooks x {codes.shape[1]} frames")
     return 0
@@ -150,11 +158,8 @@ def _decode(args) -> int:
 
     codes = load_codes(args.input)
     with _load_codec(args) as codec:
-        bar = Progress("decoding", args.quiet)
-        try:
+        with Progress("decoding", args.quiet) as bar:
             audio = codec.decode(codes, n_quantizers=args.n_quantizers, progress=bar)
-        finally:
-            bar.close()
         write_audio(args.out, audio, codec.sample_rate)
         _say(args, f"{args.out}: {audio.shape[0] / codec.sample_rate:.2f} s at "
                    f"{codec.sample_rate} Hz, {audio.shape[1]} channel(s)")
@@ -166,16 +171,10 @@ def _reconstruct(args) -> int:
 
     samples, sr = read_audio(args.input)
     with _load_codec(args) as codec:
-        bar = Progress("encoding", args.quiet)
-        try:
+        with Progress("encoding", args.quiet) as bar:
             codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
-        finally:
-            bar.close()
-        bar = Progress("decoding", args.quiet)
-        try:
+        with Progress("decoding", args.quiet) as bar:
             audio = codec.decode(codes, progress=bar)
-        finally:
-            bar.close()
         write_audio(args.out, audio, codec.sample_rate)
         _say(args, f"{args.out}: {codes.shape[1]} frames through {codes.shape[0]} codebooks")
     return 0
@@ -186,12 +185,9 @@ def _convert(args) -> int:
         from converters.codec import convert
     else:
         from converters.nano import convert
-    bar = Progress("writing", args.quiet)
-    try:
+    with Progress("writing", args.quiet) as bar:
         out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
                       progress=lambda i, n, name: bar(i, n))
-    finally:
-        bar.close()
     _say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
     return 0
 
@@ -276,14 +272,14 @@ def _tts_nano(args) -> int:
                 for part in chunks:
                     out.write(part)
                     done += len(part)
-                    bar(done * 125 // tts.sample_rate // 10, 0)
+                    bar.audio(done / tts.sample_rate)
             bar.close()
             return 0
         parts = []
         for part in chunks:
             parts.append(part)
             done += len(part)
-            bar(done * 125 // tts.sample_rate // 10, 0)
+            bar.audio(done / tts.sample_rate)
         bar.close()
         import numpy as np
         audio = np.concatenate(parts) if parts else np.zeros((0, 2), np.float32)
