@@ -1,0 +1,1005 @@
+"""MOSS-Audio-Tokenizer (24 kHz v1) at the REAL config.json dimensions, random weights:
+encode / decode of 10 s in f32, f16, q8_0 — RTF, peak RSS, time per chunk and per stage,
+streaming decode cost per frame, a chunk_seconds sweep — and, side by side, upstream PyTorch
+(f32) on the same weights, with a real-dimension parity check (codes and decoded audio).
+
+    python bench/codec.py [--upstream /tmp/torchvenv/bin/python] [--types f32,f16,q8_0]
+                          [--chunks 1,2,5,10] [--runs 3] [--threads 2]
+
+First run: writes a random ~7 GB f32 checkpoint (the upstream key layout: v1 names, weight-norm
+pairs for the quantizer projections, identity projections absent) into bench/results/codec_real/
+(gitignored), then converts it once per type with `converters.codec.convert`; both are reused.
+Every measurement runs in a fresh subprocess (`--worker ...`), so its peak RSS (VmHWM) is its
+own; each also reports the CPU share other processes took meanwhile ("other load": the machine
+is shared, and ggml's spinning threads slow down several-fold when a core is taken), and a
+disturbed measurement is repeated. Upstream runs through bench/upstream_codec.py in the
+interpreter given by --upstream (a venv with torch; torch is never a dependency of the package).
+
+Also: one graph per stage (time per stage, GFLOP/s), and inside the encoder's first and last
+transformer stage the matmuls / attention / GELU / norms as separate graphs (`--worker ops`).
+Report: bench/results/codec_real/report.md (+ log.txt with every worker's JSON).
+
+Longer than the 600-line guide (C2) because it is one self-contained driver: the checkpoint
+generator, the subprocess workers and the report share their data structures; bench/codec48k.py
+and bench/nano.py import its helpers rather than copying them where they can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import table
+
+WORK = ROOT / "bench" / "results" / "codec_real"
+CKPT = WORK / "checkpoint"
+MIRROR = Path("/work/.mirror/OpenMOSS+MOSS-Audio-Tokenizer/repo")
+INDEX_FILE = "model.safetensors.index.json"
+WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
+SHARD_BYTES = 1 << 30          # ≤ 1 GiB of f32 per shard: generation memory stays bounded
+SECONDS = 10.0
+SAMPLE_RATE = 24000
+STREAM_FRAMES = 50
+STREAM_ALT_CHUNK = 1.0
+TARGETS = {"f32": 2.4, "f16": 1.3}   # s for 10 s, encode and decode each
+
+
+# --- the real config and a random checkpoint with its exact key layout --------------------------
+
+
+def real_config() -> dict:
+    """config.json of OpenMOSS/MOSS-Audio-Tokenizer (from the local mirror; cached beside the
+    checkpoint so later runs do not need the mirror)."""
+    cached = CKPT / "config.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    text = subprocess.run(["git", "-C", str(MIRROR), "show", "HEAD:config.json"], check=True,
+                          capture_output=True, text=True).stdout
+    return json.loads(text)
+
+
+def checkpoint_plan(config: dict) -> list[tuple[str, tuple, str, int]]:
+    """Every upstream tensor as (name, shape, init, fan_in), in a fixed order. Same layout as
+    fixtures/make_codec.py: v1 attention/MLP names, fused q|k|v, no bias on block linears,
+    block projections only where the dims differ, quantizer 1×1 convs as weight-norm pairs."""
+    plan = []
+    for tower in ("encoder", "decoder"):
+        for i, kw in enumerate(config[f"{tower}_kwargs"]):
+            if kw["module_type"] != "Transformer":
+                continue
+            p, d, ffn = f"{tower}.{i}.", kw["d_model"], kw["dim_feedforward"]
+            if kw["input_dimension"] != d:
+                plan.append((p + "input_proj.weight", (d, kw["input_dimension"]), "dense",
+                             kw["input_dimension"]))
+            for layer in range(kw["num_layers"]):
+                lp = f"{p}transformer.layers.{layer}."
+                for norm in ("norm1", "norm2"):
+                    plan.append((lp + norm + ".weight", (d,), "norm_w", 0))
+                    plan.append((lp + norm + ".bias", (d,), "norm_b", 0))
+                plan.append((lp + "self_attn.in_projs.0.weight", (3 * d, d), "dense", d))
+                plan.append((lp + "self_attn.out_projs.0.weight", (d, d), "dense", d))
+                plan.append((lp + "linear1.weight", (ffn, d), "dense", d))
+                plan.append((lp + "linear2.weight", (d, ffn), "dense", ffn))
+                plan.append((lp + "layer_scale_1.scale", (d,), "scale", 0))
+                plan.append((lp + "layer_scale_2.scale", (d,), "scale", 0))
+            if kw["output_dimension"] != d:
+                plan.append((p + "output_proj.weight", (kw["output_dimension"], d), "dense", d))
+    q = config["quantizer_kwargs"]
+    r, c = q.get("rvq_dim") or q["input_dim"], q["codebook_dim"]
+
+    def wn(name, n_in, n_out):
+        plan.extend([(name + WN_G, (n_out, 1, 1), "wn_g", 0), (name + WN_V, (n_out, n_in, 1), "wn_v", 0),
+                     (name + ".bias", (n_out,), "bias", 0)])
+
+    if q["input_dim"] != r:
+        wn("quantizer.input_proj", q["input_dim"], r)
+    if q.get("output_dim", q["input_dim"]) != r:
+        wn("quantizer.output_proj", r, q.get("output_dim", q["input_dim"]))
+    for i in range(q["num_quantizers"]):
+        p = f"quantizer.quantizers.{i}."
+        if r != c:
+            wn(p + "in_proj", r, c)
+            wn(p + "out_proj", c, r)
+        plan.append((p + "codebook.weight", (q["codebook_size"], c), "normal", 0))
+    return plan
+
+
+def _tensor(seed: int, name: str, shape: tuple, init: str, fan_in: int) -> np.ndarray:
+    """One random tensor, seeded by its name (independent of the sharding), float32 throughout."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if init == "dense":
+        a = rng.standard_normal(shape, dtype=np.float32)
+        a *= np.float32(1.0 / math.sqrt(fan_in))
+        return a
+    if init == "norm_w":
+        return (1.0 + 0.1 * rng.uniform(-1.0, 1.0, size=shape)).astype(np.float32)
+    if init == "norm_b":
+        return (0.05 * rng.standard_normal(shape)).astype(np.float32)
+    if init == "scale":       # layer scales (upstream init 0.01; the tiny fixture's range)
+        return rng.uniform(0.1, 0.5, size=shape).astype(np.float32)
+    if init == "wn_g":
+        return rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
+    if init == "bias":
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    return rng.standard_normal(shape, dtype=np.float32)        # wn_v, normal (codebooks)
+
+
+def make_real_checkpoint(out_dir: Path = CKPT, config: dict | None = None, *, seed: int = 0,
+                         shard_bytes: int = SHARD_BYTES, log=print) -> Path:
+    """Write config.json + sharded safetensors (+ index) of random weights at the real dims,
+    one shard (≤ shard_bytes) in memory at a time. Reused when the index already exists."""
+    from safetensors.numpy import save_file
+
+    out_dir = Path(out_dir)
+    if (out_dir / INDEX_FILE).exists():
+        return out_dir
+    config = real_config() if config is None else config
+    plan = checkpoint_plan(config)
+    shards, cur, size = [], [], 0
+    for entry in plan:
+        nbytes = 4 * math.prod(entry[1])
+        if cur and size + nbytes > shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(entry)
+        size += nbytes
+    shards.append(cur)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = len(shards)
+    weight_map, total = {}, 0
+    t0 = time.perf_counter()
+    for k, entries in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        part = {name: _tensor(seed, name, shape, init, fan_in) for name, shape, init, fan_in in entries}
+        save_file(part, str(out_dir / fname), metadata={"format": "pt"})
+        total += sum(a.nbytes for a in part.values())
+        weight_map.update({name: fname for name in part})
+        del part
+        log(f"  shard {k + 1}/{n} written ({total / 1e9:.2f} GB, {time.perf_counter() - t0:.0f} s)")
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+def gguf_path(outtype: str) -> Path:
+    return WORK / f"codec-{outtype}.gguf"
+
+
+# --- inputs shared with upstream ------------------------------------------------------------------
+
+
+def make_inputs(seconds: float = SECONDS, n_q: int = 32, codebook_size: int = 1024) -> dict:
+    """audio.npy: a sum of sines + noise (peak ≈ 0.3) at 24 kHz; codes.npy: random codes
+    [n_q, frames] for decode. Deterministic; rewritten only if absent."""
+    audio_p, codes_p = WORK / "audio.npy", WORK / "codes.npy"
+    n = round(seconds * SAMPLE_RATE)
+    if not audio_p.exists() or np.load(audio_p).shape[0] != n:
+        rng = np.random.default_rng(1)
+        t = np.arange(n) / SAMPLE_RATE
+        x = sum(a * np.sin(2 * np.pi * f * t + ph) for a, f, ph in
+                ((0.08, 220.0, 0.0), (0.05, 523.3, 1.0), (0.03, 1760.0, 2.0), (0.02, 3100.0, 0.5)))
+        x = x * (0.6 + 0.4 * np.sin(2 * np.pi * 0.7 * t)) + 0.1 * rng.standard_normal(n) * 0.3
+        np.save(audio_p, x.astype(np.float32))
+    frames = n // 1920
+    if not codes_p.exists() or np.load(codes_p).shape != (n_q, frames):
+        rng = np.random.default_rng(2)
+        np.save(codes_p, rng.integers(0, codebook_size, size=(n_q, frames), dtype=np.int32))
+    return {"audio": audio_p, "codes": codes_p}
+
+
+# --- workers (each in its own process) --------------------------------------------------------------
+
+
+def peak_rss_gb() -> float:
+    """VmHWM: the peak resident set, file-backed (mmapped weights) pages included."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def worker_convert(args) -> dict:
+    from converters.codec import convert
+
+    t0 = time.perf_counter()
+    out = convert(str(CKPT), gguf_path(args.type), outtype=args.type)
+    return {"seconds": time.perf_counter() - t0, "bytes": out.stat().st_size,
+            "peak_rss_gb": peak_rss_gb()}
+
+
+def _load(args):
+    from moss_tts.codec import Codec
+
+    t0 = time.perf_counter()
+    codec = Codec.load(gguf_path(args.type), threads=args.threads, chunk_seconds=args.chunk)
+    return codec, time.perf_counter() - t0
+
+
+def _runner_memory(codec, tower: str) -> dict:
+    r = codec._runners.get(tower)
+    if r is None:
+        return {}
+    return {"compute_buffer_mib": r.allocator.buffer_size / 2**20,
+            "kv_cache_mib": sum(c.nbytes for c in r.state.caches.values()) / 2**20}
+
+
+class Contention:
+    """CPU time the rest of the machine used while we measured, as a share of all cores: this
+    machine is shared, and ggml's spinning threads slow down badly when a core is taken."""
+
+    def __init__(self):
+        self.t, self.busy, self.own = self._snap()
+
+    @staticmethod
+    def _snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+        t = os.times()
+        return time.perf_counter(), busy, t.user + t.system
+
+    def share(self) -> float:
+        t, busy, own = self._snap()
+        return max(0.0, (busy - self.busy) - (own - self.own)) / ((t - self.t) * os.cpu_count())
+
+
+def _timed_runs(fn, runs: int):
+    """First call (cold: graph build + first touch of the weights) + `runs` warm calls; per call
+    the total, the per-chunk times (from the progress callback) and the foreign CPU share."""
+    totals, chunks, foreign, out = [], [], [], None
+    for _ in range(runs + 1):
+        c = Contention()
+        marks = [time.perf_counter()]
+        out = fn(lambda done, total, marks=marks: marks.append(time.perf_counter()))
+        end = time.perf_counter()
+        foreign.append(c.share())
+        totals.append(end - marks[0])
+        chunks.append(list(np.diff(marks)))
+    return totals, chunks, foreign, out
+
+
+def _summary(load_s, totals, chunks, foreign, codec, tower) -> dict:
+    warm = totals[1:] or totals
+    wchunks = chunks[1:] or chunks
+    return {"load_s": load_s, "cold_s": totals[0], "warm_s": warm, "median_s": _median(warm),
+            "min_s": min(warm),
+            "chunk_ms": [1e3 * _median([c[i] for c in wchunks]) for i in range(len(chunks[0]))],
+            "cold_chunk_ms": [1e3 * x for x in chunks[0]],
+            "foreign": _median(foreign[1:] or foreign), "cold_foreign": foreign[0],
+            "peak_rss_gb": peak_rss_gb(),
+            "weight_gb": codec.weights.nbytes / 1e9, **_runner_memory(codec, tower)}
+
+
+def worker_encode(args) -> dict:
+    codec, load_s = _load(args)
+    audio = np.load(WORK / "audio.npy")
+    totals, chunks, foreign, codes = _timed_runs(
+        lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
+    if args.save:
+        np.save(WORK / f"codes_ggml_{args.type}.npy", codes)
+    return _summary(load_s, totals, chunks, foreign, codec, "encoder")
+
+
+def worker_decode(args) -> dict:
+    codec, load_s = _load(args)
+    codes = np.load(WORK / "codes.npy")
+    totals, chunks, foreign, audio = _timed_runs(lambda p: codec.decode(codes, progress=p),
+                                                 args.runs)
+    if args.save:
+        np.save(WORK / f"audio_ggml_{args.type}.npy", audio[:, 0])
+    return _summary(load_s, totals, chunks, foreign, codec, "decoder")
+
+
+def worker_stream(args) -> dict:
+    """StreamDecoder.push of one frame at a time: the first push (graph build) apart, then the
+    median over the rest; and the check that the concatenation equals decode()."""
+    codec, load_s = _load(args)
+    codes = np.load(WORK / "codes.npy")[:, :STREAM_FRAMES]
+    sd = codec.stream_decoder()
+    times, parts = [], []
+    c = Contention()
+    for t in range(codes.shape[1]):
+        t0 = time.perf_counter()
+        parts.append(sd.push(codes[:, t:t + 1]))
+        times.append(time.perf_counter() - t0)
+    foreign = c.share()
+    streamed = np.concatenate(parts)
+    whole = codec.decode(codes)
+    diff = float(np.max(np.abs(streamed - whole)) / (np.sqrt(np.mean(whole ** 2)) + 1e-30))
+    r = sd._runner
+    return {"load_s": load_s, "first_ms": 1e3 * times[0], "median_ms": 1e3 * _median(times[1:]),
+            "p90_ms": 1e3 * float(np.percentile(times[1:], 90)),
+            "frame_ms": 1e3 / codec.config.frame_rate, "stream_vs_decode_rel": diff,
+            "foreign": foreign, "threads": args.threads,
+            "peak_rss_gb": peak_rss_gb(), "compute_buffer_mib": r.allocator.buffer_size / 2**20,
+            "kv_cache_mib": sum(c.nbytes for c in r.state.caches.values()) / 2**20}
+
+
+def _advance(state, n_frames: int):
+    """(slot counts, host feed) of the next chunk; works with TowerState before and after it
+    learned to attend over only the filled prefix of its rings (slot_counts)."""
+    if hasattr(state, "slot_counts"):
+        counts = state.slot_counts(n_frames)
+        return counts, state.advance(n_frames, counts)
+    return None, state.advance(n_frames)
+
+
+def _graph_inputs(state, g, n_frames: int, counts):
+    return state.graph_inputs(g, n_frames) if counts is None else \
+        state.graph_inputs(g, n_frames, counts)
+
+
+def _attention_inputs(inp: dict) -> dict:
+    return {"n_slots": None} | inp      # older TowerState inputs carry no n_slots
+
+
+# -- per-stage timing: one graph per stage, chained on the host, same chunking and caches --------
+
+
+def _segments(codec, tower: str) -> list[tuple[str, list[int]]]:
+    """Stage indices grouped into timed segments: each transformer with the patch stages before
+    it (and, for the decoder, the final patch after it); the quantizer is its own segment."""
+    from moss_tts.codec.config import PATCH
+
+    stages = getattr(codec.config, tower)
+    segs, pending = [], []
+    for i, s in enumerate(stages):
+        pending.append(i)
+        if s.kind != PATCH:
+            segs.append(pending)
+            pending = []
+    if pending:
+        segs[-1].extend(pending)
+    named = []
+    for idx in segs:
+        t = next(i for i in idx if stages[i].kind != PATCH)
+        s = stages[t]
+        named.append((f"{tower}.{t} d{s.d_model} L{s.n_layers} {s.in_dim}->{s.out_dim}", idx))
+    return named
+
+
+def _stage_flops(cfg, tower: str, n_frames: int) -> dict[int, float]:
+    """Matmul FLOPs (2·params·positions) + attention over the window, per transformer stage."""
+    from moss_tts.codec.config import TRANSFORMER
+    from moss_tts.codec.tower import positions_per_frame
+
+    per = positions_per_frame(cfg, tower)
+    out = {}
+    for i, s in enumerate(getattr(cfg, tower)):
+        if s.kind != TRANSFORMER:
+            continue
+        t = n_frames * per[i]
+        d, f = s.d_model, s.ffn
+        params = s.n_layers * (4 * d * d + 2 * d * f)
+        params += (d * s.in_dim if s.has_input_proj else 0) + (d * s.out_dim if s.has_output_proj else 0)
+        keys = sum(min(q + 1, s.context) for q in range(t))      # causal window, total
+        out[i] = 2.0 * params * t + s.n_layers * 4.0 * d * keys
+    return out
+
+
+def worker_stages(args) -> dict:
+    """Encode (or decode) the 10 s through one graph per stage; returns ms per stage (median of
+    warm runs), the sum vs the whole-graph time, and that the chained result equals the runner's."""
+    from moss_tts.codec import rlfq
+    from moss_tts.codec.tower import TowerState, transformer_stage
+    from moss_tts.ggml import I32, Allocator, Graph
+    from moss_tts.nn.patch import patchify, unpatchify
+
+    codec, _ = _load(args)
+    cfg, tower = codec.config, args.tower
+    stages = codec._encoder if tower == "encoder" else codec._decoder
+    n_q = cfg.n_quantizers
+    chunk = codec.chunk_frames
+    state = TowerState(cfg, tower, chunk, codec.backend)
+    graphs: dict = {}
+    segs = _segments(codec, tower)
+    names = [n for n, _ in segs]
+    if tower == "encoder":
+        names.append("quantizer (rlfq, 32 codebooks)")
+    else:
+        names.insert(0, "dequantizer (32 codebooks)")
+
+    def build(seg: int, n: int, x_shape, counts):
+        # its own allocator, so the segments stay independent (before 4ee0250, graphs sharing
+        # one and replayed after another grew its buffer ran on freed memory)
+        g = Graph(codec.backend, name=f"seg{seg}[{n}]", allocator=Allocator(codec.backend))
+        inputs = _graph_inputs(state, g, n, counts)
+        if tower == "encoder" and seg == len(segs):
+            z = g.input("x", x_shape)
+            for i, k in enumerate(rlfq.quantize(z, codec.weights, codec.tables, n_q)):
+                g.output(k, f"codes.{i}", ndim=1)
+            return g.build()
+        if tower == "decoder" and seg == -1:
+            codes = [g.input(f"codes.{i}", (n,), I32) for i in range(n_q)]
+            g.output(rlfq.dequantize(codes, codec.weights, codec.tables), "y", ndim=2)
+            return g.build()
+        x = g.input("x", x_shape)
+        for i in segs[seg][1]:
+            st = stages[i]
+            if hasattr(st, "layers"):
+                x = transformer_stage(x, st, cfg, caches=state.caches[i], inputs=inputs[i],
+                                      name=f"{tower}.{i}")
+            else:
+                x = patchify(x, st.patch) if tower == "encoder" else unpatchify(x, st.patch)
+        g.output(x, "y", ndim=2)
+        return g.build()
+
+    def run(seg, n, feed, x, counts):
+        key = (seg, n, None if x is None else x.shape, counts)
+        if key not in graphs:
+            graphs[key] = build(seg, n, None if x is None else x.shape, counts)
+        t0 = time.perf_counter()
+        out = graphs[key].run(feed | ({} if x is None else {"x": x}))
+        return out, time.perf_counter() - t0
+
+    audio = np.load(WORK / "audio.npy")
+    codes_in = np.load(WORK / "codes.npy")
+    n_frames = codes_in.shape[1] if tower == "decoder" else audio.shape[0] // cfg.downsample_rate
+    spf = cfg.stream_samples_per_frame
+    stream = audio[: n_frames * cfg.downsample_rate].reshape(-1, 1)
+    runs_ms, foreign = [], []
+    final = None
+    for _ in range(args.runs + 1):
+        c = Contention()
+        state.reset()
+        per = [0.0] * len(names)
+        host = 0.0
+        outs = []
+        for start in range(0, n_frames, chunk):
+            f = min(chunk, n_frames - start)
+            t_host = time.perf_counter()
+            counts, feed = _advance(state, f)
+            host += time.perf_counter() - t_host
+            if tower == "encoder":
+                x = stream[start * spf:(start + f) * spf]
+                for k in range(len(segs)):
+                    o, dt = run(k, f, feed, x, counts)
+                    x, per[k] = o["y"], per[k] + dt
+                o, dt = run(len(segs), f, feed, x, counts)
+                per[-1] += dt
+                outs.append(np.stack([o[f"codes.{i}"] for i in range(n_q)]))
+            else:
+                cfeed = {f"codes.{i}": codes_in[i, start:start + f] for i in range(n_q)}
+                o, dt = run(-1, f, feed | cfeed, None, counts)
+                x, per[0] = o["y"], per[0] + dt
+                for k in range(len(segs)):
+                    o, dt = run(k, f, feed, x, counts)
+                    x, per[k + 1] = o["y"], per[k + 1] + dt
+                outs.append(x.reshape(-1))
+        runs_ms.append([1e3 * p for p in per] + [1e3 * host])
+        foreign.append(c.share())
+        final = np.concatenate(outs, axis=-1)
+    names.append("host: slots + masks (TowerState.advance)")
+    warm = runs_ms[1:] or runs_ms
+    stage_ms = [_median([r[k] for r in warm]) for k in range(len(names))]
+    # the whole-graph runner on the same input, for the split's overhead and the equality check
+    call = ((lambda: codec.encode(audio, SAMPLE_RATE)) if tower == "encoder"
+            else (lambda: codec.decode(codes_in)[:, 0]))
+    call()
+    whole_times = []
+    for _ in range(max(1, args.runs)):
+        t0 = time.perf_counter()
+        whole = call()
+        whole_times.append(time.perf_counter() - t0)
+    whole_s = _median(whole_times)
+    if tower == "encoder":
+        same = float(np.mean(whole == final))
+    else:
+        same = float(np.max(np.abs(whole - final)) / (np.sqrt(np.mean(whole ** 2)) + 1e-30))
+    flops = _stage_flops(cfg, tower, n_frames)
+    tf_idx = [next(i for i in idx if i in flops) for _, idx in segs]
+    gflops = [flops[i] / 1e9 for i in tf_idx]
+    if tower == "encoder":
+        gflops.append(None)
+    else:
+        gflops.insert(0, None)
+    gflops.append(None)
+    return {"names": names, "stage_ms": stage_ms, "gflop": gflops, "sum_ms": sum(stage_ms),
+            "whole_ms": 1e3 * whole_s, "match": same, "foreign": _median(foreign[1:] or foreign)}
+
+
+def worker_ops(args) -> dict:
+    """Inside one encoder transformer stage at the steady-state chunk (full window): the same
+    layer count of (a) the whole stage, (b) its four matmuls only, (c) attention only (RoPE, KV
+    write, flash attention over the ring), (d) exact-erf GELU only, (e) norms + layer scales +
+    residual adds, each as its own graph; ms per chunk and scaled to the 10 s input."""
+    from moss_tts.codec.tower import TowerState, positions_per_frame, transformer_stage
+    from moss_tts.ggml import Allocator, Graph, ops
+    from moss_tts.nn import cached_self_attention, layer_norm, layer_scale, linear
+
+    codec, _ = _load(args)
+    cfg, i = codec.config, args.stage
+    stage = codec._encoder[i]
+    s = stage.config
+    chunk = codec.chunk_frames
+    n_frames = round(SECONDS * cfg.frame_rate)
+    n_chunks = math.ceil(n_frames / chunk)
+    state = TowerState(cfg, "encoder", chunk, codec.backend)
+    t = chunk * positions_per_frame(cfg, "encoder")[i]
+    for _ in range(n_chunks - 1):
+        _advance(state, chunk)        # the last chunk: every query sees a full (or the longest) window
+    counts, feed = _advance(state, chunk)
+    d, nl = s.d_model, s.n_layers
+    rng = np.random.default_rng(0)
+
+    def build(kind):
+        g = Graph(codec.backend, name=kind, allocator=Allocator(codec.backend))
+        inp = _attention_inputs(_graph_inputs(state, g, chunk, counts)[i])
+        if kind == "stage":
+            x = g.input("x", (t, s.in_dim))
+            stage_inp = inp if counts is not None else {k: v for k, v in inp.items() if k != "n_slots"}
+            y = transformer_stage(x, stage, cfg, caches=state.caches[i], inputs=stage_inp, name="s")
+        elif kind == "stage_no_attention":
+            # the whole stage with attention replaced by the q rows (no RoPE, cache, softmax)
+            x = g.input("x", (t, s.in_dim))
+            y = linear(x, stage.input_proj) if stage.input_proj is not None else x
+            for w in stage.layers:
+                h = layer_norm(y, w.norm1_weight, w.norm1_bias, eps=cfg.norm_eps)
+                qkv = linear(h, w.self_attn_in_proj_weight)
+                o = ops.cont(ops.view(qkv, (d, t), (qkv.nb[1],)))
+                y = y + layer_scale(linear(o, w.self_attn_out_proj_weight), w.layer_scale_1_scale)
+                h = layer_norm(y, w.norm2_weight, w.norm2_bias, eps=cfg.norm_eps)
+                y = y + layer_scale(linear(ops.gelu_erf(linear(h, w.ffn_0_weight)), w.ffn_2_weight),
+                                    w.layer_scale_2_scale)
+            if stage.output_proj is not None:
+                y = linear(y, stage.output_proj)
+        elif kind == "matmuls":
+            x = y = g.input("x", (t, d))
+            for w in stage.layers:
+                qkv = linear(y, w.self_attn_in_proj_weight)
+                o = linear(y, w.self_attn_out_proj_weight)
+                f = linear(linear(y, w.ffn_0_weight), w.ffn_2_weight)
+                y = ops.add(ops.add(o, f), ops.view(qkv, (d, t), (qkv.nb[1],)))
+        elif kind == "attention":
+            qkv = g.input("x", (t, 3 * d))
+            y = None
+            for il in range(nl):
+                o = cached_self_attention(qkv, state.caches[i], il, n_heads=s.n_heads,
+                                          rope_mode="normal", rope_base=cfg.rope_base, **inp)
+                y = o if y is None else ops.add(y, o)
+        elif kind == "gelu_erf":
+            y = g.input("x", (t, s.ffn))
+            for _ in range(nl):
+                y = ops.gelu_erf(y)
+        elif kind == "gelu_tanh_table":
+            y = g.input("x", (t, s.ffn))
+            for _ in range(nl):
+                y = ops.gelu_tanh(y, table=True)
+        else:  # norms + layer scale + residual
+            y = g.input("x", (t, d))
+            for w in stage.layers:
+                y = ops.add(y, layer_scale(layer_norm(y, w.norm1_weight, w.norm1_bias), w.layer_scale_1_scale))
+                y = ops.add(y, layer_scale(layer_norm(y, w.norm2_weight, w.norm2_bias), w.layer_scale_2_scale))
+        g.output(y, "y", ndim=2)
+        return g.build(), g.inputs["x"].shape
+
+    out = {"name": f"encoder.{i} d{d} L{nl} ffn{s.ffn}", "positions_per_chunk": t,
+           "chunks_per_10s": n_chunks, "window": s.context, "ring": state.caches[i].capacity}
+    kinds = ("stage", "stage_no_attention", "matmuls", "attention", "gelu_erf",
+             "gelu_tanh_table", "norms")
+    c = Contention()
+    for kind in (args.kinds.split(",") if getattr(args, "kinds", None) else kinds):
+        g, shape = build(kind)
+        x = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+        times = []
+        for _ in range(max(3, args.runs) + 1):
+            t0 = time.perf_counter()
+            g.run(feed | {"x": x})
+            times.append(time.perf_counter() - t0)
+        out[kind] = 1e3 * _median(times[1:])
+    out["foreign"] = c.share()
+    return out
+
+
+WORKERS = {"convert": worker_convert, "encode": worker_encode, "decode": worker_decode,
+           "stream": worker_stream, "stages": worker_stages, "ops": worker_ops}
+
+
+# --- the driver -----------------------------------------------------------------------------------
+
+RETRY_FOREIGN = 0.10   # re-measure when other processes took more than this share of the CPUs
+RETRIES, RETRY_WAIT_S = 3, 15
+
+
+class Driver:
+    def __init__(self, args):
+        self.args = args
+        self.commands: list[str] = []
+        self.log_path = WORK / "log.txt"
+
+    def say(self, msg: str) -> None:
+        print(msg, flush=True)
+        with open(self.log_path, "a") as f:
+            f.write(msg + "\n")
+
+    def worker(self, mode: str, **kw) -> dict:
+        cmd = [sys.executable, str(Path(__file__).relative_to(ROOT)), "--worker", mode,
+               "--threads", str(kw.pop("threads", self.args.threads)),
+               "--runs", str(kw.pop("runs", self.args.runs))]
+        for k, v in kw.items():
+            if v is True:
+                cmd.append(f"--{k}")
+            elif v is not None and v is not False:
+                cmd += [f"--{k}", str(v)]
+        return self.run(cmd)
+
+    def run(self, cmd: list[str]) -> dict:
+        """Run a measuring subprocess; once more if the machine was busy meanwhile (keeping the
+        less disturbed result)."""
+        out = self._run(cmd)
+        for _ in range(RETRIES):
+            if out.get("foreign", 0) <= RETRY_FOREIGN:
+                break
+            self.say(f"  (other processes used {100 * out['foreign']:.0f} % of the CPUs: waiting "
+                     f"{RETRY_WAIT_S} s, measuring again)")
+            time.sleep(RETRY_WAIT_S)
+            again = self._run(cmd, record=False)
+            if again.get("foreign", 1) < out["foreign"]:
+                out = again
+        return out
+
+    def _run(self, cmd: list[str], record=True) -> dict:
+        line = " ".join(shlex.quote(c) for c in cmd)
+        if record:
+            self.commands.append(line)
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+        if p.returncode != 0:
+            self.say(f"FAILED ({p.returncode}): {line}\n{p.stderr[-3000:]}")
+            return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        out["wall_s"] = time.perf_counter() - t0
+        return out
+
+
+def _f(x, fmt="{:.2f}"):
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--upstream", help="python of a venv with torch + transformers")
+    ap.add_argument("--types", default="f32,f16,q8_0")
+    ap.add_argument("--chunks", default="1,2,5,10", help="chunk_seconds values to sweep")
+    ap.add_argument("--chunk", type=float, default=None,
+                    help="chunk_seconds of the main table (default: the package's CHUNK_SECONDS)")
+    ap.add_argument("--sweep-types", default="f32,f16,q8_0", help="types the chunk sweep covers")
+    ap.add_argument("--upstream-chunk", type=float, default=2.0,
+                    help="also time upstream's own chunked mode (chunk_duration); 0: skip")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-stages", action="store_true")
+    ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    ap.add_argument("--type", default="f32", help=argparse.SUPPRESS)
+    ap.add_argument("--tower", default="encoder", help=argparse.SUPPRESS)
+    ap.add_argument("--stage", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--kinds", help=argparse.SUPPRESS)
+    ap.add_argument("--save", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(WORKERS[args.worker](args)))
+        return 0
+    return drive(args)
+
+
+def drive(args) -> int:
+    from moss_tts.codec import codec as codec_module
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    if args.chunk is None:
+        args.chunk = float(codec_module.CHUNK_SECONDS)
+    d = Driver(args)
+    d.say(f"=== bench/codec.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+          f"{' '.join(shlex.quote(a) for a in sys.argv)}")
+    types = [t for t in args.types.split(",") if t]
+    chunks = [float(c) for c in args.chunks.split(",") if c]
+    sweep_types = [t for t in args.sweep_types.split(",") if t in types]
+    t_start = time.perf_counter()
+
+    # 1. checkpoint and GGUFs (once)
+    if not (CKPT / INDEX_FILE).exists():
+        free = os.statvfs(WORK).f_bavail * os.statvfs(WORK).f_frsize
+        if free < 25e9:
+            d.say(f"only {free / 1e9:.0f} GB free: need ~7 GB checkpoint + ~13 GB of GGUFs")
+            return 1
+        d.say(f"writing the random real-size checkpoint into {CKPT} ...")
+        make_real_checkpoint(CKPT, log=d.say)
+    ckpt_gb = sum(p.stat().st_size for p in CKPT.glob("*.safetensors")) / 1e9
+    conv = {}
+    for t in types:
+        if not gguf_path(t).exists():
+            d.say(f"converting to {t} ...")
+            conv[t] = d.worker("convert", type=t, runs=0)
+            d.say(f"  {t}: {conv[t]}")
+    make_inputs()
+    for stale in WORK.glob("*_upstream*.npy"):
+        stale.unlink()
+    for stale in WORK.glob("*_ggml_*.npy"):
+        stale.unlink()
+
+    # 2. main table at the default chunk: encode, decode (fresh process each), stream
+    res = {}
+    for t in types:
+        res[t] = {}
+        for what in ("encode", "decode"):
+            res[t][what] = d.worker(what, type=t, chunk=args.chunk, save=True)
+            d.say(f"{t} {what}: {json.dumps(res[t][what])}")
+        for th in dict.fromkeys([args.threads, 1]):
+            res[t][f"stream{th}"] = d.worker("stream", type=t, chunk=args.chunk, runs=0, threads=th)
+            d.say(f"{t} stream ({th} thread(s)): {json.dumps(res[t][f'stream{th}'])}")
+        if args.chunk != STREAM_ALT_CHUNK:   # the stream decoder's rings are sized by chunk_seconds
+            res[t]["stream_alt"] = d.worker("stream", type=t, chunk=STREAM_ALT_CHUNK, runs=0)
+            d.say(f"{t} stream (chunk_seconds={STREAM_ALT_CHUNK:g}): {json.dumps(res[t]['stream_alt'])}")
+
+    # 3. upstream torch f32 on the same weights and inputs
+    up = {}
+    if args.upstream:
+        script = str((ROOT / "bench" / "upstream_codec.py").relative_to(ROOT))
+        modes = [None] + ([args.upstream_chunk] if args.upstream_chunk else [])
+        for chunk in modes:
+            for what in ("encode", "decode"):
+                cmd = [args.upstream, script, "--mode", what, "--ckpt", str(CKPT.relative_to(ROOT)),
+                       "--work", str(WORK.relative_to(ROOT)), "--threads", str(args.threads),
+                       "--runs", str(args.runs)]
+                if chunk:
+                    cmd += ["--chunk-duration", f"{chunk:g}"]
+                up[(chunk, what)] = d.run(cmd)
+                d.say(f"upstream {what} (chunk_duration={chunk}): {json.dumps(up[(chunk, what)])}")
+
+    # 4. chunk_seconds sweep (encode + decode, warm medians)
+    sweep = {}
+    for t in sweep_types:
+        for c in chunks:
+            for what in ("encode", "decode"):
+                if c == args.chunk:
+                    r = res[t][what]
+                else:
+                    r = d.worker(what, type=t, chunk=c, runs=max(1, args.runs - 1))
+                sweep[(t, c, what)] = r
+                d.say(f"sweep {t} chunk {c:g} {what}: {_f(r.get('median_s'))} s "
+                      f"(other load {100 * r.get('foreign', 0):.0f} %)")
+
+    # 5. per-stage breakdown (first and last type) at the default chunk
+    stages = {}
+    if not args.no_stages:
+        for t in dict.fromkeys([types[0], types[-1]]):
+            for tower in ("encoder", "decoder"):
+                stages[(t, tower)] = d.worker("stages", type=t, chunk=args.chunk, tower=tower,
+                                              runs=max(1, args.runs - 1))
+                d.say(f"stages {t} {tower}: {json.dumps(stages[(t, tower)])}")
+
+    # 6. inside a stage: matmuls vs attention vs GELU vs norms (f32 and the last type)
+    ops_res = {}
+    if not args.no_stages:
+        for t in dict.fromkeys([types[0], types[-1]]):
+            for st in (1, 7):
+                ops_res[(t, st)] = d.worker("ops", type=t, chunk=args.chunk, stage=st, runs=3)
+                d.say(f"ops {t} encoder.{st}: {json.dumps(ops_res[(t, st)])}")
+
+    report = render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_gb, d,
+                    time.perf_counter() - t_start, ops_res)
+    d.say(report)
+    (WORK / "report.md").write_text(report + "\n")
+    return 0
+
+
+def _row(what, e, dd, stream="", weight=None):
+    return {"what": what, "encode s": _f(e.get("median_s")), "decode s": _f(dd.get("median_s")),
+            "RTF enc/dec": f"{_f(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
+                           f"{_f(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
+            "peak RSS GB enc/dec": f"{_f(e.get('peak_rss_gb'))}/{_f(dd.get('peak_rss_gb'))}",
+            "weight GB": _f(weight if weight is not None else e.get("weight_gb")),
+            "stream ms/frame 2t/1t": stream,
+            "cold enc/dec s": f"{_f(e.get('cold_s'))}/{_f(dd.get('cold_s'))}",
+            "load s": _f(e.get("load_s")),
+            "other load %": f"{_f(100 * e.get('foreign', math.nan), '{:.0f}')}/"
+                            f"{_f(100 * dd.get('foreign', math.nan), '{:.0f}')}"}
+
+
+def _git_state() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no",
+                                "moss_tts", "converters"], check=True, capture_output=True,
+                               text=True).stdout.split()
+        return head + (f" + uncommitted changes to {', '.join(dirty[1::2])}" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_gb, d, total_s,
+           ops_res=None):
+    L, rows, budget = [], [], {}
+    for t in types:
+        e, dd = res[t]["encode"], res[t]["decode"]
+        w = e.get("weight_gb") or dd.get("weight_gb")
+        budget[t] = 1.2 * w + 0.5 if w else None
+        st = "/".join(_f(res[t].get(f"stream{th}", {}).get("median_ms"), "{:.1f}")
+                      for th in dict.fromkeys([args.threads, 1]))
+        rows.append(_row(f"ggml {t}", e, dd, st, w))
+    for (chunk, _), _r in list(up.items())[::2]:
+        e, dd = up.get((chunk, "encode"), {}), up.get((chunk, "decode"), {})
+        rows.append(_row("upstream torch f32" + (f" chunk {chunk:g} s" if chunk else " one pass"),
+                         e, dd))
+    cols = ["what", "encode s", "decode s", "RTF enc/dec", "peak RSS GB enc/dec", "weight GB",
+            "stream ms/frame 2t/1t", "cold enc/dec s", "load s", "other load %"]
+    L.append(f"## MOSS-Audio-Tokenizer 24 kHz, real dims, random weights: {SECONDS:g} s of audio, "
+             f"{args.threads} threads, chunk_seconds={args.chunk:g}, warm medians of {args.runs}")
+    L.append(f"checkpoint: {ckpt_gb:.2f} GB f32 safetensors in {CKPT.relative_to(ROOT)}; 'other load' "
+             "= CPU share other processes used meanwhile (shared machine)")
+    L.append(f"package: {_git_state()}")
+    L.append("")
+    L.append(table(rows, cols))
+    L.append("")
+    ref = {w: up.get((None, w), {}).get("median_s") for w in ("encode", "decode")}
+    for t in types:
+        e, dd = res[t]["encode"], res[t]["decode"]
+        target = TARGETS.get(t)
+        notes = []
+        for what, r in (("encode", e), ("decode", dd)):
+            v = r.get("median_s")
+            if target and v is not None:
+                notes.append(f"{what} {v:.2f} s {'<=' if v <= target else '>'} {target} s "
+                             f"{'OK' if v <= target else 'MISS'}")
+            if ref.get(what) and v:
+                notes.append(f"{what} {ref[what] / v:.2f}x upstream speed")
+        for what, r in (("encode", e), ("decode", dd)):
+            v = r.get("peak_rss_gb")
+            if v is not None and budget.get(t):
+                notes.append(f"{what} peak {v:.2f} GB {'<=' if v <= budget[t] else '>'} "
+                             f"{budget[t]:.2f} GB budget {'OK' if v <= budget[t] else 'MISS'}")
+        L.append(f"- {t}: " + "; ".join(notes))
+        for th in [*dict.fromkeys([args.threads, 1]), "alt"]:
+            s = res[t].get(f"stream{th}" if th != "alt" else "stream_alt", {})
+            if th == "alt":
+                th = f"{args.threads} thread(s) with chunk_seconds={STREAM_ALT_CHUNK:g}"
+            else:
+                th = f"{th} thread(s)"
+            if "median_ms" in s:
+                L.append(f"  stream push(1 frame), {th}: first {s['first_ms']:.0f} ms (graph "
+                         f"build), then median {s['median_ms']:.1f} / p90 {s['p90_ms']:.1f} ms per "
+                         f"{s['frame_ms']:.0f} ms frame (RTF {s['median_ms'] / s['frame_ms']:.2f}); "
+                         f"streamed vs decode() max|d|/RMS {s['stream_vs_decode_rel']:.1e}; peak "
+                         f"{s['peak_rss_gb']:.2f} GB; KV caches {s['kv_cache_mib']:.0f} MiB; other "
+                         f"load {100 * s['foreign']:.0f} %")
+        for what, r in (("encode", e), ("decode", dd)):
+            if "compute_buffer_mib" in r:
+                L.append(f"  {what}: compute buffer {r['compute_buffer_mib']:.1f} MiB, KV caches "
+                         f"{r['kv_cache_mib']:.0f} MiB, load {r['load_s']:.2f} s, warm runs "
+                         + " ".join(f"{x:.2f}" for x in r["warm_s"]))
+    L.append("")
+    L.append(f"### ms per chunk (chunk_seconds={args.chunk:g}; warm median; [cold first call])")
+    for t in types:
+        for what in ("encode", "decode"):
+            r = res[t][what]
+            if "chunk_ms" in r:
+                L.append(f"- {t} {what}: " + " ".join(f"{x:.0f}" for x in r["chunk_ms"]) +
+                         "  [" + " ".join(f"{x:.0f}" for x in r["cold_chunk_ms"]) + "]")
+    L.append("")
+    if sweep:
+        L.append("### chunk_seconds sweep: warm median s for 10 s (peak RSS GB) [other load %]")
+        srows = []
+        for t in sweep_types:
+            for what in ("encode", "decode"):
+                row, best = {"type / op": f"{t} {what}"}, None
+                for c in chunks:
+                    r = sweep.get((t, c, what), {})
+                    v = r.get("median_s")
+                    row[f"{c:g} s"] = (f"{_f(v)} ({_f(r.get('peak_rss_gb'), '{:.1f}')}) "
+                                       f"[{_f(100 * r.get('foreign', math.nan), '{:.0f}')}]")
+                    if v is not None and (best is None or v < best[1]):
+                        best = (c, v)
+                row["fastest"] = f"{best[0]:g}" if best else ""
+                srows.append(row)
+        L.append(table(srows, ["type / op"] + [f"{c:g} s" for c in chunks] + ["fastest"]))
+        L.append("")
+    if stages:
+        L.append(f"### per stage: one graph per stage chained through the host, chunk_seconds="
+                 f"{args.chunk:g}, warm median ms for 10 s")
+        for (t, tower), r in stages.items():
+            if "names" not in r:
+                L.append(f"- {t} {tower}: {r}")
+                continue
+            srows = [{"stage": name, "ms": f"{ms:.0f}", "share": f"{100 * ms / r['sum_ms']:.0f} %",
+                      "GFLOP": _f(gf, "{:.0f}"),
+                      "GFLOP/s": _f(gf / (ms / 1e3) if gf else None, "{:.0f}")}
+                     for name, ms, gf in zip(r["names"], r["stage_ms"], r["gflop"])]
+            L.append(f"{t} {tower}: sum {r['sum_ms']:.0f} ms vs whole graph {r['whole_ms']:.0f} ms "
+                     f"(other load {100 * r['foreign']:.0f} %); "
+                     + (f"codes equal to the runner's: {100 * r['match']:.1f} %" if tower == "encoder"
+                        else f"output vs the runner's max|d|/RMS {r['match']:.1e}"))
+            L.append(table(srows, ["stage", "ms", "share", "GFLOP", "GFLOP/s"]))
+            L.append("")
+    if ops_res:
+        L.append("### inside a stage (last chunk, longest window): ms per chunk, each part as its own graph")
+        orows = []
+        for (t, st), r in ops_res.items():
+            if "stage" not in r:
+                L.append(f"- {t} encoder.{st}: {r}")
+                continue
+            row = {"type / stage": f"{t} {r['name']}", "rows": str(r["positions_per_chunk"]),
+                   "ring/window": f"{r['ring']}/{r['window']}"}
+            for k in ("stage", "stage_no_attention", "matmuls", "attention", "gelu_erf",
+                      "gelu_tanh_table", "norms"):
+                row[k] = _f(r.get(k), "{:.1f}")
+            row["other load %"] = _f(100 * r.get("foreign", math.nan), "{:.0f}")
+            orows.append(row)
+        L.append(table(orows, list(orows[0]) if orows else []))
+        L.append("  (matmuls: the four weight matmuls per layer only; attention: RoPE + KV write + flash "
+                 "attention only; gelu_tanh_table: ggml_gelu's f16 table, for comparison)")
+        L.append("")
+    if up:
+        L.append("### parity with upstream (same random weights and inputs)")
+        L.extend(parity_lines(types))
+        L.append("")
+    if conv:
+        L.append("### conversion (this run)")
+        for t, r in conv.items():
+            L.append(f"- {t}: {_f(r.get('seconds'), '{:.0f}')} s, {_f(r.get('bytes', 0) / 1e9)} GB, "
+                     f"peak RSS {_f(r.get('peak_rss_gb'))} GB")
+        L.append("")
+    L.append(f"total bench time {total_s / 60:.1f} min")
+    L.append("### commands (cwd: the repository root)")
+    L.extend(f"    {c}" for c in d.commands)
+    return "\n".join(L)
+
+
+def parity_lines(types) -> list[str]:
+    out = []
+    up_codes_p, up_audio_p = WORK / "codes_upstream.npy", WORK / "audio_upstream.npy"
+    if up_codes_p.exists():
+        up_codes = np.load(up_codes_p)
+        for t in types:
+            p = WORK / f"codes_ggml_{t}.npy"
+            if not p.exists():
+                continue
+            c = np.load(p)
+            if c.shape != up_codes.shape:
+                out.append(f"- codes {t}: shape {c.shape} vs upstream {up_codes.shape}")
+                continue
+            eq = c == up_codes
+            per = " ".join(f"{100 * eq[i].mean():.0f}" for i in range(min(8, len(eq))))
+            first_diff = np.argwhere(~eq)
+            where = (f"; first difference at codebook {first_diff[:, 0].min()}"
+                     if len(first_diff) else "")
+            out.append(f"- codes ggml {t} vs upstream: first 8 codebooks {100 * eq[:8].mean():.1f} % equal "
+                       f"(per codebook: {per}), all 32: {100 * eq.mean():.1f} %{where}")
+    if up_audio_p.exists():
+        ua = np.load(up_audio_p).reshape(-1)
+        rms = float(np.sqrt(np.mean(ua.astype(np.float64) ** 2)))
+        for t in types:
+            p = WORK / f"audio_ggml_{t}.npy"
+            if not p.exists():
+                continue
+            a = np.load(p).reshape(-1)
+            n = min(len(a), len(ua))
+            diff = np.abs(a[:n].astype(np.float64) - ua[:n])
+            out.append(f"- decode ggml {t} vs upstream (random codes.npy): max|Δ|/RMS "
+                       f"{diff.max() / rms:.2e}, RMS(Δ)/RMS {np.sqrt(np.mean(diff ** 2)) / rms:.2e} "
+                       f"(upstream RMS {rms:.3f}, {n} samples{'' if len(a) == len(ua) else ', LENGTHS DIFFER'})")
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
