@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..ggml import F16, I32, Graph, Weights, ops
 from ..ggml.graph import Tensor
-from ..nn import KVCache, layer_norm, masked_embedding_sum
+from ..nn import KVCache, masked_embedding_sum
 from . import gpt2
 
 KIND = "nano"
