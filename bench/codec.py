@@ -706,8 +706,8 @@ def drive(args) -> int:
     from moss_tts.codec import codec as codec_module
 
     WORK.mkdir(parents=True, exist_ok=True)
-    if args.chunk is None:
-        args.chunk = float(codec_module.CHUNK_SECONDS)
+    if args.chunk is None:  # the package's default for this codec (100 Hz stages → 10 s)
+        args.chunk = float(codec_module.CHUNK_SECONDS_RANGE[1])
     d = Driver(args)
     d.say(f"=== bench/codec.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
           f"{' '.join(shlex.quote(a) for a in sys.argv)}")

@@ -643,19 +643,22 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.worker:
         if args.chunk is None:
-            from moss_tts.codec import codec as codec_module
-            args.chunk = float(codec_module.CHUNK_SECONDS)
+            args.chunk = NANO_DEFAULT_CHUNK
         print(json.dumps(WORKERS[args.worker](args)))
         return 0
     return drive(args)
 
 
+# the package's default for the 48 kHz codecs: 1000 positions of their 400 Hz stage
+# (moss_tts.codec.codec.default_chunk_seconds)
+NANO_DEFAULT_CHUNK = 2.5
+
+
 def drive(args) -> int:
-    from moss_tts.codec import codec as codec_module
 
     WORK.mkdir(parents=True, exist_ok=True)
     d = Driver(args, WORK / "log.txt")
-    default_chunk = float(codec_module.CHUNK_SECONDS)
+    default_chunk = NANO_DEFAULT_CHUNK
     d.say(f"=== bench/codec48k.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
           f"{' '.join(shlex.quote(a) for a in sys.argv)}")
     variants = [v for v in args.variants.split(",") if v]

@@ -18,10 +18,26 @@ from .tower import TowerState, load_tower, run_tower
 
 logger = logging.getLogger(__name__)
 
-# Audio per graph run. Any chunk gives the same result (exact caches); 10 s was fastest at the
-# real 24 kHz dimensions (bench/codec.py: more rows per matmul in the 12.5 Hz stage).
-CHUNK_SECONDS = 10.0
+# Audio per graph run. Any chunk gives the same result (exact caches); the default gives the
+# fastest stage (the highest rate) about CHUNK_POSITIONS positions: long enough for full matmul
+# rows in the slowest stage, short enough that windowed attention and its host-built masks stay
+# small. Measured best: 10 s for the 24 kHz codec (100 Hz stages, bench/codec.py), 2-2.5 s for
+# Nano (400 Hz, bench/codec48k.py: 0.59 s vs 0.67 s at 10 s for 10 s of audio).
+CHUNK_POSITIONS = 1000
+CHUNK_SECONDS_RANGE = (2.0, 10.0)
+CHUNK_SECONDS = None  # derived per codec, see default_chunk_seconds()
 STREAM_PUSH_FRAMES = 8  # streaming decode: the largest push run as one graph (upstream uses 8)
+
+
+def default_chunk_seconds(cfg: CodecConfig) -> float:
+    """Seconds per graph run giving the highest-rate stage about CHUNK_POSITIONS positions."""
+    from .tower import positions_per_frame
+
+    per_frame = max(positions_per_frame(cfg, "encoder")[i]
+                    for i, s in enumerate(cfg.encoder) if s.kind == 1)
+    seconds = CHUNK_POSITIONS / (per_frame * cfg.frame_rate)
+    lo, hi = CHUNK_SECONDS_RANGE
+    return min(hi, max(lo, seconds))
 
 
 class _TowerRunner:
@@ -78,7 +94,7 @@ class Codec(NativeResource):
     >>> audio = codec.decode(codes, n_quantizers=8)                      # doctest: +SKIP
     """
 
-    def __init__(self, weights: Weights, *, chunk_seconds: float = CHUNK_SECONDS):
+    def __init__(self, weights: Weights, *, chunk_seconds: float | None = CHUNK_SECONDS):
         self.weights = weights
         self.backend = weights.backend
         weights.file.check_kind(KIND, version=FORMAT_VERSION)
@@ -87,6 +103,8 @@ class Codec(NativeResource):
         self.tables = rlfq.derived_tables(weights, self.config, self.backend)
         self._encoder = load_tower(weights, self.config, "encoder")
         self._decoder = load_tower(weights, self.config, "decoder")
+        if chunk_seconds is None:
+            chunk_seconds = default_chunk_seconds(self.config)
         self.chunk_frames = max(1, math.ceil(chunk_seconds * self.config.frame_rate))
         self._runners: dict[str, _TowerRunner] = {}
         logger.info("codec %s: %d Hz, %d channel(s), %d codebooks, %.1f MiB of weights",

@@ -348,6 +348,8 @@ class Graph(NativeResource):
         return arr
 
     def compute(self) -> None:
+        """Compute once. Write every input before each call: the allocator may reuse an input's
+        memory after its last reader (only outputs are kept), so `run()` is the safe replay."""
         self.backend.compute(self.cgraph)
 
     def run(self, inputs: dict | None = None, outputs=None) -> dict[str, np.ndarray]:
