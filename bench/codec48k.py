@@ -569,6 +569,16 @@ WORKERS["loop"] = worker_loop
 RETRY_FOREIGN, RETRIES = 0.10, 2
 
 
+def report_footer(d: "Driver", total_s: float) -> list[str]:
+    """The report's last lines: the other load seen, the bench time, every command run."""
+    return [f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
+            + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"),
+            f"total bench time {total_s / 60:.1f} min",
+            "### commands (cwd: the repository root)",
+            f"    {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}",
+            *(f"    {c}" for c in d.commands)]
+
+
 class Driver:
     def __init__(self, args, log_path: Path, script: Path | None = None):
         self.args = args
@@ -848,12 +858,7 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
             L.append(f"- {v} {t}: {_f(r.get('seconds'), '{:.0f}')} s, {_f(r.get('bytes', 0) / 1e9)} GB, "
                      f"peak RSS {_f(r.get('peak_rss_gb'))} GB")
         L.append("")
-    L.append(f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
-             + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"))
-    L.append(f"total bench time {total_s / 60:.1f} min")
-    L.append("### commands (cwd: the repository root)")
-    L.append(f"    {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
-    L.extend(f"    {c}" for c in d.commands)
+    L.extend(report_footer(d, total_s))
     return "\n".join(L)
 
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.codec import Contention, peak_rss_gb
-from bench.codec48k import Driver, perf_top
+from bench.codec48k import Driver, perf_top, report_footer
 from bench.codec48k import gguf_path as codec_gguf_path
 from bench.common import table
 
@@ -722,12 +722,7 @@ def render(args, types, res, conv, d, total_s) -> str:
             L.append(f"- {t}: {r.get('seconds', 0):.1f} s, {r.get('bytes', 0) / 1e6:.0f} MB, peak RSS "
                      f"{r.get('peak_rss_gb', 0):.2f} GB")
     L.append("")
-    L.append(f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
-             + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"))
-    L.append(f"total bench time {total_s / 60:.1f} min")
-    L.append("### commands (cwd: the repository root)")
-    L.append(f"    {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
-    L.extend(f"    {c}" for c in d.commands)
+    L.extend(report_footer(d, total_s))
     return "\n".join(L)
 
 
