@@ -9,7 +9,6 @@ import shutil
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from converters.codec import convert
 from fixtures.compare import assert_close, assert_differs
@@ -17,6 +16,7 @@ from fixtures.make_codec import load_config, load_state, make_tiny_v1_checkpoint
 from moss_tts.codec import Codec
 from moss_tts.errors import ConfigError, ModelFileError
 from moss_tts.ggml import GGMLType, GGUFFile, Weights
+from tests.converters.helpers import edited_checkpoint, one_line
 
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
 V1_NAMES = {".self_attn.in_projs.0.weight": ".self_attn.in_proj.weight",
@@ -62,22 +62,6 @@ def config(checkpoint):
 def tensors(gguf):
     with Weights.load(gguf) as w:
         return {name: w.read(name) for name in w.names()}
-
-
-def edited_checkpoint(src, dst, edit):
-    """A single-file copy of checkpoint `src` whose state dict went through `edit(state)`."""
-    dst.mkdir(parents=True)
-    shutil.copy(src / "config.json", dst / "config.json")
-    state = dict(load_state(src))
-    edit(state)
-    save_file(state, str(dst / "model.safetensors"))
-    return dst
-
-
-def one_line(excinfo):
-    msg = str(excinfo.value)
-    assert msg and "\n" not in msg, msg
-    return msg
 
 
 def transformer_modules(config):

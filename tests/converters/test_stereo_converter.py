@@ -3,12 +3,10 @@
 config.json and the raw safetensors, not through the converter's own helpers (codecs.md §1.5,
 §1.8, §3, §4)."""
 
-import shutil
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from converters.codec import convert
 from fixtures.compare import assert_close, assert_differs
@@ -17,6 +15,7 @@ from fixtures.make_codec import (load_config, load_state, make_tiny_nano_checkpo
 from moss_tts.codec import Codec
 from moss_tts.errors import ModelFileError
 from moss_tts.ggml import GGMLType, GGUFFile, Weights
+from tests.converters.helpers import edited_checkpoint, one_line
 
 MAKERS = {"nano": make_tiny_nano_checkpoint, "v2": make_tiny_v2_checkpoint}
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
@@ -52,27 +51,11 @@ def stereo(request, tmp_path_factory):
                            state=load_state(ckpt), config=load_config(ckpt))
 
 
-def edited_checkpoint(src, dst, edit):
-    """A single-file copy of checkpoint `src` whose state dict went through `edit(state)`."""
-    dst.mkdir(parents=True)
-    shutil.copy(src / "config.json", dst / "config.json")
-    state = dict(load_state(src))
-    edit(state)
-    save_file(state, str(dst / "model.safetensors"))
-    return dst
-
-
 def to_legacy_names(state):
     for name in list(state):
         for new, old in LEGACY_NAMES.items():
             if name.endswith(new):
                 state[name[: -len(new)] + old] = state.pop(name)
-
-
-def one_line(excinfo):
-    msg = str(excinfo.value)
-    assert msg and "\n" not in msg, msg
-    return msg
 
 
 def transformer_modules(config):
