@@ -145,9 +145,13 @@ def gelu_tanh(x: Tensor, *, table: bool = False) -> Tensor:
     """
     if table:
         return _unary("gelu", _lib.get().ggml_gelu, x)
+    # 0.5·(1 + tanh u) = σ(2u), so gelu_new(x) = x·σ(2u) with u = c·x·p, p = 1 + 0.044715·x²;
+    # and x·σ(2u) = silu(2u) / (2c·p): ggml's vectorized silu instead of a scalar tanhf per
+    # element (21 % of a 100-row Nano prefill). p ≥ 1, so the division is always safe.
     c = _SQRT_2_OVER_PI
-    inner = mul(scale_bias(sqr(x), c * 0.044715, c), x)   # c·(x + 0.044715·x³)
-    return mul(scale_bias(tanh(inner), 0.5, 0.5), x)      # 0.5·(1 + tanh)·x
+    p = scale_bias(sqr(x), 0.044715, 1.0)                  # 1 + 0.044715·x²
+    z = mul(scale(p, 2.0 * c), x)                          # 2u
+    return div(silu(z), scale(p, 2.0 * c))
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
