@@ -159,7 +159,13 @@ class NanoTTS(NativeResource):
                options: SamplingOptions = SamplingOptions(), seed: int | None = None,
                max_frames: int = MAX_FRAMES, normalize: bool = True,
                max_text_tokens: int = 75) -> Iterator[np.ndarray]:
-        """Audio chunks [m, 2] as frames are generated; the pauses between text chunks too."""
+        """Audio chunks [m, 2] as frames are generated; the pauses between text chunks too.
+
+        Each text chunk is its own utterance with a fresh repetition history (as upstream);
+        with a seed, chunk i samples from `seed + i`, so a request is reproducible. With a
+        continuation prompt, the codec stream first decodes the prompt (discarded), so the
+        output continues it seamlessly.
+        """
         codec = self._need_codec()
         plan = self.plan(text, reference=reference, prompt_text=prompt_text, prompt=prompt,
                          normalize=normalize, max_text_tokens=max_text_tokens)
