@@ -326,6 +326,35 @@ def _add_tts_nano(sub) -> None:
     p.set_defaults(func=_tts_nano)
 
 
+def _serve(args) -> int:
+    import uvicorn
+
+    from .hub import resolve_gguf
+    from .models.nano_tts import NanoTTS
+    from .server import create_app
+
+    tts = NanoTTS.load(resolve_gguf(args.model, "nano"), codec=resolve_gguf(args.codec, "codec"),
+                       backend=args.backend, threads=args.threads)
+    app = create_app(tts, queue_depth=args.queue)
+    _say(args, f"serving MOSS-TTS-Nano on http://{args.host}:{args.port} (POST /v1/audio/speech)")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _add_serve(sub) -> None:
+    from .hub import DEFAULT_NANO, DEFAULT_NANO_CODEC
+
+    p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)")
+    p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF or Hugging Face repo id")
+    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--queue", type=int, default=4,
+                   help="requests that may wait behind the running one; more get 503")
+    _add_runtime_flags(p)
+    p.set_defaults(func=_serve)
+
+
 def _voice(args) -> int:
     from .voices import add_voice, list_voices, remove_voice
 
@@ -397,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_codec_commands(sub)
     _add_tts_nano(sub)
     _add_voice_commands(sub)
+    _add_serve(sub)
     return p
 
 
