@@ -155,3 +155,52 @@ def test_overload_answers_503_with_retry_after(tmp_path):
         assert call(s.url, "/v1/audio/speech", {"input": "c"})[0] == 200  # free again
     finally:
         s.stop()
+
+
+def test_concurrent_clients_each_get_their_own_audio(server):
+    results = {}
+
+    def ask(seed):
+        results[seed] = call(server.url, "/v1/audio/speech", SPEECH | {"seed": seed,
+                                                                       "response_format": "pcm"})
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in (1, 2, 3, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(st == 200 for st, _, _ in results.values())
+    alone = {seed: call(server.url, "/v1/audio/speech", SPEECH | {"seed": seed,
+                                                                 "response_format": "pcm"})[2]
+             for seed in (1, 2, 3)}
+    # serialized synthesis leaks no state between requests: each equals its solo run
+    assert all(results[seed][2] == alone[seed] for seed in (1, 2, 3))
+    assert alone[1] != alone[2]
+
+
+def test_client_disconnect_stops_its_generation(tmp_path):
+    produced, stopped = [], threading.Event()
+
+    class EndlessTTS:  # stands in for generation speed only; streaming and cancel are real
+        sample_rate = SR
+
+        def stream(self, text, **kwargs):
+            try:
+                for i in range(10_000):
+                    produced.append(i)
+                    time.sleep(0.01)
+                    yield np.zeros((32, 2), np.float32)
+            finally:
+                stopped.set()
+
+    s = Served(create_app(EndlessTTS(), voices_root=tmp_path))
+    try:
+        req = urllib.request.Request(s.url + "/v1/audio/speech", method="POST",
+                                     data=json.dumps({"input": "x", "stream_format": "audio"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        r = urllib.request.urlopen(req, timeout=30)
+        r.read(512)
+        r.close()  # the client goes away mid-stream
+        assert stopped.wait(10), "generation kept running after the client left"
+        assert len(produced) < 10_000
+    finally:
+        s.stop()
