@@ -4,7 +4,8 @@ Starlette + uvicorn: a small ASGI core with streaming responses and no framework
 uvicorn is the de-facto server for it. One model serializes synthesis (ggml graphs and caches
 are per instance) behind a bounded queue; a full queue answers 503 with Retry-After.
 
-Endpoints: POST /v1/audio/speech, GET /v1/models, GET/POST/DELETE /v1/audio/voices, GET /health.
+Endpoints: POST /v1/audio/speech, GET /v1/models, GET/POST/DELETE /v1/audio/voices, GET /health,
+and a browser page at / (moss_tts/web_page.py).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                voices_root=None):
     """The ASGI app over a loaded NanoTTS (or anything with its synthesize/stream API)."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     from .models.nano_tts import Reference
@@ -190,6 +191,10 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                 except asyncio.QueueEmpty:
                     await asyncio.sleep(0.01)
 
+    async def page(request):
+        from .web_page import PAGE
+        return HTMLResponse(PAGE)
+
     async def models(request):
         return JSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "owned_by": "moss-tts"}]})
@@ -224,6 +229,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         return JSONResponse({"name": body["name"], "frames": int(ref.codes.shape[0])}, status_code=201)
 
     return Starlette(routes=[
+        Route("/", page, methods=["GET"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/audio/voices", voices, methods=["GET", "POST"]),

@@ -25,7 +25,7 @@ def _paths(name: str, root: Path | None) -> tuple[Path, Path]:
     if not NAME.match(name or "") or name.endswith((".npy", ".json")):
         raise InputError(f"voice name {name!r} must be 1-64 letters, digits, '_', '-' or '.', "
                          "starting with a letter or digit")
-    root = root or voices_dir()
+    root = Path(root) if root else voices_dir()
     return root / f"{name}.npy", root / f"{name}.json"
 
 
@@ -57,7 +57,7 @@ def load_voice(name: str, *, root: Path | None = None) -> tuple[np.ndarray, dict
 
 
 def list_voices(root: Path | None = None) -> list[dict]:
-    root = root or voices_dir()
+    root = Path(root) if root else voices_dir()
     out = []
     for p in sorted(root.glob("*.npy")) if root.is_dir() else []:
         info_path = p.with_suffix(".json")
