@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 
+from .audio import resample, time_stretch, to_channels
 from .errors import InputError, MossTTSError
 from .sampling import SamplingOptions
 
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 MAX_INPUT_CHARS = 4096
 MAX_UPLOAD_BYTES = 10 * 2**20
 FORMATS = {"wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/L16"}
+OPENAI_PCM_RATE = 24000
 
 
 class SynthesisQueue:
@@ -90,11 +92,17 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         fmt = body.get("response_format", "wav")
         if fmt not in FORMATS:
             raise InputError(f"response_format {fmt!r} is not supported (use wav, flac or pcm)")
-        if float(body.get("speed", 1.0)) != 1.0:
-            raise InputError("speed other than 1.0 is not supported yet")
+        speed = float(body.get("speed", 1.0))
+        if not 0.25 <= speed <= 4.0:
+            raise InputError(f"speed must be between 0.25 and 4.0, got {speed}")
         stream_format = body.get("stream_format")
         if stream_format not in (None, "sse", "audio"):
             raise InputError("stream_format must be 'sse' or 'audio'")
+        if stream_format is not None and speed != 1.0:
+            raise InputError("speed is applied after synthesis: it cannot be streamed")
+        openai_pcm = body.get("pcm_layout") == "openai"  # 24 kHz mono s16le, for strict clients
+        if openai_pcm and (fmt != "pcm" or stream_format is not None):
+            raise InputError("pcm_layout 'openai' goes with response_format 'pcm', not streamed")
         options = SamplingOptions(
             audio_temperature=float(body.get("temperature", 0.8)),
             audio_top_k=body.get("top_k", 25), audio_top_p=float(body.get("top_p", 0.95)),
@@ -115,14 +123,14 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
             reference = Reference(codes[:, : tts.config.n_vq])
         kwargs = dict(reference=reference, options=options, seed=body.get("seed"),
                       max_frames=int(body.get("max_new_frames", 1000)))
-        return text, fmt, stream_format, kwargs
+        return text, fmt, stream_format, kwargs, speed, openai_pcm
 
     async def speech(request):
         try:
             body = await request.json()
             if not isinstance(body, dict):
                 raise InputError("the body must be a JSON object")
-            text, fmt, stream_format, kwargs = parse_request(body)
+            text, fmt, stream_format, kwargs, speed, openai_pcm = parse_request(body)
         except OverflowError as e:
             return error(413, str(e))
         except (MossTTSError, ValueError, TypeError) as e:
@@ -140,7 +148,13 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                 return error(400, str(e))
             finally:
                 queue.leave()
-            return Response(encode_audio(audio, sr, fmt), media_type=FORMATS[fmt], headers=headers)
+            # post-hoc, pitch-preserving tempo change, then the OpenAI pcm layout if asked for
+            audio = time_stretch(audio, speed, sr)
+            rate = sr
+            if openai_pcm:
+                audio, rate = resample(to_channels(audio, 1), sr, OPENAI_PCM_RATE), OPENAI_PCM_RATE
+                headers = {"X-Audio-Sample-Rate": str(rate), "X-Audio-Channels": "1"}
+            return Response(encode_audio(audio, rate, fmt), media_type=FORMATS[fmt], headers=headers)
         return StreamingResponse(stream_chunks(text, kwargs, stream_format), headers=headers,
                                  media_type="text/event-stream" if stream_format == "sse"
                                  else "audio/L16")

@@ -204,3 +204,17 @@ def test_client_disconnect_stops_its_generation(tmp_path):
         assert len(produced) < 10_000
     finally:
         s.stop()
+
+
+def test_speed_changes_duration_and_openai_pcm_is_24k_mono(server):
+    base = call(server.url, "/v1/audio/speech", SPEECH)[2]
+    n = sf.info(io.BytesIO(base)).frames
+    fast = call(server.url, "/v1/audio/speech", SPEECH | {"speed": 2.0})
+    assert fast[0] == 200
+    assert abs(sf.info(io.BytesIO(fast[2])).frames - n / 2) <= 64
+    st, h, pcm = call(server.url, "/v1/audio/speech",
+                      SPEECH | {"response_format": "pcm", "pcm_layout": "openai"})
+    assert st == 200 and h["x-audio-sample-rate"] == "24000" and h["x-audio-channels"] == "1"
+    assert abs(len(pcm) // 2 - n * 24000 // SR) <= 2
+    assert call(server.url, "/v1/audio/speech", SPEECH | {"speed": 9})[0] == 400
+    assert call(server.url, "/v1/audio/speech", SPEECH | {"speed": 2, "stream_format": "sse"})[0] == 400
