@@ -153,6 +153,7 @@ class Graph(NativeResource):
         self.backend = get_backend(backend)
         self.lib = self.backend.lib
         self.name = name
+        self._owns_allocator = allocator is None  # a shared allocator belongs to its creator
         self.allocator = allocator or Allocator(self.backend)
         # metadata contexts: (ggml_context*, view of its Python-owned memory, base address, memory)
         self._ctxs: list = []
@@ -373,6 +374,10 @@ class Graph(NativeResource):
             self.lib.ggml_free(self._graph_ctx)
             self._graph_ctx = None
         self.cgraph = None
+        # the graph <-> allocator reference cycle kept an own allocator's compute buffer
+        # alive past close (25 KB per short-lived graph in bench/serve_soak.py): free it here
+        if getattr(self, "_owns_allocator", False):
+            self.allocator.close()
 
 
 def _squeeze(shape: tuple) -> tuple:
