@@ -6,7 +6,6 @@ handling, resampling, streaming and chunk-size independence (codecs.md §1.8, §
 The tiny codecs run at 1600 Hz per channel, 32 samples per channel per code frame (50 Hz); the
 towers see one interleaved L0 R0 L1 R1 … stream at 3200 Hz."""
 
-import itertools
 from types import SimpleNamespace
 
 import math
@@ -26,6 +25,7 @@ from moss_tts.errors import InputError
 
 from .conftest import CLIP_SECONDS, THREADS, make_clip, run_isolated
 from .test_codec import NEAR_TIE, assert_codes_match
+from .test_streaming import irregular, push_all
 
 MAKERS = {"nano": make_tiny_nano_checkpoint, "v2": make_tiny_v2_checkpoint}
 N_FRAMES = 150  # CLIP_SECONDS (3 s) at 50 Hz: past the window of every stage of both towers
@@ -252,27 +252,6 @@ def test_chunk_seconds_does_not_change_stereo_results(stereo, stereo_clip, codes
 
 
 # -- streaming (each check in a fresh interpreter, as tests/codec/test_streaming.py) ------------
-
-
-def irregular(sizes, total=N_FRAMES):
-    """Chunk lengths cycling through "1,3,7", the last cut to fit `total`."""
-    out, done = [], 0
-    for n in itertools.cycle(int(s) for s in sizes.split(",")):
-        n = min(n, total - done)
-        out.append(n)
-        done += n
-        if done == total:
-            return out
-
-
-def push_all(decoder, codes, sizes):
-    parts, start = [], 0
-    for n in sizes:
-        part = decoder.push(codes[:, start:start + n])
-        assert part.shape == (n * decoder.codec.downsample_rate, 2), (n, part.shape)
-        parts.append(part)
-        start += n
-    return np.concatenate(parts)
 
 
 def check_stereo_streaming_matches_offline(gguf, sizes):

@@ -46,7 +46,8 @@ def push_all(decoder, codes, sizes):
     parts, start = [], 0
     for n in sizes:
         part = decoder.push(codes[:, start:start + n])
-        assert part.shape == (n * decoder.codec.downsample_rate, 1), (n, part.shape)
+        assert part.shape == (n * decoder.codec.downsample_rate, decoder.codec.channels), \
+            (n, part.shape)
         parts.append(part)
         start += n
     return np.concatenate(parts)
