@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import median_ms, random_model, table  # noqa: E402
-from moss_tts.ggml import Backend, F16, F32, Graph, I32, Weights  # noqa: E402
+from moss_tts.ggml import Backend, Graph, Weights  # noqa: E402
 from moss_tts.models import gpt2  # noqa: E402
 from moss_tts.nn import KVCache  # noqa: E402
 
@@ -32,23 +32,12 @@ def model_shapes() -> dict[str, tuple]:
 
 
 def build_step(g: Graph, w: Weights, cache: KVCache, n_rows: int, n_slots: int, flash: bool):
-    x = g.input("x", (n_rows, CFG.n_embd))
-    pos = g.input("pos", (n_rows,), I32)
-    slots = g.input("slots", (n_rows,), I32)
-    mask = g.input("mask", (n_rows, n_slots), F16 if flash else F32)
-    layers = [gpt2.GPT2Layer.from_tensors(w, f"h.{i}.") for i in range(CFG.n_layer)]
-    h = gpt2.forward(x, layers, (w["ln_f.weight"], w["ln_f.bias"]), CFG, positions=pos,
-                     cache=cache, slots=slots, mask=mask, n_slots=n_slots, flash=flash)
-    g.output(h, "hidden", ndim=2)
-    g.build()
+    gpt2.build_cached_graph(g, w, CFG, cache, n_rows, n_slots, flash=flash)
 
 
 def step_inputs(cache: KVCache, rng, positions, n_slots, flash):
-    slots = cache.reserve(positions)
-    return {"x": rng.standard_normal((len(positions), CFG.n_embd)).astype(np.float32),
-            "pos": np.asarray(positions, np.int32), "slots": slots,
-            "mask": cache.mask(positions, n_slots=n_slots,
-                               dtype=np.float16 if flash else np.float32)}
+    x = rng.standard_normal((len(positions), CFG.n_embd)).astype(np.float32)
+    return gpt2.cached_feed(cache, x, positions, n_slots, flash=flash)
 
 
 def run_mode(w, backend, *, reuse: bool, past: int, steps: int, flash: bool):

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 
 from ..errors import ConfigError
-from ..ggml import ops
-from ..ggml.graph import Tensor
+import numpy as np
+
+from ..ggml import F16, F32, I32, ops
+from ..ggml.graph import Graph, Tensor
 from ..nn import KVCache, cached_self_attention, layer_norm, linear, mlp
 
 # Tensor names below a layer prefix `<prefix>.h.<i>.`, upstream spelling (design §4).
@@ -133,3 +135,26 @@ def forward(x: Tensor, layers: list[GPT2Layer], ln_f: tuple[Tensor, Tensor], cfg
                   slots=slots, mask=mask, n_slots=n_slots, flash=flash)
     x = layer_norm(x, ln_f[0], ln_f[1], eps=cfg.layer_norm_epsilon)
     return ops.name(x, f"{stage}.hidden")
+
+
+def build_cached_graph(g: Graph, weights, cfg: GPT2Config, cache: KVCache, n_rows: int,
+                       n_slots: int, *, flash: bool = True) -> Graph:
+    """The backbone on its own as a graph: inputs "x" (n_rows, D) embedded rows, "pos", "slots",
+    "mask" (see `cached_feed`); output "hidden" (n_rows, D). Tensor names `h.<i>.*`, `ln_f.*`."""
+    x = g.input("x", (n_rows, cfg.n_embd))
+    pos = g.input("pos", (n_rows,), I32)
+    slots = g.input("slots", (n_rows,), I32)
+    mask = g.input("mask", (n_rows, n_slots), F16 if flash else F32)
+    layers = [GPT2Layer.from_tensors(weights, f"h.{i}.") for i in range(cfg.n_layer)]
+    h = forward(x, layers, (weights["ln_f.weight"], weights["ln_f.bias"]), cfg, positions=pos,
+                cache=cache, slots=slots, mask=mask, n_slots=n_slots, flash=flash)
+    g.output(h, "hidden", ndim=2)
+    return g.build()
+
+
+def cached_feed(cache: KVCache, x: np.ndarray, positions, n_slots: int, *,
+                flash: bool = True) -> dict[str, np.ndarray]:
+    """Host inputs of `build_cached_graph` for rows x at `positions` (reserves their slots)."""
+    return {"x": x, "pos": np.asarray(positions, np.int32), "slots": cache.reserve(positions),
+            "mask": cache.mask(positions, n_slots=n_slots,
+                               dtype=np.float16 if flash else np.float32)}

@@ -9,7 +9,7 @@ from fixtures.compare import assert_close, assert_differs
 from fixtures.reference import ops as ref_ops
 from fixtures.reference.transformer import gpt2_block
 from moss_tts.errors import ConfigError, ModelFileError
-from moss_tts.ggml import F16, F32, GGUFFile, Graph, I32, Weights
+from moss_tts.ggml import GGUFFile, Graph, Weights
 from moss_tts.models import gpt2
 from moss_tts.nn import KVCache
 
@@ -42,23 +42,11 @@ def reference(tensors, x, pos):
 
 
 def build(w, cache, n_rows, n_slots, *, flash):
-    g = Graph(name="gpt2")
-    x = g.input("x", (n_rows, CFG.n_embd))
-    pos = g.input("pos", (n_rows,), I32)
-    slots = g.input("slots", (n_rows,), I32)
-    mask = g.input("mask", (n_rows, n_slots), F16 if flash else F32)
-    layers = [gpt2.GPT2Layer.from_tensors(w, f"h.{i}.") for i in range(CFG.n_layer)]
-    h = gpt2.forward(x, layers, (w["ln_f.weight"], w["ln_f.bias"]), CFG, positions=pos,
-                     cache=cache, slots=slots, mask=mask, n_slots=n_slots, flash=flash)
-    g.output(h, "hidden", ndim=2)
-    return g
+    return gpt2.build_cached_graph(Graph(name="gpt2"), w, CFG, cache, n_rows, n_slots, flash=flash)
 
 
 def feed(cache, x, positions, n_slots, flash):
-    slots = cache.reserve(positions)
-    return {"x": x, "pos": np.asarray(positions, np.int32), "slots": slots,
-            "mask": cache.mask(positions, n_slots=n_slots,
-                               dtype=np.float16 if flash else np.float32)}
+    return gpt2.cached_feed(cache, x, positions, n_slots, flash=flash)
 
 
 def test_config_reads_back_from_gguf_metadata(model):
@@ -98,7 +86,7 @@ def test_reused_decode_graph_matches_full_recompute(model, rng, flash):
     with Weights.load(path) as w, KVCache(CFG.n_layer, CFG.n_head, CFG.head_dim, capacity) as cache:
         build(w, cache, PROMPT, PROMPT, flash=flash).run(
             feed(cache, x[:PROMPT], np.arange(PROMPT), PROMPT, flash))
-        step = build(w, cache, 1, capacity, flash=flash).build()  # built once, replayed
+        step = build(w, cache, 1, capacity, flash=flash)  # built once, replayed
         nodes = step.n_nodes
         for p in range(PROMPT, capacity):
             got = step.run(feed(cache, x[p:p + 1], [p], capacity, flash))["hidden"]
