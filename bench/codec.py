@@ -621,6 +621,18 @@ RETRY_FOREIGN = 0.10   # re-measure when other processes took more than this sha
 RETRIES, RETRY_WAIT_S = 3, 15
 
 
+def run_worker(cmd: list[str], line: str, say) -> dict:
+    """One measuring subprocess: its last stdout line is its JSON result (+ wall_s)."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        say(f"FAILED ({p.returncode}): {line}\n{p.stderr[-3000:]}")
+        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
 class Driver:
     def __init__(self, args):
         self.args = args
@@ -662,14 +674,7 @@ class Driver:
         line = " ".join(shlex.quote(c) for c in cmd)
         if record:
             self.commands.append(line)
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-        if p.returncode != 0:
-            self.say(f"FAILED ({p.returncode}): {line}\n{p.stderr[-3000:]}")
-            return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
-        out = json.loads(p.stdout.strip().splitlines()[-1])
-        out["wall_s"] = time.perf_counter() - t0
-        return out
+        return run_worker(cmd, line, self.say)
 
 
 def _f(x, fmt="{:.2f}"):

@@ -34,7 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.codec import Contention, _median, _summary, _tensor, _timed_runs, peak_rss_gb
+from bench.codec import (Contention, _median, _summary, _tensor, _timed_runs, peak_rss_gb,
+                         run_worker)
 from bench.common import table
 
 WORK = ROOT / "bench" / "results" / "codec48k"
@@ -619,14 +620,7 @@ class Driver:
         return out
 
     def _run(self, cmd, line) -> dict:
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-        if p.returncode != 0:
-            self.say(f"FAILED ({p.returncode}): {line}\n{p.stderr[-3000:]}")
-            return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
-        out = json.loads(p.stdout.strip().splitlines()[-1])
-        out["wall_s"] = time.perf_counter() - t0
-        return out
+        return run_worker(cmd, line, self.say)
 
 
 def _f(x, fmt="{:.2f}"):
