@@ -43,10 +43,11 @@ def default_chunk_seconds(cfg: CodecConfig) -> float:
 class _TowerRunner:
     """One tower's caches, and its graphs by (frames, codebooks): built once, replayed."""
 
-    def __init__(self, codec: "Codec", tower: str, chunk_frames: int, *, narrow_prefix=True):
+    def __init__(self, codec: "Codec", tower: str, chunk_frames: int, *, narrow_prefix=True,
+                 v_trans=False):
         self.codec, self.tower, self.chunk = codec, tower, chunk_frames
         self.state = TowerState(codec.config, tower, chunk_frames, codec.backend,
-                                narrow_prefix=narrow_prefix)
+                                narrow_prefix=narrow_prefix, v_trans=v_trans)
         self.allocator = Allocator(codec.backend)
         self.graphs: dict[tuple, Graph] = {}
 
@@ -240,8 +241,11 @@ class StreamDecoder(NativeResource):
         if max_push_frames < 1:
             raise InputError(f"max_push_frames must be at least 1, got {max_push_frames}")
         self.codec, self.n_q = codec, n_q
-        # caches sized for small pushes, attended over in full: one graph per push size
-        self._runner = _TowerRunner(codec, "decoder", max_push_frames, narrow_prefix=False)
+        # caches sized for small pushes, attended over in full: one graph per push size. A push
+        # has few query rows against long windows, where the softmax path over a transposed V
+        # cache beats ggml's CPU flash attention (untiled below 64 rows) several times over
+        self._runner = _TowerRunner(codec, "decoder", max_push_frames, narrow_prefix=False,
+                                    v_trans=True)
         self.frames = 0
 
     def push(self, codes) -> np.ndarray:

@@ -102,7 +102,7 @@ class TowerState:
     `context + chunk − 1` slots (exact for any chunk up to `chunk` positions) and its position."""
 
     def __init__(self, cfg: CodecConfig, tower: str, max_frames: int, backend, *,
-                 narrow_prefix: bool = True):
+                 narrow_prefix: bool = True, v_trans: bool = False):
         self.cfg = cfg
         self.narrow_prefix = narrow_prefix
         self.tower = tower
@@ -113,7 +113,8 @@ class TowerState:
         for i, s in enumerate(self.stages):
             if s.kind == TRANSFORMER:
                 capacity = _round_up(s.context + max_frames * self.per_frame[i] - 1, SLOT_ALIGN)
-                self.caches[i] = KVCache(s.n_layers, s.n_heads, s.head_dim, capacity, backend=backend)
+                self.caches[i] = KVCache(s.n_layers, s.n_heads, s.head_dim, capacity,
+                                         backend=backend, v_trans=v_trans)
         self.position = {i: 0 for i in self.caches}
         self.frames = 0
 

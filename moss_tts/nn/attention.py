@@ -55,26 +55,32 @@ def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float,
-              flash: bool = False) -> Tensor:
+              flash: bool = False, v_transposed: bool = False) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v per head → [Dh·Hq, Tq].
 
-    q [Dh, Hq, Tq], k and v [Dh, Hkv, Tk] (views of a cache are fine), Hq a multiple of Hkv:
-    query head h reads kv head h // (Hq/Hkv). mask: additive [Tk, Tq] — F32 for the softmax
-    path, F16 for `flash` (ggml_flash_attn_ext; K/V may be F16 there).
+    q [Dh, Hq, Tq], k [Dh, Hkv, Tk] and v [Dh, Hkv, Tk] — or, `v_transposed`, v [Tk, Dh, Hkv]
+    (a transposed cache, softmax path only) — views of a cache are fine; Hq a multiple of Hkv:
+    query head h reads kv head h // (Hq/Hkv). mask: additive [Tk, Tq] — F32 or F16 for the
+    softmax path, F16 for `flash` (ggml_flash_attn_ext; K/V may be F16 there).
     """
     dh, hq, tq = q.ne[0], q.ne[1], q.ne[2]
-    if k.ne[:3] != v.ne[:3] or k.ne[0] != dh or hq % k.ne[1]:
+    v_ne = (v.ne[1], v.ne[2], v.ne[0]) if v_transposed else v.ne[:3]
+    if k.ne[:3] != v_ne or k.ne[0] != dh or hq % k.ne[1] or (flash and v_transposed):
         raise ShapeError(f"attention: q {list(q.ne)}, k {list(k.ne)}, v {list(v.ne)} do not fit "
-                         "(need equal head dims, k == v, Hq a multiple of Hkv)")
+                         "(need equal head dims, k == v, Hq a multiple of Hkv; flash attention "
+                         "needs v untransposed)")
     qp = ops.permute(q, 0, 2, 1)                      # [Dh, Tq, Hq]
     kp = ops.permute(k, 0, 2, 1)                      # [Dh, Tk, Hkv]
-    vp = ops.permute(v, 0, 2, 1)                      # [Dh, Tk, Hkv]
     if flash:
+        vp = ops.permute(v, 0, 2, 1)                  # [Dh, Tk, Hkv]
         out = ops.flash_attn(qp, kp, vp, mask, scale)  # [Dh, Hq, Tq] (ggml returns heads first)
         return ops.reshape(out, dh * hq, tq)
-    kq = ops.mul_mat(kp, qp)                          # [Tk, Tq, Hq]: scores, GQA by broadcast
+    # q made contiguous (a few KB) so both products take ggml's GEMM path, not per-row dots
+    kq = ops.mul_mat(kp, ops.cont(qp))                # [Tk, Tq, Hq]: scores, GQA by broadcast
     kq = ops.softmax(kq, mask, scale)
-    vt = ops.cont(ops.permute(v, 1, 2, 0))            # [Tk, Dh, Hkv]
+    # the product contracts over keys, so V must have keys fastest: a transposed cache is read
+    # in place, an untransposed one is copied (a strided transpose — slow for long caches)
+    vt = v if v_transposed else ops.cont(ops.permute(v, 1, 2, 0))   # [Tk, Dh, Hkv]
     out = ops.mul_mat(vt, kq)                         # [Dh, Tq, Hq]
     out = ops.cont(ops.permute(out, 0, 2, 1))         # [Dh, Hq, Tq]
     return ops.reshape(out, dh * hq, tq)
@@ -87,7 +93,8 @@ def cached_self_attention(qkv: Tensor, cache: "KVCache", il: int, *, n_heads: in
 
     Heads are contiguous blocks of Dh inside each third (upstream view(T, 3, H, Dh)); RoPE
     rotates q and k at `positions`; K is cached after RoPE, at `slots`; `mask` [n_slots, T] is
-    the cache's own (F16 for the flash path). The softmax scale is 1/√Dh.
+    the cache's own (F16 for the flash path). The softmax scale is 1/√Dh. A cache with
+    transposed V (`KVCache(v_trans=True)`) always takes the softmax path.
     """
     d = qkv.ne[0] // 3
     dh = d // n_heads
@@ -99,7 +106,8 @@ def cached_self_attention(qkv: Tensor, cache: "KVCache", il: int, *, n_heads: in
     cache.store(il, k, v, slots)
     g = qkv.graph
     return attention(q, cache.keys(g, il, n_slots), cache.values(g, il, n_slots), mask,
-                     scale=dh ** -0.5, flash=flash)
+                     scale=dh ** -0.5, flash=flash and not cache.v_trans,
+                     v_transposed=cache.v_trans)
 
 
 class KVCache(NativeResource):
@@ -110,10 +118,16 @@ class KVCache(NativeResource):
     its rotation; the mask, built from the slot → position map, does the rest). Writes go
     through `ggml_set_rows` with the slot indices as a graph input, so a fixed-capacity decode
     graph can be built once and replayed.
+
+    `v_trans` stores V transposed (a row of `capacity` slots per channel, as llama.cpp does
+    without flash attention) so the softmax path multiplies by it in place. Worth it where
+    few query rows meet many keys (streaming codec pushes): ggml's CPU flash attention only
+    tiles from 64 query rows and below that runs one scalar exp and dot per key.
     """
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, *,
-                 backend: "Backend | str | None" = None, dtype: GGMLType = F32):
+                 backend: "Backend | str | None" = None, dtype: GGMLType = F32,
+                 v_trans: bool = False):
         if min(n_layer, n_kv_head, head_dim, capacity) < 1:
             raise ShapeError("KVCache: layers, heads, head_dim and capacity must be positive")
         if dtype not in (F32, F16):
@@ -121,17 +135,18 @@ class KVCache(NativeResource):
         self.backend = get_backend(backend)
         L = self.lib = self.backend.lib
         self.n_layer, self.n_kv_head, self.head_dim = n_layer, n_kv_head, head_dim
-        self.capacity, self.dtype = capacity, GGMLType(dtype)
+        self.capacity, self.dtype, self.v_trans = capacity, GGMLType(dtype), bool(v_trans)
         self._ctx = L.ggml_init(_lib.ggml_init_params(
             (2 * n_layer + 4) * L.ggml_tensor_overhead(), None, True))
         if not self._ctx:
             raise BackendError("KVCache: ggml_init failed")
         # one row of Dh·Hkv values per slot: set_rows writes rows, views split heads for reading
         ne = (ctypes.c_int64 * 2)(head_dim * n_kv_head, capacity)
+        ne_v = (ctypes.c_int64 * 2)(capacity, head_dim * n_kv_head) if v_trans else ne
         self._k, self._v = [], []
         for il in range(n_layer):
-            for store, what in ((self._k, "k"), (self._v, "v")):
-                p = L.ggml_new_tensor(self._ctx, int(self.dtype), 2, ne)
+            for store, what, shape in ((self._k, "k", ne), (self._v, "v", ne_v)):
+                p = L.ggml_new_tensor(self._ctx, int(self.dtype), 2, shape)
                 L.ggml_set_name(p, f"cache.{il}.{what}".encode())
                 store.append(Tensor.from_ptr(p, None, self))
         self.buffer = Buffer(L, L.ggml_backend_alloc_ctx_tensors(self._ctx, self.backend.ptr))
@@ -195,8 +210,17 @@ class KVCache(NativeResource):
     def store(self, il: int, k: Tensor, v: Tensor, slots: Tensor) -> None:
         """Write k, v of layer il into the slots given by I32 `slots` [T]. Each is [Dh, Hkv, T]
         (a strided view is fine while each row's heads are packed) or [Dh·Hkv, T]."""
-        for cache, new in ((self._k[il], k), (self._v[il], v)):
-            ops.set_rows(cache, self._rows(new, slots.ne[0]), slots)
+        n = slots.ne[0]
+        ops.set_rows(self._k[il], self._rows(k, n), slots)
+        v = self._rows(v, n)
+        if not self.v_trans:
+            ops.set_rows(self._v[il], v, slots)
+            return
+        # transposed: each channel is a row of slots, so write one-element rows,
+        # [1, capacity, C] ← [1, T, C], the slot indices broadcast over the channels
+        cache, width = self._v[il], v.ne[0]
+        dst = ops.view(cache, (1, self.capacity, width), (cache.nb[0], cache.nb[1]), graph=v.graph)
+        ops.set_rows(dst, ops.view(v, (1, n, width), (v.nb[1], type_size(v.type)[0])), slots)
 
     def _rows(self, t: Tensor, n: int) -> Tensor:
         """t as [Dh·Hkv, n] with contiguous rows, by a view where the strides allow it."""
@@ -217,12 +241,22 @@ class KVCache(NativeResource):
         return self._view(g, self._k[il], n_slots)
 
     def values(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
-        return self._view(g, self._v[il], n_slots)
+        """As keys(); with `v_trans` the view is [n_slots, Dh, Hkv] (slots fastest)."""
+        if not self.v_trans:
+            return self._view(g, self._v[il], n_slots)
+        n = self._n_slots(n_slots)
+        cache = self._v[il]
+        return ops.view(cache, (n, self.head_dim, self.n_kv_head),
+                        (cache.nb[1], self.head_dim * cache.nb[1]), graph=g)
 
-    def _view(self, g: Graph, cache: Tensor, n_slots: int | None) -> Tensor:
+    def _n_slots(self, n_slots: int | None) -> int:
         n = self.capacity if n_slots is None else n_slots
         if not 1 <= n <= self.capacity:
             raise ShapeError(f"KVCache: {n} slots requested of {self.capacity}")
+        return n
+
+    def _view(self, g: Graph, cache: Tensor, n_slots: int | None) -> Tensor:
+        n = self._n_slots(n_slots)
         dh_bytes = self.head_dim * type_size(cache.type)[0]
         return ops.view(cache, (self.head_dim, self.n_kv_head, n), (dh_bytes, cache.nb[1]),
                         graph=g)

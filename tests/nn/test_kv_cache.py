@@ -34,9 +34,13 @@ F16_ATOL = 5e-2
 # CPU kernels give each output element to one thread, so there is no reduction-order noise.
 REPEAT_ATOL = 0.0
 
-# (id, cache type, flash attention, tolerance)
-PATHS = [("f32_cache", F32, False, F32_ATOL), ("f32_cache_flash", F32, True, F32_ATOL),
-         ("f16_cache", F16, False, F16_ATOL), ("f16_cache_flash", F16, True, F16_ATOL)]
+# Attention paths: "softmax" (mul_mat + soft_max), "flash" (ggml_flash_attn_ext, F16 mask) and
+# "vtrans" (softmax over a cache that stores V transposed, KVCache(v_trans=True)).
+# (id, cache type, attention path, tolerance)
+PATHS = [("f32_cache", F32, "softmax", F32_ATOL), ("f32_cache_flash", F32, "flash", F32_ATOL),
+         ("f32_cache_vtrans", F32, "vtrans", F32_ATOL),
+         ("f16_cache", F16, "softmax", F16_ATOL), ("f16_cache_flash", F16, "flash", F16_ATOL),
+         ("f16_cache_vtrans", F16, "vtrans", F16_ATOL)]
 path_param = pytest.mark.parametrize("path", PATHS, ids=[p[0] for p in PATHS])
 
 GPT2_SHAPES = {
@@ -55,7 +59,7 @@ assert set(GPT2_SHAPES) == set(ref.GPT2_KEYS) and set(CODEC_SHAPES) == set(ref.C
 
 
 # --- the stacks under test, built from nn functions ---------------------------------------------
-def _cached_attention(qkv, *, g, cache, il, pos, slots, mask, n_slots, flash):
+def _cached_attention(qkv, *, g, cache, il, pos, slots, mask, n_slots, attn):
     """Fused qkv [3D, T] → [D, T]: split q|k|v, RoPE, write k, v into the cache, attend over it."""
     t = qkv.ne[1]
     # qkv[:, i·D:(i+1)·D] for q, k, v: column views of the fused projection
@@ -64,8 +68,11 @@ def _cached_attention(qkv, *, g, cache, il, pos, slots, mask, n_slots, flash):
     q = nn.rope(q, pos, mode="normal", base=ROPE_BASE)
     k = nn.rope(k, pos, mode="normal", base=ROPE_BASE)                      # cached after RoPE
     cache.store(il, k, v, slots)
-    keys, values = cache.keys(g, il, n_slots), cache.values(g, il, n_slots)  # [Dh, H, n_slots]
-    return nn.attention(q, keys, values, mask, scale=DH ** -0.5, flash=flash)  # [D, T]
+    # keys [Dh, H, n_slots]; values the same, or [n_slots, Dh, H] from a transposed cache
+    keys, values = cache.keys(g, il, n_slots), cache.values(g, il, n_slots)
+    assert cache.v_trans == (attn == "vtrans")
+    return nn.attention(q, keys, values, mask, scale=DH ** -0.5, flash=attn == "flash",
+                        v_transposed=cache.v_trans)                         # [D, T]
 
 
 def _gpt2_layer(x, w, attend):
@@ -91,7 +98,7 @@ def _codec_layer(x, w, attend):
 FAMILIES = {"gpt2": (GPT2_SHAPES, _gpt2_layer), "codec": (CODEC_SHAPES, _codec_layer)}
 
 
-def build_stack(cache, family, t, *, n_slots=None, flash=False):
+def build_stack(cache, family, t, *, n_slots=None, attn="softmax"):
     """Graph over t new rows. Inputs: x (T, D), pos and slots I32 (T,), mask (T, n_slots) (F16
     for flash), weights `backbone.<il>.<name>`. Output y (T, D). n_slots defaults to the whole
     cache, which gives a fixed-shape graph that can be replayed."""
@@ -99,18 +106,18 @@ def build_stack(cache, family, t, *, n_slots=None, flash=False):
     g = Graph(name=f"{family}_stack")
     x = g.input("x", (t, D))                                                  # [D, T]
     pos, slots = g.input("pos", (t,), I32), g.input("slots", (t,), I32)
-    mask = g.input("mask", (t, n), F16 if flash else F32)                    # [n, T] additive
+    mask = g.input("mask", (t, n), F16 if attn == "flash" else F32)         # [n, T] additive
     shapes, layer = FAMILIES[family]
     for il in range(N_LAYER):
         w = {name: g.input(f"backbone.{il}.{name}", shape) for name, shape in shapes.items()}
         attend = functools.partial(_cached_attention, g=g, cache=cache, il=il, pos=pos,
-                                   slots=slots, mask=mask, n_slots=n, flash=flash)
+                                   slots=slots, mask=mask, n_slots=n, attn=attn)
         x = ops.name(layer(x, w, attend), f"backbone.{il}.out")
     g.output(x, "y", ndim=2)
     return g
 
 
-def run_rows(cache, family, weights, x, positions, *, flash=False, ring=False, window=None,
+def run_rows(cache, family, weights, x, positions, *, attn="softmax", ring=False, window=None,
              exact_prefix=False, graph=None, hide_key=None):
     """Host side of one step: reserve slots, build the mask, build (or replay `graph`), run.
 
@@ -119,10 +126,10 @@ def run_rows(cache, family, weights, x, positions, *, flash=False, ring=False, w
     slots = cache.reserve(positions, ring=ring)
     n = cache.n_filled if exact_prefix else None
     mask = cache.mask(positions, window=window, n_slots=n,
-                      dtype=np.float16 if flash else np.float32)
+                      dtype=np.float16 if attn == "flash" else np.float32)
     if hide_key is not None:
         mask[:, hide_key] = -np.inf
-    g = graph or build_stack(cache, family, len(positions), n_slots=n, flash=flash)
+    g = graph or build_stack(cache, family, len(positions), n_slots=n, attn=attn)
     feed = {"x": x, "pos": positions, "slots": slots, "mask": mask}
     for il, w in enumerate(weights):
         feed |= {f"backbone.{il}.{name}": a for name, a in w.items()}
@@ -169,8 +176,8 @@ def random_rows(rng, t):
 def make_cache():
     made = []
 
-    def make(capacity=CAPACITY, dtype=F32):
-        cache = nn.KVCache(N_LAYER, N_HEAD, DH, capacity, dtype=dtype)
+    def make(capacity=CAPACITY, dtype=F32, attn="softmax"):
+        cache = nn.KVCache(N_LAYER, N_HEAD, DH, capacity, dtype=dtype, v_trans=attn == "vtrans")
         made.append(cache)
         return cache
 
@@ -182,13 +189,13 @@ def make_cache():
 # --- (a) prefill + decode, and the three sensitivity guards --------------------------------------
 @path_param
 def test_cached_decode_matches_full_recompute(rng, make_cache, path):
-    _, dtype, flash, atol = path
+    _, dtype, attn, atol = path
     n = 9
     weights, x = random_weights(rng, "gpt2"), random_rows(rng, n + 1)
     full = reference_stack("gpt2", x, np.arange(n + 1), weights)
-    cache = make_cache(dtype=dtype)
-    prefill = run_rows(cache, "gpt2", weights, x[:n], np.arange(n), flash=flash)
-    decode = run_rows(cache, "gpt2", weights, x[n:], [n], flash=flash)
+    cache = make_cache(dtype=dtype, attn=attn)
+    prefill = run_rows(cache, "gpt2", weights, x[:n], np.arange(n), attn=attn)
+    decode = run_rows(cache, "gpt2", weights, x[n:], [n], attn=attn)
     assert_close(prefill, full[:n], atol=atol, what="prefill rows")
     assert_close(decode, full[n:], atol=atol, what="decode row vs full recompute, last row")
 
@@ -196,16 +203,16 @@ def test_cached_decode_matches_full_recompute(rng, make_cache, path):
 @path_param
 def test_cached_decode_guards_wrong_position_prefix_and_mask(rng, make_cache, path):
     """Each deliberately wrong input must move the decode row past the tolerance."""
-    _, dtype, flash, atol = path
+    _, dtype, attn, atol = path
     n = 9
     weights, x = random_weights(rng, "gpt2"), random_rows(rng, n + 1)
     want = reference_stack("gpt2", x, np.arange(n + 1), weights)[n:]
-    cache = make_cache(dtype=dtype)
+    cache = make_cache(dtype=dtype, attn=attn)
 
     def decode(prompt, pos, hide_key=None):
         cache.reset()
-        run_rows(cache, "gpt2", weights, prompt, np.arange(len(prompt)), flash=flash)
-        return run_rows(cache, "gpt2", weights, x[n:], [pos], flash=flash, hide_key=hide_key)
+        run_rows(cache, "gpt2", weights, prompt, np.arange(len(prompt)), attn=attn)
+        return run_rows(cache, "gpt2", weights, x[n:], [pos], attn=attn, hide_key=hide_key)
 
     assert_close(decode(x[:n], n), want, atol=atol, what="decode (control)")
     assert_differs(decode(x[:n], n + 1), want, atol=atol, what="decode row at position n+1")
@@ -216,15 +223,15 @@ def test_cached_decode_guards_wrong_position_prefix_and_mask(rng, make_cache, pa
 # --- (b) chunked prefill ---------------------------------------------------------------------------
 @path_param
 def test_chunked_prefill_matches_one_shot_prefill(rng, make_cache, path):
-    _, dtype, flash, atol = path
+    _, dtype, attn, atol = path
     t, bounds = 12, [0, 5, 9, 12]                      # three chunks: 5, 4, 3 rows
     weights, x = random_weights(rng, "gpt2"), random_rows(rng, t)
     full = reference_stack("gpt2", x, np.arange(t), weights)
-    one_shot = run_rows(make_cache(dtype=dtype), "gpt2", weights, x, np.arange(t), flash=flash,
+    one_shot = run_rows(make_cache(dtype=dtype, attn=attn), "gpt2", weights, x, np.arange(t), attn=attn,
                         exact_prefix=True)
-    cache = make_cache(dtype=dtype)
+    cache = make_cache(dtype=dtype, attn=attn)
     chunked = np.concatenate([
-        run_rows(cache, "gpt2", weights, x[a:b], np.arange(a, b), flash=flash, exact_prefix=True)
+        run_rows(cache, "gpt2", weights, x[a:b], np.arange(a, b), attn=attn, exact_prefix=True)
         for a, b in zip(bounds, bounds[1:])])
     assert_close(chunked, one_shot, atol=atol, what="chunked vs one-shot prefill")
     assert_close(chunked, full, atol=atol, what="chunked prefill vs reference")
@@ -232,7 +239,7 @@ def test_chunked_prefill_matches_one_shot_prefill(rng, make_cache, path):
     cache.reset()
     for a, b in zip(bounds, bounds[1:]):
         shift = 1 if b == t else 0
-        late = run_rows(cache, "gpt2", weights, x[a:b], np.arange(a, b) + shift, flash=flash,
+        late = run_rows(cache, "gpt2", weights, x[a:b], np.arange(a, b) + shift, attn=attn,
                         exact_prefix=True)
     assert_differs(late, full[bounds[-2]:], atol=atol, what="last chunk one position late")
 
@@ -240,18 +247,18 @@ def test_chunked_prefill_matches_one_shot_prefill(rng, make_cache, path):
 # --- (c) a chain of single-row steps -------------------------------------------------------------
 @path_param
 def test_single_row_steps_match_full_recompute(rng, make_cache, path):
-    _, dtype, flash, atol = path
+    _, dtype, attn, atol = path
     t = 10
     weights, x = random_weights(rng, "gpt2"), random_rows(rng, t)
     full = reference_stack("gpt2", x, np.arange(t), weights)
-    cache = make_cache(dtype=dtype)
-    steps = np.concatenate([run_rows(cache, "gpt2", weights, x[i:i + 1], [i], flash=flash,
+    cache = make_cache(dtype=dtype, attn=attn)
+    steps = np.concatenate([run_rows(cache, "gpt2", weights, x[i:i + 1], [i], attn=attn,
                                      exact_prefix=True) for i in range(t)])
     assert_close(steps, full, atol=atol, what="single-row steps vs full recompute")
     # guard: a chain that skips position 5 (a gap in the cache) must differ from row 5 on
     cache.reset()
     gap = np.concatenate([run_rows(cache, "gpt2", weights, x[i:i + 1], [i + (i >= 5)],
-                                   flash=flash, exact_prefix=True) for i in range(t)])
+                                   attn=attn, exact_prefix=True) for i in range(t)])
     assert_differs(gap[5:], full[5:], atol=atol, what="chain with a skipped position")
 
 
@@ -279,21 +286,21 @@ def test_reset_then_same_prompt_reproduces_first_result(rng, make_cache):
 # --- (e) one fixed-capacity decode graph, built once, replayed ------------------------------------
 @path_param
 def test_fixed_capacity_decode_graph_built_once_replays_every_step(rng, make_cache, path):
-    _, dtype, flash, atol = path
+    _, dtype, attn, atol = path
     n_prompt, t = 6, 12
     weights, x = random_weights(rng, "gpt2"), random_rows(rng, t)
     full = reference_stack("gpt2", x, np.arange(t), weights)
-    cache = make_cache(dtype=dtype)
-    prefill = run_rows(cache, "gpt2", weights, x[:n_prompt], np.arange(n_prompt), flash=flash)
+    cache = make_cache(dtype=dtype, attn=attn)
+    prefill = run_rows(cache, "gpt2", weights, x[:n_prompt], np.arange(n_prompt), attn=attn)
     assert_close(prefill, full[:n_prompt], atol=atol, what="prefill")
 
-    graph = build_stack(cache, "gpt2", 1, flash=flash)          # mask over all CAPACITY slots
+    graph = build_stack(cache, "gpt2", 1, attn=attn)          # mask over all CAPACITY slots
     builds = []
     build = graph.build
     graph.build = lambda: builds.append(1) or build()
     nodes, cgraph = None, None
     for i in range(n_prompt, t):
-        y = run_rows(cache, "gpt2", weights, x[i:i + 1], [i], flash=flash, graph=graph)
+        y = run_rows(cache, "gpt2", weights, x[i:i + 1], [i], attn=attn, graph=graph)
         assert_close(y, full[i:i + 1], atol=atol, what=f"replayed decode step at position {i}")
         if cgraph is None:
             nodes, cgraph = graph.n_nodes, graph.cgraph
@@ -313,15 +320,15 @@ WINDOW_CASES = [  # (id, ring, capacity, chunk sizes) over 3·WINDOW rows
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=[c[0] for c in WINDOW_CASES])
 def test_windowed_cache_matches_reference_over_long_sequence(rng, make_cache, case, path):
     _, ring, capacity, chunks = case
-    _, dtype, flash, atol = path
+    _, dtype, attn, atol = path
     t = 3 * WINDOW
     weights, x = random_weights(rng, "codec"), random_rows(rng, t)
     pos = np.arange(t)
     full = reference_stack("codec", x, pos, weights, window=WINDOW)
-    cache = make_cache(capacity=capacity, dtype=dtype)
+    cache = make_cache(capacity=capacity, dtype=dtype, attn=attn)
     bounds = np.cumsum([0] + chunks)
     got = np.concatenate([
-        run_rows(cache, "codec", weights, x[a:b], pos[a:b], flash=flash, ring=ring, window=WINDOW)
+        run_rows(cache, "codec", weights, x[a:b], pos[a:b], attn=attn, ring=ring, window=WINDOW)
         for a, b in zip(bounds, bounds[1:])])
     assert_close(got, full, atol=atol, what=f"{case[0]} vs reference (window {WINDOW})")
     # guard: one more key in the window is a different model
@@ -349,8 +356,8 @@ def test_ring_cache_never_silently_drops_keys_a_chunk_still_needs(rng, make_cach
 
 
 # --- (g) f16 cache -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("flash", [False, True], ids=["softmax", "flash"])
-def test_f16_cache_matches_f32_reference_within_f16_tolerance(rng, make_cache, flash):
+@pytest.mark.parametrize("attn", ["softmax", "flash", "vtrans"])
+def test_f16_cache_matches_f32_reference_within_f16_tolerance(rng, make_cache, attn):
     """Prefill + decode through an F16 cache against the f32/f64 reference; the guard shows the
     f16 rounding is real (the F16 run is not bit-identical to the F32 run)."""
     n = 10
@@ -358,9 +365,9 @@ def test_f16_cache_matches_f32_reference_within_f16_tolerance(rng, make_cache, f
     full = reference_stack("gpt2", x, np.arange(n + 2), weights)
     outs = {}
     for dtype in (F16, F32):
-        cache = make_cache(dtype=dtype)
-        rows = [run_rows(cache, "gpt2", weights, x[:n], np.arange(n), flash=flash)]
-        rows += [run_rows(cache, "gpt2", weights, x[i:i + 1], [i], flash=flash)
+        cache = make_cache(dtype=dtype, attn=attn)
+        rows = [run_rows(cache, "gpt2", weights, x[:n], np.arange(n), attn=attn)]
+        rows += [run_rows(cache, "gpt2", weights, x[i:i + 1], [i], attn=attn)
                  for i in (n, n + 1)]
         outs[dtype] = np.concatenate(rows)
     half = make_cache(dtype=F16).nbytes
@@ -383,3 +390,20 @@ def test_cache_rejects_overflow_and_mismatched_rows(make_cache):
         cache.store(0, k, k, g.input("slots", (3,), I32))
     with pytest.raises(ShapeError):
         cache.keys(g, 0, 5)
+
+
+def test_transposed_cache_views_and_flash_refusal(make_cache):
+    """A v_trans cache hands out V as [n_slots, Dh, H] (slots fastest) and K as usual; flash
+    attention, which needs V rows per slot, refuses it with a ShapeError rather than a wrong
+    answer or an abort inside ggml."""
+    cache = make_cache(attn="vtrans")
+    g = Graph(name="vtrans_views")
+    keys, values = cache.keys(g, 0, 8), cache.values(g, 0, 8)
+    assert keys.ne[:3] == (DH, N_HEAD, 8) and values.ne[:3] == (8, DH, N_HEAD)
+    assert values.nb[1] == CAPACITY * 4 and values.nb[2] == DH * CAPACITY * 4
+    q = g.input("q", (2, N_HEAD, DH))
+    mask = g.input("mask", (2, 8), F16)
+    with pytest.raises(ShapeError, match="untransposed"):
+        nn.attention(q, keys, values, mask, scale=1.0, flash=True, v_transposed=True)
+    with pytest.raises(ShapeError):
+        nn.attention(q, keys, values, mask, scale=1.0)       # shape says transposed: refused
