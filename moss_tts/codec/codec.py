@@ -67,8 +67,8 @@ class _TowerRunner:
             for i, k in enumerate(rlfq.quantize(z, c.weights, c.tables, n_q)):
                 g.output(k, f"codes.{i}", ndim=1)
         else:
-            codes = [g.input(f"codes.{i}", (n_frames,), I32) for i in range(n_q)]
-            z = rlfq.dequantize(codes, c.weights, c.tables)                    # [code_dim, N]
+            ids = g.input("codes", (n_q * n_frames,), I32)   # rlfq.stacked_ids of [n_q, N]
+            z = rlfq.dequantize(ids, n_q, c.weights, c.tables)                 # [code_dim, N]
             y = run_tower(z, c._decoder, c.config, self.state, stage_inputs)   # [1, T]
             g.output(y, "samples", ndim=2)
         return g.build()
@@ -164,7 +164,7 @@ class Codec(NativeResource):
         runner = self._runner("decoder")
         parts = []
         for start, f in self._chunks(codes.shape[1], runner, progress):
-            feed = {f"codes.{i}": codes[i, start:start + f] for i in range(codes.shape[0])}
+            feed = {"codes": self._stacked(codes[:, start:start + f])}
             parts.append(runner.run(f, codes.shape[0], feed)["samples"])
         return self._to_output(np.concatenate(parts))
 
@@ -197,6 +197,9 @@ class Codec(NativeResource):
             raise InputError(f"code {c[q, t]} at codebook {q}, frame {t} is outside "
                              f"[0, {self.config.codebook_size}) — pad codes are not codec input")
         return np.ascontiguousarray(c, dtype=np.int32)
+
+    def _stacked(self, codes: np.ndarray) -> np.ndarray:
+        return rlfq.stacked_ids(codes, self.config.codebook_size)
 
     def _n_q(self, n_quantizers: int | None) -> int:
         n_q = self.n_quantizers if n_quantizers is None else int(n_quantizers)
@@ -252,7 +255,7 @@ class StreamDecoder(NativeResource):
         codes = self.codec.check_codes(codes, self.n_q)
         parts = []
         for start, f in self.codec._chunks(codes.shape[1], self._runner, None):
-            feed = {f"codes.{i}": codes[i, start:start + f] for i in range(self.n_q)}
+            feed = {"codes": self.codec._stacked(codes[:, start:start + f])}
             parts.append(self._runner.run(f, self.n_q, feed)["samples"])
         self.frames += codes.shape[1]
         return self.codec._to_output(np.concatenate(parts))

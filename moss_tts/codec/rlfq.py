@@ -21,9 +21,10 @@ L2_EPS = 1e-12  # F.normalize
 
 
 def derived_tables(weights, cfg: CodecConfig, backend) -> TensorStore:
-    """Per codebook: the normalized codebook Ĉ_i, its squared row norms, and the decode table
-    T_i = C_i B_iᵀ + b_i (each code's out_proj output, so decoding is a gather)."""
-    arrays = {}
+    """Per codebook: the normalized codebook Ĉ_i and its squared row norms; and one decode
+    table stacking T_i = C_i B_iᵀ + b_i for every i (each code's out_proj output), so a frame
+    decodes with a single gather of rows c_i + i·K."""
+    arrays, decode = {}, []
     for i in range(cfg.n_quantizers):
         p = f"quantizer.quantizers.{i}."
         c = weights.read(p + "codebook.weight").astype(np.float64)           # (K, c)
@@ -31,8 +32,22 @@ def derived_tables(weights, cfg: CodecConfig, backend) -> TensorStore:
         b = weights.read(p + "out_proj.weight").astype(np.float64)           # (r, c)
         arrays[f"rlfq.{i}.unit_codebook"] = c_hat.astype(np.float32)
         arrays[f"rlfq.{i}.unit_norm2"] = (c_hat ** 2).sum(axis=1).astype(np.float32)
-        arrays[f"rlfq.{i}.decode_table"] = (c @ b.T + weights.read(p + "out_proj.bias")).astype(np.float32)
+        decode.append(c @ b.T + weights.read(p + "out_proj.bias"))
+    arrays["rlfq.decode_table"] = np.concatenate(decode).astype(np.float32)  # (n_q·K, r)
     return TensorStore(arrays, backend)
+
+
+def decode_table(tables: TensorStore, i: int, graph) -> Tensor:
+    """Codebook i's block of the stacked decode table, [r, K]."""
+    t, k = tables["rlfq.decode_table"], tables[f"rlfq.{i}.unit_codebook"].ne[1]
+    return ops.view(t, (t.ne[0], k), (t.nb[1],), i * k * t.nb[1], graph=graph)
+
+
+def stacked_ids(codes: np.ndarray, codebook_size: int) -> np.ndarray:
+    """Codes [k, N] → I32 rows [k·N] of the stacked decode table (codebook-major)."""
+    k = codes.shape[0]
+    offsets = (np.arange(k, dtype=np.int32) * codebook_size)[:, None]
+    return (codes + offsets).reshape(-1).astype(np.int32)
 
 
 def quantize(z: Tensor, weights, tables: TensorStore, n_q: int) -> list[Tensor]:
@@ -50,14 +65,17 @@ def quantize(z: Tensor, weights, tables: TensorStore, n_q: int) -> list[Tensor]:
         k = ops.argmax(score)                                                         # [N] I32
         codes.append(k)
         if i + 1 < n_q:
-            r = ops.sub(r, ops.get_rows(tables[f"rlfq.{i}.decode_table"], k))
+            r = ops.sub(r, ops.get_rows(decode_table(tables, i, z.graph), k))
     return codes
 
 
-def dequantize(codes: list[Tensor], weights, tables: TensorStore) -> Tensor:
-    """I32 code vectors [N] of the first k codebooks → latent [code_dim, N]."""
-    total = None
-    for i, c in enumerate(codes):
-        q = ops.get_rows(tables[f"rlfq.{i}.decode_table"], c)                       # [r, N]
-        total = q if total is None else ops.add(total, q)
+def dequantize(ids: Tensor, n_q: int, weights, tables: TensorStore) -> Tensor:
+    """Stacked-table rows [n_q·N] (`stacked_ids`) of the first n_q codebooks → latent
+    [code_dim, N]: one gather, then the sum over codebooks as a row sum."""
+    n = ids.ne[0] // n_q
+    rows = ops.get_rows(tables["rlfq.decode_table"], ids)                    # [r, n_q·N]
+    r = rows.ne[0]
+    # [r, N, n_q] → [n_q, r, N] so the codebook sum runs along rows
+    per_q = ops.cont(ops.permute(ops.reshape(rows, r, n, n_q), 1, 2, 0))
+    total = ops.reshape(ops.sum_rows(per_q), r, n)                           # [r, N]
     return linear(total, weights["quantizer.output_proj.weight"], weights["quantizer.output_proj.bias"])
