@@ -27,6 +27,7 @@ CHUNK_POSITIONS = 1000
 CHUNK_SECONDS_RANGE = (2.0, 10.0)
 CHUNK_SECONDS = None  # derived per codec, see default_chunk_seconds()
 STREAM_PUSH_FRAMES = 8  # streaming decode: the largest push run as one graph (upstream uses 8)
+STREAM_POOL = 2  # idle stream decoders' runners kept per push size (each holds its KV caches)
 
 
 def default_chunk_seconds(cfg: CodecConfig) -> float:
@@ -108,6 +109,9 @@ class Codec(NativeResource):
             chunk_seconds = default_chunk_seconds(self.config)
         self.chunk_frames = max(1, math.ceil(chunk_seconds * self.config.frame_rate))
         self._runners: dict[str, _TowerRunner] = {}
+        # idle streaming runners by push size: a new StreamDecoder (one per utterance or server
+        # request) takes one with its graphs already built instead of building them again
+        self._stream_pool: dict[int, list[_TowerRunner]] = {}
         logger.info("codec %s: %d Hz, %d channel(s), %d codebooks, %.1f MiB of weights",
                     self.config.variant, self.sample_rate, self.channels, self.n_quantizers,
                     weights.nbytes / 2**20)
@@ -198,6 +202,24 @@ class Codec(NativeResource):
                              f"[0, {self.config.codebook_size}) — pad codes are not codec input")
         return np.ascontiguousarray(c, dtype=np.int32)
 
+    def _take_stream_runner(self, max_push_frames: int) -> _TowerRunner:
+        pool = self._stream_pool.get(max_push_frames)
+        if pool:
+            runner = pool.pop()
+            runner.state.reset()
+            return runner
+        # few query rows against long windows: the softmax path over a transposed V cache beats
+        # ggml's CPU flash attention (untiled below 64 rows) severalfold; caches are attended in
+        # full (one graph per push size)
+        return _TowerRunner(self, "decoder", max_push_frames, narrow_prefix=False, v_trans=True)
+
+    def _return_stream_runner(self, runner: _TowerRunner) -> None:
+        pool = self._stream_pool.setdefault(runner.chunk, [])
+        if self.weights is None or len(pool) >= STREAM_POOL:   # closed codec, or enough idle
+            runner.close()
+        else:
+            pool.append(runner)
+
     def _stacked(self, codes: np.ndarray) -> np.ndarray:
         return rlfq.stacked_ids(codes, self.config.codebook_size)
 
@@ -228,6 +250,10 @@ class Codec(NativeResource):
         for r in getattr(self, "_runners", {}).values():
             r.close()
         self._runners = {}
+        for pool in getattr(self, "_stream_pool", {}).values():
+            for r in pool:
+                r.close()
+        self._stream_pool = {}
         if getattr(self, "tables", None) is not None:
             self.tables.close()
             self.tables = None
@@ -244,14 +270,13 @@ class StreamDecoder(NativeResource):
         if max_push_frames < 1:
             raise InputError(f"max_push_frames must be at least 1, got {max_push_frames}")
         self.codec, self.n_q = codec, n_q
-        # caches sized for small pushes, attended over in full: one graph per push size. A push
-        # has few query rows against long windows, where the softmax path over a transposed V
-        # cache beats ggml's CPU flash attention (untiled below 64 rows) several times over
-        self._runner = _TowerRunner(codec, "decoder", max_push_frames, narrow_prefix=False,
-                                    v_trans=True)
+        self._runner = codec._take_stream_runner(max_push_frames)
         self.frames = 0
 
     def push(self, codes) -> np.ndarray:
+        if self._runner is None:
+            raise InputError("this stream decoder is closed; make a new one with "
+                             "codec.stream_decoder()")
         codes = self.codec.check_codes(codes, self.n_q)
         parts = []
         for start, f in self.codec._chunks(codes.shape[1], self._runner, None):
@@ -265,5 +290,5 @@ class StreamDecoder(NativeResource):
 
     def close(self) -> None:
         if getattr(self, "_runner", None) is not None:
-            self._runner.close()
+            self.codec._return_stream_runner(self._runner)
             self._runner = None

@@ -13,6 +13,7 @@ import pytest
 
 from fixtures.compare import assert_close, assert_differs
 from moss_tts.codec import Codec
+from moss_tts.errors import InputError
 
 from .conftest import THREADS, run_isolated
 
@@ -113,7 +114,33 @@ def check_interleaved_decoders(gguf):
     assert_differs(got_a, got_b, atol=STREAM_ATOL, what="the two streams")
 
 
+def check_reused_decoder_starts_clean(gguf):
+    """A closed decoder's caches and graphs go back to the codec and serve the next decoder (no
+    graph is built again), which must start from empty caches: stream b after stream a equals
+    b's offline decode, and differs from b decoded after a without the reset."""
+    with Codec.load(gguf, threads=THREADS) as codec:
+        codes_a, codes_b = stream_codes(codec, seed=21), stream_codes(codec, seed=22)
+        offline_b = codec.decode(codes_b)
+        with codec.stream_decoder() as first:
+            push_all(first, codes_a, irregular([1, 3]))
+            runner, graphs = first._runner, dict(first._runner.graphs)
+        with codec.stream_decoder() as second:
+            assert second._runner is runner, "the idle runner was not reused"
+            got = push_all(second, codes_b, irregular([1, 3]))
+            assert second._runner.graphs == graphs, "reused decoder built new graphs"
+        with pytest.raises(InputError, match="closed"):
+            second.push(codes_b[:, :1])
+        continued = codec.decode(np.concatenate([codes_a, codes_b], axis=1))[-len(offline_b):]
+    assert_close(got, offline_b, atol=STREAM_ATOL, what="reused decoder vs offline")
+    assert_differs(got, continued, atol=STREAM_ATOL, what="b decoded as a continuation of a")
+
+
 # -- tests ------------------------------------------------------------------------------------
+
+
+def test_reused_stream_decoder_starts_from_empty_caches(codec_gguf):
+    run_isolated(check_reused_decoder_starts_clean, codec_gguf)
+
 
 
 @pytest.mark.parametrize("sizes", CHUNKINGS.values(), ids=CHUNKINGS.keys())
