@@ -44,11 +44,11 @@ def default_chunk_seconds(cfg: CodecConfig) -> float:
 class _TowerRunner:
     """One tower's caches, and its graphs by (frames, codebooks): built once, replayed."""
 
-    def __init__(self, codec: "Codec", tower: str, chunk_frames: int, *, narrow_prefix=True,
+    def __init__(self, codec: "Codec", tower: str, chunk_frames: int, *, prefix="chunk",
                  v_trans=False):
         self.codec, self.tower, self.chunk = codec, tower, chunk_frames
         self.state = TowerState(codec.config, tower, chunk_frames, codec.backend,
-                                narrow_prefix=narrow_prefix, v_trans=v_trans)
+                                prefix=prefix, v_trans=v_trans)
         self.allocator = Allocator(codec.backend)
         self.graphs: dict[tuple, Graph] = {}
 
@@ -209,9 +209,9 @@ class Codec(NativeResource):
             runner.state.reset()
             return runner
         # few query rows against long windows: the softmax path over a transposed V cache beats
-        # ggml's CPU flash attention (untiled below 64 rows) severalfold; caches are attended in
-        # full (one graph per push size)
-        return _TowerRunner(self, "decoder", max_push_frames, narrow_prefix=False, v_trans=True)
+        # ggml's CPU flash attention (untiled below 64 rows) severalfold. While the windows fill,
+        # pushes attend over a prefix growing by doubling: about log2(window) graphs, built once
+        return _TowerRunner(self, "decoder", max_push_frames, prefix="doubling", v_trans=True)
 
     def _return_stream_runner(self, runner: _TowerRunner) -> None:
         pool = self._stream_pool.setdefault(runner.chunk, [])

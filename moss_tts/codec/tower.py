@@ -97,14 +97,25 @@ def transformer_stage(x: Tensor, stage: TransformerStage, cfg: CodecConfig, *, c
     return x
 
 
+PREFIX_STEPS = ("chunk", "doubling", "full")
+
+
 class TowerState:
     """The running state of one tower: per transformer stage a ring KV cache of
-    `context + chunk − 1` slots (exact for any chunk up to `chunk` positions) and its position."""
+    `context + chunk − 1` slots (exact for any chunk up to `chunk` positions) and its position.
+
+    `prefix` sets how many slots a chunk attends over while the rings fill (see slot_counts):
+    "chunk" steps whole chunks (offline runs: a few big chunks), "doubling" steps powers of two
+    of frames (streaming: a handful of graphs, each built once, for many small pushes), "full"
+    always attends over every slot (one graph per push size).
+    """
 
     def __init__(self, cfg: CodecConfig, tower: str, max_frames: int, backend, *,
-                 narrow_prefix: bool = True, v_trans: bool = False):
+                 prefix: str = "chunk", v_trans: bool = False):
+        if prefix not in PREFIX_STEPS:
+            raise ValueError(f"prefix must be one of {PREFIX_STEPS}, got {prefix!r}")
         self.cfg = cfg
-        self.narrow_prefix = narrow_prefix
+        self.prefix = prefix
         self.tower = tower
         self.stages = getattr(cfg, tower)
         self.max_frames = max_frames
@@ -129,11 +140,15 @@ class TowerState:
 
         Until a ring is full only a prefix of its slots holds keys, so attending over that
         prefix gives the same result for less work (the first chunk of a short clip sees just
-        its own rows). Counts are rounded up to whole chunks so few distinct graphs arise.
+        its own rows; a streamed utterance shorter than the windows never pays for them).
+        Counts are rounded up (`prefix`) so few distinct graphs arise.
         """
-        if not self.narrow_prefix:  # one graph per chunk size, e.g. for small streaming pushes
+        if self.prefix == "full":
             return tuple(c.capacity for c in self.caches.values())
-        filled = _round_up(self.frames + n_frames, self.max_frames)
+        filled = self.frames + n_frames
+        if self.prefix == "doubling":
+            filled = max(self.max_frames, 1 << (filled - 1).bit_length())
+        filled = _round_up(filled, self.max_frames)
         return tuple(min(c.capacity, _round_up(filled * self.per_frame[i], SLOT_ALIGN))
                      for i, c in self.caches.items())
 
