@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..ggml import F16, I32, ops
 from ..ggml.graph import Graph, Tensor
 from ..nn import KVCache, cached_self_attention, layer_norm, layer_scale, linear, mlp
@@ -113,7 +114,7 @@ class TowerState:
     def __init__(self, cfg: CodecConfig, tower: str, max_frames: int, backend, *,
                  prefix: str = "chunk", v_trans: bool = False):
         if prefix not in PREFIX_STEPS:
-            raise ValueError(f"prefix must be one of {PREFIX_STEPS}, got {prefix!r}")
+            raise ConfigError(f"TowerState: prefix must be one of {PREFIX_STEPS}, got {prefix!r}")
         self.cfg = cfg
         self.prefix = prefix
         self.tower = tower
