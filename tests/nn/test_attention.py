@@ -26,22 +26,29 @@ HEADS = [(4, 4), (4, 2), (4, 1)]          # (Hq, Hkv): MHA, GQA 2:1, multi-query
 # (name, Tq, Tk, window): queries are the last Tq of Tk positions
 MASKS = [("causal_prefill", 12, 12, None), ("causal_tail", 5, 12, None),
          ("window_prefill", 12, 12, 4), ("window_tail", 5, 12, 4)]
-# (name, flash, kv type, mask dtype, atol)
-PATHS = [("softmax_f32", False, F32, np.float32, F32_ATOL),
-         ("softmax_f16kv", False, F16, np.float32, F16_ATOL),
-         ("flash_f16kv", True, F16, np.float16, F16_ATOL),
-         ("flash_f32kv", True, F32, np.float16, FLASH_F32_ATOL)]
+# (name, flash, kv type, mask dtype, atol, V given transposed)
+PATHS = [("softmax_f32", False, F32, np.float32, F32_ATOL, False),
+         ("softmax_f16kv", False, F16, np.float32, F16_ATOL, False),
+         ("softmax_vtrans_f32", False, F32, np.float32, F32_ATOL, True),
+         ("softmax_vtrans_f16kv", False, F16, np.float16, F16_ATOL, True),
+         ("flash_f16kv", True, F16, np.float16, F16_ATOL, False),
+         ("flash_f32kv", True, F32, np.float16, FLASH_F32_ATOL, False)]
 
 
-def _attention(q, k, v, mask, *, scale, flash, kv_type):
+def _attention(q, k, v, mask, *, scale, flash, kv_type, v_transposed=False):
     tq, hq, dh = q.shape
     tk, hkv, _ = k.shape
     g = Graph(name="attention")
     qt = g.input("q", (tq, hq, dh))                               # [Dh, Hq, Tq]
     kt = g.input("k", (tk, hkv, dh), kv_type)                     # [Dh, Hkv, Tk]
-    vt = g.input("v", (tk, hkv, dh), kv_type)
-    mt = g.input("mask", (tq, tk), F16 if flash else F32)        # [Tk, Tq] additive
-    g.output(nn.attention(qt, kt, vt, mt, scale=scale, flash=flash), "y", ndim=2)  # [Dh·Hq, Tq]
+    if v_transposed:                                              # [Tk, Dh, Hkv], keys fastest
+        vt = g.input("v", (hkv, dh, tk), kv_type)
+        v = v.transpose(1, 2, 0)
+    else:
+        vt = g.input("v", (tk, hkv, dh), kv_type)
+    mt = g.input("mask", (tq, tk), F16 if mask.dtype == np.float16 else F32)  # [Tk, Tq]
+    g.output(nn.attention(qt, kt, vt, mt, scale=scale, flash=flash, v_transposed=v_transposed),
+             "y", ndim=2)                                         # [Dh·Hq, Tq]
     return g.run({"q": q, "k": k, "v": v, "mask": mask})["y"]
 
 
@@ -58,13 +65,14 @@ def _qkv(rng, tq, tk, hq, hkv):
 def test_attention_matches_reference(rng, heads, masking, path):
     hq, hkv = heads
     _, tq, tk, window = masking
-    _, flash, kv_type, mask_dtype, atol = path
+    _, flash, kv_type, mask_dtype, atol, v_transposed = path
     q, k, v = _qkv(rng, tq, tk, hq, hkv)
     k_pos = np.arange(tk)
     q_pos = k_pos[tk - tq:]
     scale = 1.0 / np.sqrt(DH)
     mask = nn.causal_mask(q_pos, k_pos, window=window, dtype=mask_dtype)
-    got = _attention(q, k, v, mask, scale=scale, flash=flash, kv_type=kv_type)
+    got = _attention(q, k, v, mask, scale=scale, flash=flash, kv_type=kv_type,
+                     v_transposed=v_transposed)
     want = ref.attention(q, k, v, q_pos=q_pos, k_pos=k_pos, scale=scale, window=window)
     assert_close(got, want.reshape(tq, hq * DH), atol=atol, what="attention")
     # guard: a mask one key wider (window + 1, or one future key for causal) must differ
