@@ -21,7 +21,7 @@ Report: bench/results/codec_real/report.md (+ log.txt with every worker's JSON).
 
 Longer than the 600-line guide (C2) because it is one self-contained driver: the checkpoint
 generator, the subprocess workers and the report share their data structures; bench/codec48k.py
-and bench/nano.py import its helpers rather than copying them where they can.
+and bench/nano.py import its checkpoint helpers; the measuring harness is bench/harness.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import json
 import math
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +43,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import table
+from bench.harness import (
+    RETRY_FOREIGN,
+    Contention,
+    fmt,
+    median,
+    peak_rss_gb,
+    run_worker,
+    timed_runs,
+)
 
 WORK = ROOT / "bench" / "results" / "codec_real"
 CKPT = WORK / "checkpoint"
@@ -205,19 +213,6 @@ def make_inputs(seconds: float = SECONDS, n_q: int = 32, codebook_size: int = 10
 # --- workers (each in its own process) --------------------------------------------------------------
 
 
-def peak_rss_gb() -> float:
-    """VmHWM: the peak resident set, file-backed (mmapped weights) pages included."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / 1e9
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-
-
-def _median(xs):
-    return statistics.median(xs) if xs else float("nan")
-
-
 def worker_convert(args) -> dict:
     from converters.codec import convert
 
@@ -243,49 +238,14 @@ def _runner_memory(codec, tower: str) -> dict:
             "kv_cache_mib": sum(c.nbytes for c in r.state.caches.values()) / 2**20}
 
 
-class Contention:
-    """CPU time the rest of the machine used while we measured, as a share of all cores: this
-    machine is shared, and ggml's spinning threads slow down badly when a core is taken."""
-
-    def __init__(self):
-        self.t, self.busy, self.own = self._snap()
-
-    @staticmethod
-    def _snap():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-        t = os.times()
-        return time.perf_counter(), busy, t.user + t.system
-
-    def share(self) -> float:
-        t, busy, own = self._snap()
-        return max(0.0, (busy - self.busy) - (own - self.own)) / ((t - self.t) * os.cpu_count())
-
-
-def _timed_runs(fn, runs: int):
-    """First call (cold: graph build + first touch of the weights) + `runs` warm calls; per call
-    the total, the per-chunk times (from the progress callback) and the foreign CPU share."""
-    totals, chunks, foreign, out = [], [], [], None
-    for _ in range(runs + 1):
-        c = Contention()
-        marks = [time.perf_counter()]
-        out = fn(lambda done, total, marks=marks: marks.append(time.perf_counter()))
-        end = time.perf_counter()
-        foreign.append(c.share())
-        totals.append(end - marks[0])
-        chunks.append(list(np.diff(marks)))
-    return totals, chunks, foreign, out
-
-
 def _summary(load_s, totals, chunks, foreign, codec, tower) -> dict:
     warm = totals[1:] or totals
     wchunks = chunks[1:] or chunks
-    return {"load_s": load_s, "cold_s": totals[0], "warm_s": warm, "median_s": _median(warm),
+    return {"load_s": load_s, "cold_s": totals[0], "warm_s": warm, "median_s": median(warm),
             "min_s": min(warm),
-            "chunk_ms": [1e3 * _median([c[i] for c in wchunks]) for i in range(len(chunks[0]))],
+            "chunk_ms": [1e3 * median([c[i] for c in wchunks]) for i in range(len(chunks[0]))],
             "cold_chunk_ms": [1e3 * x for x in chunks[0]],
-            "foreign": _median(foreign[1:] or foreign), "cold_foreign": foreign[0],
+            "foreign": median(foreign[1:] or foreign), "cold_foreign": foreign[0],
             "peak_rss_gb": peak_rss_gb(),
             "weight_gb": codec.weights.nbytes / 1e9, **_runner_memory(codec, tower)}
 
@@ -293,7 +253,7 @@ def _summary(load_s, totals, chunks, foreign, codec, tower) -> dict:
 def worker_encode(args) -> dict:
     codec, load_s = _load(args)
     audio = np.load(WORK / "audio.npy")
-    totals, chunks, foreign, codes = _timed_runs(
+    totals, chunks, foreign, codes = timed_runs(
         lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
     if args.save:
         np.save(WORK / f"codes_ggml_{args.type}.npy", codes)
@@ -303,7 +263,7 @@ def worker_encode(args) -> dict:
 def worker_decode(args) -> dict:
     codec, load_s = _load(args)
     codes = np.load(WORK / "codes.npy")
-    totals, chunks, foreign, audio = _timed_runs(lambda p: codec.decode(codes, progress=p),
+    totals, chunks, foreign, audio = timed_runs(lambda p: codec.decode(codes, progress=p),
                                                  args.runs)
     if args.save:
         np.save(WORK / f"audio_ggml_{args.type}.npy", audio[:, 0])
@@ -327,7 +287,7 @@ def worker_stream(args) -> dict:
     whole = codec.decode(codes)
     diff = float(np.max(np.abs(streamed - whole)) / (np.sqrt(np.mean(whole ** 2)) + 1e-30))
     r = sd._runner
-    return {"load_s": load_s, "first_ms": 1e3 * times[0], "median_ms": 1e3 * _median(times[1:]),
+    return {"load_s": load_s, "first_ms": 1e3 * times[0], "median_ms": 1e3 * median(times[1:]),
             "p90_ms": 1e3 * float(np.percentile(times[1:], 90)),
             "frame_ms": 1e3 / codec.config.frame_rate, "stream_vs_decode_rel": diff,
             "foreign": foreign, "threads": args.threads,
@@ -491,7 +451,7 @@ def worker_stages(args) -> dict:
         final = np.concatenate(outs, axis=-1)
     names.append("host: slots + masks (TowerState.advance)")
     warm = runs_ms[1:] or runs_ms
-    stage_ms = [_median([r[k] for r in warm]) for k in range(len(names))]
+    stage_ms = [median([r[k] for r in warm]) for k in range(len(names))]
     # the whole-graph runner on the same input, for the split's overhead and the equality check
     call = ((lambda: codec.encode(audio, SAMPLE_RATE)) if tower == "encoder"
             else (lambda: codec.decode(codes_in)[:, 0]))
@@ -501,7 +461,7 @@ def worker_stages(args) -> dict:
         t0 = time.perf_counter()
         whole = call()
         whole_times.append(time.perf_counter() - t0)
-    whole_s = _median(whole_times)
+    whole_s = median(whole_times)
     if tower == "encoder":
         same = float(np.mean(whole == final))
     else:
@@ -515,7 +475,7 @@ def worker_stages(args) -> dict:
         gflops.insert(0, None)
     gflops.append(None)
     return {"names": names, "stage_ms": stage_ms, "gflop": gflops, "sum_ms": sum(stage_ms),
-            "whole_ms": 1e3 * whole_s, "match": same, "foreign": _median(foreign[1:] or foreign)}
+            "whole_ms": 1e3 * whole_s, "match": same, "foreign": median(foreign[1:] or foreign)}
 
 
 def worker_ops(args) -> dict:
@@ -606,7 +566,7 @@ def worker_ops(args) -> dict:
             t0 = time.perf_counter()
             g.run(feed | {"x": x})
             times.append(time.perf_counter() - t0)
-        out[kind] = 1e3 * _median(times[1:])
+        out[kind] = 1e3 * median(times[1:])
     out["foreign"] = c.share()
     return out
 
@@ -617,20 +577,7 @@ WORKERS = {"convert": worker_convert, "encode": worker_encode, "decode": worker_
 
 # --- the driver -----------------------------------------------------------------------------------
 
-RETRY_FOREIGN = 0.10   # re-measure when other processes took more than this share of the CPUs
-RETRIES, RETRY_WAIT_S = 3, 15
-
-
-def run_worker(cmd: list[str], line: str, say) -> dict:
-    """One measuring subprocess: its last stdout line is its JSON result (+ wall_s)."""
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if p.returncode != 0:
-        say(f"FAILED ({p.returncode}): {line}\n{p.stderr[-3000:]}")
-        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    out["wall_s"] = time.perf_counter() - t0
-    return out
+RETRIES, RETRY_WAIT_S = 3, 15   # more patient than the harness default: this bench runs long
 
 
 class Driver:
@@ -675,10 +622,6 @@ class Driver:
         if record:
             self.commands.append(line)
         return run_worker(cmd, line, self.say)
-
-
-def _f(x, fmt="{:.2f}"):
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
 def main(argv=None):
@@ -781,7 +724,7 @@ def drive(args) -> int:
                 else:
                     r = d.worker(what, type=t, chunk=c, runs=max(1, args.runs - 1))
                 sweep[(t, c, what)] = r
-                d.say(f"sweep {t} chunk {c:g} {what}: {_f(r.get('median_s'))} s "
+                d.say(f"sweep {t} chunk {c:g} {what}: {fmt(r.get('median_s'))} s "
                       f"(other load {100 * r.get('foreign', 0):.0f} %)")
 
     # 5. per-stage breakdown (first and last type) at the default chunk
@@ -809,16 +752,16 @@ def drive(args) -> int:
 
 
 def _row(what, e, dd, stream="", weight=None):
-    return {"what": what, "encode s": _f(e.get("median_s")), "decode s": _f(dd.get("median_s")),
-            "RTF enc/dec": f"{_f(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
-                           f"{_f(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
-            "peak RSS GB enc/dec": f"{_f(e.get('peak_rss_gb'))}/{_f(dd.get('peak_rss_gb'))}",
-            "weight GB": _f(weight if weight is not None else e.get("weight_gb")),
+    return {"what": what, "encode s": fmt(e.get("median_s")), "decode s": fmt(dd.get("median_s")),
+            "RTF enc/dec": f"{fmt(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
+                           f"{fmt(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
+            "peak RSS GB enc/dec": f"{fmt(e.get('peak_rss_gb'))}/{fmt(dd.get('peak_rss_gb'))}",
+            "weight GB": fmt(weight if weight is not None else e.get("weight_gb")),
             "stream ms/frame 2t/1t": stream,
-            "cold enc/dec s": f"{_f(e.get('cold_s'))}/{_f(dd.get('cold_s'))}",
-            "load s": _f(e.get("load_s")),
-            "other load %": f"{_f(100 * e.get('foreign', math.nan), '{:.0f}')}/"
-                            f"{_f(100 * dd.get('foreign', math.nan), '{:.0f}')}"}
+            "cold enc/dec s": f"{fmt(e.get('cold_s'))}/{fmt(dd.get('cold_s'))}",
+            "load s": fmt(e.get("load_s")),
+            "other load %": f"{fmt(100 * e.get('foreign', math.nan), '{:.0f}')}/"
+                            f"{fmt(100 * dd.get('foreign', math.nan), '{:.0f}')}"}
 
 
 def _git_state() -> str:
@@ -840,7 +783,7 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
         e, dd = res[t]["encode"], res[t]["decode"]
         w = e.get("weight_gb") or dd.get("weight_gb")
         budget[t] = 1.2 * w + 0.5 if w else None
-        st = "/".join(_f(res[t].get(f"stream{th}", {}).get("median_ms"), "{:.1f}")
+        st = "/".join(fmt(res[t].get(f"stream{th}", {}).get("median_ms"), "{:.1f}")
                       for th in dict.fromkeys([args.threads, 1]))
         rows.append(_row(f"ggml {t}", e, dd, st, w))
     for (chunk, _), _r in list(up.items())[::2]:
@@ -911,8 +854,8 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
                 for c in chunks:
                     r = sweep.get((t, c, what), {})
                     v = r.get("median_s")
-                    row[f"{c:g} s"] = (f"{_f(v)} ({_f(r.get('peak_rss_gb'), '{:.1f}')}) "
-                                       f"[{_f(100 * r.get('foreign', math.nan), '{:.0f}')}]")
+                    row[f"{c:g} s"] = (f"{fmt(v)} ({fmt(r.get('peak_rss_gb'), '{:.1f}')}) "
+                                       f"[{fmt(100 * r.get('foreign', math.nan), '{:.0f}')}]")
                     if v is not None and (best is None or v < best[1]):
                         best = (c, v)
                 row["fastest"] = f"{best[0]:g}" if best else ""
@@ -927,8 +870,8 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
                 L.append(f"- {t} {tower}: {r}")
                 continue
             srows = [{"stage": name, "ms": f"{ms:.0f}", "share": f"{100 * ms / r['sum_ms']:.0f} %",
-                      "GFLOP": _f(gf, "{:.0f}"),
-                      "GFLOP/s": _f(gf / (ms / 1e3) if gf else None, "{:.0f}")}
+                      "GFLOP": fmt(gf, "{:.0f}"),
+                      "GFLOP/s": fmt(gf / (ms / 1e3) if gf else None, "{:.0f}")}
                      for name, ms, gf in zip(r["names"], r["stage_ms"], r["gflop"])]
             L.append(f"{t} {tower}: sum {r['sum_ms']:.0f} ms vs whole graph {r['whole_ms']:.0f} ms "
                      f"(other load {100 * r['foreign']:.0f} %); "
@@ -947,8 +890,8 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
                    "ring/window": f"{r['ring']}/{r['window']}"}
             for k in ("stage", "stage_no_attention", "matmuls", "attention", "gelu_erf",
                       "gelu_tanh_table", "norms"):
-                row[k] = _f(r.get(k), "{:.1f}")
-            row["other load %"] = _f(100 * r.get("foreign", math.nan), "{:.0f}")
+                row[k] = fmt(r.get(k), "{:.1f}")
+            row["other load %"] = fmt(100 * r.get("foreign", math.nan), "{:.0f}")
             orows.append(row)
         L.append(table(orows, list(orows[0]) if orows else []))
         L.append("  (matmuls: the four weight matmuls per layer only; attention: RoPE + KV write + flash "
@@ -961,8 +904,8 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
     if conv:
         L.append("### conversion (this run)")
         for t, r in conv.items():
-            L.append(f"- {t}: {_f(r.get('seconds'), '{:.0f}')} s, {_f(r.get('bytes', 0) / 1e9)} GB, "
-                     f"peak RSS {_f(r.get('peak_rss_gb'))} GB")
+            L.append(f"- {t}: {fmt(r.get('seconds'), '{:.0f}')} s, {fmt(r.get('bytes', 0) / 1e9)} GB, "
+                     f"peak RSS {fmt(r.get('peak_rss_gb'))} GB")
         L.append("")
     L.append(f"total bench time {total_s / 60:.1f} min")
     L.append("### commands (cwd: the repository root)")

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,9 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.codec import (Contention, _median, _summary, _tensor, _timed_runs, peak_rss_gb,
-                         run_worker)
+from bench.codec import _summary, _tensor
 from bench.common import table
+from bench.harness import (Contention, Driver, fmt, median, peak_rss_gb, perf_top, report_footer,
+                           timed_runs)
 
 WORK = ROOT / "bench" / "results" / "codec48k"
 INDEX_FILE = "model.safetensors.index.json"
@@ -260,79 +260,6 @@ def make_inputs(n_q: int, seconds: float = SECONDS) -> dict:
     return {"audio": audio_p, "codes": codes_p}
 
 
-# --- the shared machine -------------------------------------------------------------------------
-
-
-def _proc_table() -> dict[int, tuple[int, str]]:
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            stat = Path(f"/proc/{d}/stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError):
-            continue
-        out[int(d)] = (ppid, cmd.strip())
-    return out
-
-
-def other_bench_processes() -> list[str]:
-    """`bench/` processes that are neither our ancestors nor our descendants."""
-    procs = _proc_table()
-    mine, p = set(), os.getpid()
-    while p in procs and p not in mine:
-        mine.add(p)
-        p = procs[p][0]
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in procs.items():
-        children.setdefault(ppid, []).append(pid)
-    stack = [os.getpid()]
-    while stack:
-        q = stack.pop()
-        for c in children.get(q, []):
-            if c not in mine:
-                mine.add(c)
-                stack.append(c)
-    return [f"{pid}: {cmd[:140]}" for pid, (_, cmd) in sorted(procs.items())
-            if pid not in mine and "bench/" in cmd and "python" in cmd]
-
-
-def foreign_share(seconds: float = 2.0) -> float:
-    c = Contention()
-    time.sleep(seconds)
-    return c.share()
-
-
-class Quiet:
-    """Wait before a timing run until no other bench/ process runs and the CPUs are idle
-    (foreign share ≤ max_share); keeps a log of what it saw."""
-
-    def __init__(self, say, max_share: float = 0.15, max_wait_s: float = 3600.0):
-        self.say, self.max_share, self.max_wait_s = say, max_share, max_wait_s
-        self.seen: list[str] = []
-        self.waited_s = 0.0
-
-    def wait(self) -> None:
-        t0 = time.perf_counter()
-        announced = False
-        while time.perf_counter() - t0 < self.max_wait_s:
-            others = other_bench_processes()
-            share = foreign_share(1.0) if not others else None
-            if not others and share <= self.max_share:
-                break
-            msg = (f"other bench process(es): {'; '.join(others)}" if others
-                   else f"other processes use {100 * share:.0f} % of the CPUs")
-            if msg not in self.seen:
-                self.seen.append(msg)
-            if not announced:
-                self.say(f"  waiting: {msg}")
-                announced = True
-            time.sleep(10)
-        self.waited_s += time.perf_counter() - t0
-
-
 # --- workers (each in its own process) ------------------------------------------------------------
 
 
@@ -384,7 +311,7 @@ def instrument() -> dict:
 
 
 def _timed_split(acc, fn, runs):
-    """_timed_runs plus the warm-median split compute / host (advance, of which masks) /
+    """timed_runs plus the warm-median split compute / host (advance, of which masks) /
     Graph.run − compute / build, in ms per call."""
     splits = []
 
@@ -394,10 +321,10 @@ def _timed_split(acc, fn, runs):
         splits.append({k: 1e3 * (acc[k] - before[k]) for k in acc})
         return out
 
-    totals, chunks, foreign, out = _timed_runs(one, runs)
+    totals, chunks, foreign, out = timed_runs(one, runs)
     warm = splits[1:] or splits
-    split = {k: _median([s[k] for s in warm]) for k in acc}
-    split["run_minus_compute"] = _median([s["run"] - s["compute"] for s in warm])
+    split = {k: median([s[k] for s in warm]) for k in acc}
+    split["run_minus_compute"] = median([s["run"] - s["compute"] for s in warm])
     return totals, chunks, foreign, out, split
 
 
@@ -455,18 +382,18 @@ def worker_stream(args) -> dict:
     steady = [t for times in runs for t in times[1:]]
     # once every stage's window is full (the 50 Hz stage needs 10 s = 125 frames)
     full = [t for times in runs for t in times[FULL_WINDOW_FRAMES:]]
-    full_split = {k: _median([sp[i][k] for sp in split for i in range(FULL_WINDOW_FRAMES, len(sp))])
+    full_split = {k: median([sp[i][k] for sp in split for i in range(FULL_WINDOW_FRAMES, len(sp))])
                   for k in acc}
     # by push index: the cost grows while the windows fill
-    by_index = [1e3 * _median([times[i] for times in runs]) for i in range(codes.shape[1])]
+    by_index = [1e3 * median([times[i] for times in runs]) for i in range(codes.shape[1])]
     # a 10 s utterance: the mean over its frames (the windows fill during it), later runs
     ten_s = int(round(SECONDS * codec.config.frame_rate))
     later = runs[1:] or runs
     return {"load_s": load_s, "push": args.push, "first_ms": 1e3 * runs[0][0],
             "mean_10s_ms": 1e3 * float(np.mean([t[:ten_s] for t in later])),
             "first_ms_later_sessions": [1e3 * t[0] for t in runs[1:]],
-            "median_ms": 1e3 * _median(steady), "p90_ms": 1e3 * float(np.percentile(steady, 90)),
-            "full_window_ms": 1e3 * _median(full),
+            "median_ms": 1e3 * median(steady), "p90_ms": 1e3 * float(np.percentile(steady, 90)),
+            "full_window_ms": 1e3 * median(full),
             "full_window_p90_ms": 1e3 * float(np.percentile(full, 90)),
             "full_window_split_ms": full_split,
             "ms_push_by_index": {i + 1: by_index[i] for i in PUSH_INDEX if i < len(by_index)},
@@ -508,43 +435,16 @@ def worker_sweep(args) -> dict:
               for t, r in codecs[c]._runners.items()}
         for w in ops_:
             sp = splits[(c, w)]
-            out["rows"].append({"chunk": c, "op": w, "median_s": _median(times[(c, w)]),
+            out["rows"].append({"chunk": c, "op": w, "median_s": median(times[(c, w)]),
                                 "all_s": times[(c, w)],
-                                "compute_ms": _median([x["compute"] for x in sp]),
-                                "host_ms": _median([x["advance"] for x in sp]),
+                                "compute_ms": median([x["compute"] for x in sp]),
+                                "host_ms": median([x["advance"] for x in sp]),
                                 "kv_mib": kv.get("encoder" if w == "encode" else "decoder")})
     return out
 
 
 WORKERS = {"convert": worker_convert, "encode": worker_encode, "decode": worker_decode,
            "stream": worker_stream, "sweep": worker_sweep}
-
-
-# --- perf attribution (optional: needs linux `perf`) ----------------------------------------------
-
-
-def perf_top(cmd: list[str], data: Path, n: int = 14) -> list[str]:
-    """`perf record -g` a command, then the top-n symbols by self time (all threads):
-    "pct% dso symbol". Empty when perf is missing or not permitted."""
-    import shutil
-
-    if not shutil.which("perf"):
-        return ["(perf not installed)"]
-    rec = subprocess.run(["perf", "record", "-F", "2000", "-g", "-o", str(data), "--", *cmd],
-                         cwd=ROOT, capture_output=True, text=True, check=False)
-    if rec.returncode != 0:
-        return [f"(perf record failed: {rec.stderr.strip().splitlines()[-1:]})"]
-    rep = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,symbol",
-                          "--stdio"], cwd=ROOT, capture_output=True, text=True, check=False)
-    out = []
-    for line in rep.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[0].endswith("%") and not line.lstrip().startswith(("|", "-")):
-            sym = " ".join(parts[3:]).replace("(anonymous namespace)::", "").removesuffix(" - -")
-            out.append(f"{parts[0]:>7} {parts[1]:<22.22} {sym[:90]}")
-        if len(out) >= n:
-            break
-    return out
 
 
 def worker_loop(args) -> dict:
@@ -571,64 +471,6 @@ WORKERS["loop"] = worker_loop
 
 # --- driver -----------------------------------------------------------------------------------
 
-RETRY_FOREIGN, RETRIES = 0.10, 2
-
-
-def report_footer(d: "Driver", total_s: float) -> list[str]:
-    """The report's last lines: the other load seen, the bench time, every command run."""
-    return [f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
-            + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"),
-            f"total bench time {total_s / 60:.1f} min",
-            "### commands (cwd: the repository root)",
-            f"    {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}",
-            *(f"    {c}" for c in d.commands)]
-
-
-class Driver:
-    def __init__(self, args, log_path: Path, script: Path | None = None):
-        self.args = args
-        self.script = Path(script or __file__).resolve()
-        self.commands: list[str] = []
-        self.log_path = log_path
-        self.quiet = Quiet(self.say)
-
-    def say(self, msg: str) -> None:
-        print(msg, flush=True)
-        with open(self.log_path, "a") as f:
-            f.write(msg + "\n")
-
-    def worker(self, mode: str, *, timing: bool = True, **kw) -> dict:
-        cmd = [sys.executable, str(self.script.relative_to(ROOT)), "--worker", mode]
-        for k, v in kw.items():
-            if v is True:
-                cmd.append(f"--{k}")
-            elif v is not None and v is not False:
-                cmd += [f"--{k}", str(v)]
-        return self.run(cmd, timing=timing)
-
-    def run(self, cmd: list[str], *, timing: bool = True) -> dict:
-        """A measuring subprocess, after waiting for a quiet machine; measured again when other
-        processes still took > 10 % of the CPUs (keeping the less disturbed result)."""
-        line = " ".join(shlex.quote(c) for c in cmd)
-        self.commands.append(line)
-        out = None
-        for attempt in range(RETRIES + 1):
-            if timing:
-                self.quiet.wait()
-            again = self._run(cmd, line)
-            if out is None or again.get("foreign", 1) < out.get("foreign", 1):
-                out = again
-            if not timing or out.get("foreign", 0) <= RETRY_FOREIGN or "error" in out:
-                break
-            self.say(f"  (other processes used {100 * out['foreign']:.0f} % of the CPUs: again)")
-        return out
-
-    def _run(self, cmd, line) -> dict:
-        return run_worker(cmd, line, self.say)
-
-
-def _f(x, fmt="{:.2f}"):
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
 def main(argv=None):
@@ -666,7 +508,7 @@ NANO_DEFAULT_CHUNK = 2.5
 def drive(args) -> int:
 
     WORK.mkdir(parents=True, exist_ok=True)
-    d = Driver(args, WORK / "log.txt")
+    d = Driver(args, WORK / "log.txt", script=Path(__file__))
     default_chunk = NANO_DEFAULT_CHUNK
     d.say(f"=== bench/codec48k.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
           f"{' '.join(shlex.quote(a) for a in sys.argv)}")
@@ -737,7 +579,7 @@ def drive(args) -> int:
             key = ("v2", "f16", "decode", c)
             res[key] = d.worker("decode", variant="v2", type="f16", chunk=c, threads=args.threads,
                                 runs=v2runs)
-            d.say(f"v2 f16 decode chunk {c:g}: {_f(res[key].get('median_s'))} s")
+            d.say(f"v2 f16 decode chunk {c:g}: {fmt(res[key].get('median_s'))} s")
     report = render(args, variants, types, res, conv, ckpt_gb, d, default_chunk,
                     time.perf_counter() - t_start)
     d.say(report)
@@ -758,19 +600,19 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
         for t in types["nano"]:
             e, dd, s = (res.get(("nano", t, w), {}) for w in ("encode", "decode", "stream"))
             rows.append({
-                "Nano": t, "encode s": _f(e.get("median_s")) + (_mark(e.get("median_s"), NANO_GOALS["encode_s"])),
-                "decode s": _f(dd.get("median_s")) + _mark(dd.get("median_s"), NANO_GOALS["decode_s"]),
-                "RTF enc/dec": f"{_f(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
-                               f"{_f(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
-                "stream ms/frame: first 10 s mean / full window": f"{_f(s.get('mean_10s_ms'), '{:.1f}')}"
+                "Nano": t, "encode s": fmt(e.get("median_s")) + (_mark(e.get("median_s"), NANO_GOALS["encode_s"])),
+                "decode s": fmt(dd.get("median_s")) + _mark(dd.get("median_s"), NANO_GOALS["decode_s"]),
+                "RTF enc/dec": f"{fmt(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
+                               f"{fmt(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
+                "stream ms/frame: first 10 s mean / full window": f"{fmt(s.get('mean_10s_ms'), '{:.1f}')}"
                     + _mark(s.get("mean_10s_ms"), NANO_GOALS["stream_ms"]) + " / "
-                    + _f(s.get("full_window_ms"), "{:.1f}") + _mark(s.get("full_window_ms"), NANO_GOALS["stream_ms"]),
-                "stream p90 (full) / first push ms": f"{_f(s.get('full_window_p90_ms'), '{:.1f}')} / {_f(s.get('first_ms'), '{:.0f}')}",
-                "stream vs decode": _f(s.get("stream_vs_decode_rel"), "{:.1e}"),
-                "peak RSS GB enc/dec/stream": f"{_f(e.get('peak_rss_gb'))}/{_f(dd.get('peak_rss_gb'))}/"
-                                              f"{_f(s.get('peak_rss_gb'))}",
-                "cold enc/dec s": f"{_f(e.get('cold_s'))}/{_f(dd.get('cold_s'))}",
-                "other load % e/d/s": "/".join(_f(100 * r.get("foreign", math.nan), "{:.0f}") for r in (e, dd, s)),
+                    + fmt(s.get("full_window_ms"), "{:.1f}") + _mark(s.get("full_window_ms"), NANO_GOALS["stream_ms"]),
+                "stream p90 (full) / first push ms": f"{fmt(s.get('full_window_p90_ms'), '{:.1f}')} / {fmt(s.get('first_ms'), '{:.0f}')}",
+                "stream vs decode": fmt(s.get("stream_vs_decode_rel"), "{:.1e}"),
+                "peak RSS GB enc/dec/stream": f"{fmt(e.get('peak_rss_gb'))}/{fmt(dd.get('peak_rss_gb'))}/"
+                                              f"{fmt(s.get('peak_rss_gb'))}",
+                "cold enc/dec s": f"{fmt(e.get('cold_s'))}/{fmt(dd.get('cold_s'))}",
+                "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}") for r in (e, dd, s)),
             })
         sk = "stream ms/frame: first 10 s mean / full window"
         rows.append({"Nano": "upstream f32 (issue)", "encode s": f"{NANO_UPSTREAM['encode_s']}",
@@ -843,14 +685,14 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
         rows = []
         for t in types["v2"]:
             dd, e = res.get(("v2", t, "decode"), {}), res.get(("v2", t, "encode"), {})
-            rows.append({"v2": t, "decode s": _f(dd.get("median_s")),
-                         "RTF": _f(dd.get("median_s", math.nan) / SECONDS, "{:.3f}"),
+            rows.append({"v2": t, "decode s": fmt(dd.get("median_s")),
+                         "RTF": fmt(dd.get("median_s", math.nan) / SECONDS, "{:.3f}"),
                          "warm runs s": " ".join(f"{x:.2f}" for x in dd.get("warm_s", [])),
-                         "cold s": _f(dd.get("cold_s")), "load s": _f(dd.get("load_s")),
-                         "peak RSS GB": _f(dd.get("peak_rss_gb")), "weight GB": _f(dd.get("weight_gb")),
-                         "KV MiB": _f(dd.get("kv_cache_mib"), "{:.0f}"),
-                         "encode s": _f(e.get("median_s")),
-                         "other load %": _f(100 * dd.get("foreign", math.nan), "{:.0f}")})
+                         "cold s": fmt(dd.get("cold_s")), "load s": fmt(dd.get("load_s")),
+                         "peak RSS GB": fmt(dd.get("peak_rss_gb")), "weight GB": fmt(dd.get("weight_gb")),
+                         "KV MiB": fmt(dd.get("kv_cache_mib"), "{:.0f}"),
+                         "encode s": fmt(e.get("median_s")),
+                         "other load %": fmt(100 * dd.get("foreign", math.nan), "{:.0f}")})
         L.append(f"### MOSS-Audio-Tokenizer-v2 ({ckpt_gb.get('v2', 0):.2f} GB f32 checkpoint), decode of 10 s")
         L.append(table(rows, list(rows[0])))
         for t in types["v2"]:
@@ -860,14 +702,14 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                          + " [cold " + " ".join(f"{x:.0f}" for x in r["cold_chunk_ms"]) + "]")
         for k, r in res.items():
             if len(k) == 4 and k[0] == "v2":
-                L.append(f"- v2 f16 decode chunk_seconds={k[3]:g}: {_f(r.get('median_s'))} s, peak "
-                         f"{_f(r.get('peak_rss_gb'))} GB, KV {_f(r.get('kv_cache_mib'), '{:.0f}')} MiB")
+                L.append(f"- v2 f16 decode chunk_seconds={k[3]:g}: {fmt(r.get('median_s'))} s, peak "
+                         f"{fmt(r.get('peak_rss_gb'))} GB, KV {fmt(r.get('kv_cache_mib'), '{:.0f}')} MiB")
         L.append("")
     if conv:
         L.append("### conversion (this run)")
         for (v, t), r in conv.items():
-            L.append(f"- {v} {t}: {_f(r.get('seconds'), '{:.0f}')} s, {_f(r.get('bytes', 0) / 1e9)} GB, "
-                     f"peak RSS {_f(r.get('peak_rss_gb'))} GB")
+            L.append(f"- {v} {t}: {fmt(r.get('seconds'), '{:.0f}')} s, {fmt(r.get('bytes', 0) / 1e9)} GB, "
+                     f"peak RSS {fmt(r.get('peak_rss_gb'))} GB")
         L.append("")
     L.extend(report_footer(d, total_s))
     return "\n".join(L)

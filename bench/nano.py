@@ -36,10 +36,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.codec import Contention, peak_rss_gb
-from bench.codec48k import Driver, perf_top, report_footer
 from bench.codec48k import gguf_path as codec_gguf_path
 from bench.common import table
+from bench.harness import Contention, Driver, peak_rss_gb, perf_top, report_footer
 
 WORK = ROOT / "bench" / "results" / "nano_real"
 CKPT = WORK / "checkpoint"
@@ -522,7 +521,7 @@ WORKERS = {"frames": worker_frames, "loop": worker_loop, "prefill": worker_prefi
 # --- driver -------------------------------------------------------------------------------------
 
 
-def _f(x, fmt="{:.1f}"):
+def fmt(x, fmt="{:.1f}"):
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
@@ -613,22 +612,22 @@ def render(args, types, res, conv, d, total_s) -> str:
         fa = a.get("warm", {}).get("wall")
         rows.append({
             "type": t,
-            "ms/frame": _f(ms) + ("" if goal is None or ms is None else (" OK" if ms <= goal else f" MISS (<= {goal:g})")),
-            "p90": _f(f.get("ms_frame_p90")),
-            "RTF": _f(None if ms is None else ms / FRAME_MS, "{:.3f}"),
-            "global step": f"{_f(f.get('global_ms'))} ({_f(f.get('global_compute_ms'))})",
-            "depth x17": f"{_f(f.get('depth_ms'))} ({_f(f.get('depth_compute_ms'))})",
-            "heads x16": _f(None if "micro_head_ms" not in f else 16 * f["micro_head_ms"]),
-            "sampling": _f(f.get("sample_ms")),
-            "ggml compute": _f(f.get("compute_ms")),
-            "python": _f(f.get("python_ms")),
-            "prefill 100 ms": _f(p.get("ms")) + ("" if p.get("ms") is None else
+            "ms/frame": fmt(ms) + ("" if goal is None or ms is None else (" OK" if ms <= goal else f" MISS (<= {goal:g})")),
+            "p90": fmt(f.get("ms_frame_p90")),
+            "RTF": fmt(None if ms is None else ms / FRAME_MS, "{:.3f}"),
+            "global step": f"{fmt(f.get('global_ms'))} ({fmt(f.get('global_compute_ms'))})",
+            "depth x17": f"{fmt(f.get('depth_ms'))} ({fmt(f.get('depth_compute_ms'))})",
+            "heads x16": fmt(None if "micro_head_ms" not in f else 16 * f["micro_head_ms"]),
+            "sampling": fmt(f.get("sample_ms")),
+            "ggml compute": fmt(f.get("compute_ms")),
+            "python": fmt(f.get("python_ms")),
+            "prefill 100 ms": fmt(p.get("ms")) + ("" if p.get("ms") is None else
                                                 (" OK" if p["ms"] <= GOALS["prefill_ms"] else " MISS")),
-            "first audio ms": (_f(fa, "{:.0f}") + ("" if fa is None else
+            "first audio ms": (fmt(fa, "{:.0f}") + ("" if fa is None else
                                                    (" OK" if fa <= GOALS["first_audio_ms"] else " MISS"))
-                               + f" [cold {_f(a.get('cold', {}).get('wall'), '{:.0f}')}]"),
-            "peak RSS GB": _f(f.get("peak_rss_gb"), "{:.2f}"),
-            "other load % f/p/a": "/".join(_f(100 * r.get("foreign", math.nan), "{:.0f}") for r in (f, p, a)),
+                               + f" [cold {fmt(a.get('cold', {}).get('wall'), '{:.0f}')}]"),
+            "peak RSS GB": fmt(f.get("peak_rss_gb"), "{:.2f}"),
+            "other load % f/p/a": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}") for r in (f, p, a)),
         })
     L.append(table(rows, list(rows[0])))
     L.append("(global step / depth: wall incl. host work, (ggml compute); heads x16: the 16 audio head "

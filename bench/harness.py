@@ -1,0 +1,242 @@
+"""The measuring harness shared by the bench drivers: subprocess workers with their JSON result,
+the CPU share other processes took meanwhile, waiting for a quiet machine, peak RSS, `perf`
+attribution and the report footer. (bench/upstream_codec.py runs in a torch venv without this
+package and keeps its own timing.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RETRY_FOREIGN = 0.10   # re-measure when other processes took more than this share of the CPUs
+RETRIES = 2
+
+
+def peak_rss_gb() -> float:
+    """VmHWM: the peak resident set, file-backed (mmapped weights) pages included."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+class Contention:
+    """CPU time the rest of the machine used while we measured, as a share of all cores: this
+    machine is shared, and ggml's spinning threads slow down badly when a core is taken."""
+
+    def __init__(self):
+        self.t, self.busy, self.own = self._snap()
+
+    @staticmethod
+    def _snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+        t = os.times()
+        return time.perf_counter(), busy, t.user + t.system
+
+    def share(self) -> float:
+        t, busy, own = self._snap()
+        return max(0.0, (busy - self.busy) - (own - self.own)) / ((t - self.t) * os.cpu_count())
+
+
+def timed_runs(fn, runs: int):
+    """First call (cold: graph build + first touch of the weights) + `runs` warm calls; per call
+    the total, the per-chunk times (from the progress callback) and the foreign CPU share."""
+    totals, chunks, foreign, out = [], [], [], None
+    for _ in range(runs + 1):
+        c = Contention()
+        marks = [time.perf_counter()]
+        out = fn(lambda done, total, marks=marks: marks.append(time.perf_counter()))
+        end = time.perf_counter()
+        foreign.append(c.share())
+        totals.append(end - marks[0])
+        chunks.append(list(np.diff(marks)))
+    return totals, chunks, foreign, out
+
+
+def run_worker(cmd: list[str], line: str, say) -> dict:
+    """One measuring subprocess: its last stdout line is its JSON result (+ wall_s)."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        say(f"FAILED ({p.returncode}): {line}\n{p.stderr[-3000:]}")
+        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def fmt(x, fmt="{:.2f}"):
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+# --- the shared machine -------------------------------------------------------------------------
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = Path(f"/proc/{d}/stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError):
+            continue
+        out[int(d)] = (ppid, cmd.strip())
+    return out
+
+
+def other_bench_processes() -> list[str]:
+    """`bench/` processes that are neither our ancestors nor our descendants."""
+    procs = _proc_table()
+    mine, p = set(), os.getpid()
+    while p in procs and p not in mine:
+        mine.add(p)
+        p = procs[p][0]
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    stack = [os.getpid()]
+    while stack:
+        q = stack.pop()
+        for c in children.get(q, []):
+            if c not in mine:
+                mine.add(c)
+                stack.append(c)
+    return [f"{pid}: {cmd[:140]}" for pid, (_, cmd) in sorted(procs.items())
+            if pid not in mine and "bench/" in cmd and "python" in cmd]
+
+
+def foreign_share(seconds: float = 2.0) -> float:
+    c = Contention()
+    time.sleep(seconds)
+    return c.share()
+
+
+class Quiet:
+    """Wait before a timing run until no other bench/ process runs and the CPUs are idle
+    (foreign share ≤ max_share); keeps a log of what it saw."""
+
+    def __init__(self, say, max_share: float = 0.15, max_wait_s: float = 3600.0):
+        self.say, self.max_share, self.max_wait_s = say, max_share, max_wait_s
+        self.seen: list[str] = []
+        self.waited_s = 0.0
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        announced = False
+        while time.perf_counter() - t0 < self.max_wait_s:
+            others = other_bench_processes()
+            share = foreign_share(1.0) if not others else None
+            if not others and share <= self.max_share:
+                break
+            msg = (f"other bench process(es): {'; '.join(others)}" if others
+                   else f"other processes use {100 * share:.0f} % of the CPUs")
+            if msg not in self.seen:
+                self.seen.append(msg)
+            if not announced:
+                self.say(f"  waiting: {msg}")
+                announced = True
+            time.sleep(10)
+        self.waited_s += time.perf_counter() - t0
+
+
+# --- perf attribution (optional: needs linux `perf`) ----------------------------------------------
+
+
+def perf_top(cmd: list[str], data: Path, n: int = 14) -> list[str]:
+    """`perf record -g` a command, then the top-n symbols by self time (all threads):
+    "pct% dso symbol". Empty when perf is missing or not permitted."""
+    import shutil
+
+    if not shutil.which("perf"):
+        return ["(perf not installed)"]
+    rec = subprocess.run(["perf", "record", "-F", "2000", "-g", "-o", str(data), "--", *cmd],
+                         cwd=ROOT, capture_output=True, text=True, check=False)
+    if rec.returncode != 0:
+        return [f"(perf record failed: {rec.stderr.strip().splitlines()[-1:]})"]
+    rep = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,symbol",
+                          "--stdio"], cwd=ROOT, capture_output=True, text=True, check=False)
+    out = []
+    for line in rep.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0].endswith("%") and not line.lstrip().startswith(("|", "-")):
+            sym = " ".join(parts[3:]).replace("(anonymous namespace)::", "").removesuffix(" - -")
+            out.append(f"{parts[0]:>7} {parts[1]:<22.22} {sym[:90]}")
+        if len(out) >= n:
+            break
+    return out
+
+
+def report_footer(d: "Driver", total_s: float) -> list[str]:
+    """The report's last lines: the other load seen, the bench time, every command run."""
+    return [f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
+            + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"),
+            f"total bench time {total_s / 60:.1f} min",
+            "### commands (cwd: the repository root)",
+            f"    {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}",
+            *(f"    {c}" for c in d.commands)]
+
+
+class Driver:
+    """Runs `script --worker MODE ...` subprocesses after waiting for a quiet machine, logs what
+    they print, and keeps every command for the report."""
+
+    def __init__(self, args, log_path: Path, script: Path):
+        self.args = args
+        self.script = Path(script).resolve()
+        self.commands: list[str] = []
+        self.log_path = log_path
+        self.quiet = Quiet(self.say)
+
+    def say(self, msg: str) -> None:
+        print(msg, flush=True)
+        with open(self.log_path, "a") as f:
+            f.write(msg + "\n")
+
+    def worker(self, mode: str, *, timing: bool = True, **kw) -> dict:
+        cmd = [sys.executable, str(self.script.relative_to(ROOT)), "--worker", mode]
+        for k, v in kw.items():
+            if v is True:
+                cmd.append(f"--{k}")
+            elif v is not None and v is not False:
+                cmd += [f"--{k}", str(v)]
+        return self.run(cmd, timing=timing)
+
+    def run(self, cmd: list[str], *, timing: bool = True) -> dict:
+        """A measuring subprocess, after waiting for a quiet machine; measured again when other
+        processes still took > 10 % of the CPUs (keeping the less disturbed result)."""
+        line = " ".join(shlex.quote(c) for c in cmd)
+        self.commands.append(line)
+        out = None
+        for attempt in range(RETRIES + 1):
+            if timing:
+                self.quiet.wait()
+            again = self._run(cmd, line)
+            if out is None or again.get("foreign", 1) < out.get("foreign", 1):
+                out = again
+            if not timing or out.get("foreign", 0) <= RETRY_FOREIGN or "error" in out:
+                break
+            self.say(f"  (other processes used {100 * out['foreign']:.0f} % of the CPUs: again)")
+        return out
+
+    def _run(self, cmd, line) -> dict:
+        return run_worker(cmd, line, self.say)
