@@ -423,9 +423,9 @@ def worker_prefill(args) -> dict:
 
 def worker_first_audio(args) -> dict:
     """NanoTTS.stream(one sentence) until its first audio chunk: text → rows, state, prefill,
-    frame 1 (depth graphs built per utterance), codec stream decoder (built per utterance) push
-    of frame 1. First call in the process (cold: weights paged in, first graphs) and warm
-    repeats (a new utterance each: same per-utterance builds)."""
+    frame 1, codec stream decoder push of frame 1. First call in the process (cold: weights
+    paged in, caches allocated, graphs built) and warm repeats (a new utterance each: the
+    generation state and the codec stream decoder of the previous one are reset and reused)."""
     codec_path = codec_gguf_path("nano", args.codec_type)
     if not codec_path.exists():
         raise SystemExit(f"{codec_path} missing: run bench/codec48k.py --variants nano first")

@@ -193,6 +193,12 @@ class GenerationState:
         self.depth_graphs: list[Graph] = []       # one per local position, replayed every frame
         self.position = 0
 
+    def reset(self) -> None:
+        """Empty the caches for a new utterance; the built graphs stay valid (same caches)."""
+        self.cache.reset()
+        self.local_cache.reset()
+        self.position = 0
+
     def close(self) -> None:
         for g in [self.step_graph, *self.depth_graphs]:
             if g is not None:

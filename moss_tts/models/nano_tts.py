@@ -31,6 +31,10 @@ MAX_FRAMES = 1000          # hard cap per chunk (80 s); upstream's fixed 375 cut
 FRAMES_PER_TOKEN = 6.0     # generous: speech runs ~2-4 frames (80 ms) per text token
 MIN_FRAMES = 64
 STALL_FRAMES = 50          # 4 s of one identical frame is a runaway, not speech
+# Generation states are sized in steps of this many rows, so the next utterance can usually
+# reuse the last one (caches allocated and graphs built): the step graph attends over every
+# slot, but masked slots cost flash attention next to nothing
+STATE_ROWS_STEP = 256
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class NanoTTS(NativeResource):
         self.model = model
         self.config = model.config
         self.codec = codec
+        self._idle_state = None  # the last utterance's generation state, kept for the next
         blob = model.weights.file.get(TOKENIZER_KEY)
         if blob is None:
             raise ModelFileError(f"{model.weights.file.path}: no embedded SentencePiece model "
@@ -110,7 +115,7 @@ class NanoTTS(NativeResource):
             raise InputError(f"max_frames must be at least 1, got {max_frames}")
         rng = np.random.default_rng(seed) if options.do_sample else None
         seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)  # per-channel history
-        state = m.make_state(len(rows) + max_frames)
+        state = self._take_state(len(rows) + max_frames)
         try:
             h = m.prefill(state, rows)
             last, same = None, 0
@@ -129,7 +134,29 @@ class NanoTTS(NativeResource):
                 h = m.prefill(state, m.frame_row(codes))
             logger.info("frame budget of %d reached", max_frames)
         finally:
+            self._give_back(state)
+
+    def _take_state(self, rows: int):
+        """A generation state for `rows` rows: the idle one when it is large enough (reset),
+        else a new one. Owned by the caller until `_give_back`."""
+        idle = self._idle_state
+        if idle is not None and idle.capacity >= rows:
+            self._idle_state = None
+            idle.reset()
+            return idle
+        return self.model.make_state(-(-rows // STATE_ROWS_STEP) * STATE_ROWS_STEP)
+
+    def _give_back(self, state) -> None:
+        """Keep the larger of the returned and the idle state for the next utterance."""
+        if self.model is None:                     # closed while a generator was suspended
             state.close()
+            return
+        keep, drop = state, self._idle_state
+        if drop is not None and drop.capacity > state.capacity:
+            keep, drop = drop, state
+        self._idle_state = keep
+        if drop is not None:
+            drop.close()
 
     def generate(self, rows: np.ndarray, **kwargs) -> np.ndarray:
         """Prompt rows → generated codes [frames, n_vq]."""
@@ -193,6 +220,9 @@ class NanoTTS(NativeResource):
         return self.codec
 
     def close(self) -> None:
+        if getattr(self, "_idle_state", None) is not None:
+            self._idle_state.close()
+            self._idle_state = None
         if getattr(self, "codec", None) is not None:
             self.codec.close()
             self.codec = None

@@ -153,6 +153,41 @@ def test_same_seed_same_audio_and_different_seed_different_audio(nano_tts):
     assert (codes_3 != tts.generate(rows, seed=4, max_frames=12)).any()
 
 
+def test_generation_state_reused_across_utterances_starts_clean(nano_files, codec_gguf):
+    """The last utterance's generation state (caches, built graphs) serves the next one when it
+    is large enough, reset: results equal a fresh instance's, whatever ran before, and an
+    abandoned stream still hands its state back."""
+    _, gguf = nano_files(*NEVER_STOPS)
+    with NanoTTS.load(gguf, codec=codec_gguf, threads=THREADS) as tts, \
+            NanoTTS.load(gguf, codec=codec_gguf, threads=THREADS) as fresh:
+        short = single_prompt(tts, "voice_clone")
+        longer = single_prompt(tts, "voice_clone", text=LONG_TEXT[:90])
+        first = tts.generate(short, seed=5, max_frames=10)
+        state = tts._idle_state
+        assert state is not None and state.position > 0
+        again = tts.generate(short, seed=5, max_frames=10)
+        assert tts._idle_state is state, "a large enough idle state was not reused"
+        np.testing.assert_array_equal(again, first)
+        big = tts.generate(longer, seed=6, max_frames=300)       # needs a larger state
+        assert tts._idle_state.capacity >= len(longer) + 300
+        np.testing.assert_array_equal(big, fresh.generate(longer, seed=6, max_frames=300))
+        np.testing.assert_array_equal(tts.generate(short, seed=5, max_frames=10), first)
+        frames = tts.iter_frames(short, seed=5, max_frames=10)
+        next(frames)
+        assert tts._idle_state is None, "a running utterance must own its state"
+        frames.close()                                            # abandoned mid-utterance
+        assert tts._idle_state is not None
+        np.testing.assert_array_equal(tts.generate(short, seed=5, max_frames=10), first)
+        # the reset is what makes reuse clean: a prompt prefilled into the used state without
+        # it (after the stale rows) differs from a new state's; after it, it is the same
+        state, new = tts._idle_state, fresh.model.make_state(len(short))
+        want = fresh.model.prefill(new, short)
+        new.close()
+        assert_differs(tts.model.prefill(state, short), want, atol=1e-4, what="no reset")
+        state.reset()
+        np.testing.assert_array_equal(tts.model.prefill(state, short), want)
+
+
 def test_continuation_audio_continues_the_prompt_codec_stream(nano_tts):
     """With prompt codes the codec stream starts from the prompt; its audio is not returned."""
     tts = nano_tts(*NEVER_STOPS)
