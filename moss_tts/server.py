@@ -235,7 +235,11 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                 samples, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
             except Exception:
                 raise InputError("audio is not a readable WAV/FLAC file") from None
-            ref = await asyncio.to_thread(tts.encode_reference, samples, rate)
+            def encode():
+                with queue:   # the model (and its codec's encoder) serves one caller at a time
+                    return tts.encode_reference(samples, rate)
+
+            ref = await asyncio.to_thread(encode)
             add_voice(str(body.get("name", "")), ref.codes, {"source": "upload"},
                       root=voices_root)
         except (MossTTSError, ValueError, TypeError) as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 
 from ..errors import BackendError
@@ -111,7 +112,12 @@ def _find_device(name: str):
 
 
 class Backend(NativeResource):
-    """One initialized ggml backend. `Backend("cpu", threads=2)`; close() frees it."""
+    """One initialized ggml backend. `Backend("cpu", threads=2)`; close() frees it.
+
+    Graph computes on one backend run one at a time: the CPU backend plans every compute into a
+    single work buffer it owns, so two threads computing at once (two models sharing the
+    backend, a voice upload during a synthesis) corrupt each other's results.
+    """
 
     def __init__(self, name: str = "cpu", threads: int | None = None):
         self.lib = _lib.get()
@@ -125,6 +131,7 @@ class Backend(NativeResource):
         self.is_host = bool(self.lib.ggml_backend_buft_is_host(self.buffer_type))
         self.alignment = self.lib.ggml_backend_buft_get_alignment(self.buffer_type)
         self.threads = 0
+        self._compute_lock = threading.Lock()
         self.set_threads(threads)
 
     @property
@@ -138,11 +145,13 @@ class Backend(NativeResource):
         if n < 1:
             raise BackendError(f"threads must be at least 1, got {threads}")
         if self.is_cpu:
-            self.lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
+            with self._compute_lock:    # not while a compute plans with the old count
+                self.lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
         self.threads = n
 
     def compute(self, cgraph) -> None:
-        status = self.lib.ggml_backend_graph_compute(self.ptr, cgraph)
+        with self._compute_lock:    # the ctypes call releases the GIL
+            status = self.lib.ggml_backend_graph_compute(self.ptr, cgraph)
         if status != 0:
             raise BackendError(f"ggml graph compute failed on {self.name} (status {status})")
 
