@@ -168,6 +168,7 @@ class Backend(NativeResource):
 
 
 _default: dict[tuple[str, int | None], Backend] = {}
+_default_lock = threading.Lock()
 
 
 def get_backend(backend: "Backend | str | None" = None, threads: int | None = None) -> Backend:
@@ -175,9 +176,10 @@ def get_backend(backend: "Backend | str | None" = None, threads: int | None = No
     if isinstance(backend, Backend):
         return backend
     key = ((backend or "cpu").lower(), threads)
-    if key not in _default:
-        _default[key] = Backend(key[0], threads)
-    return _default[key]
+    with _default_lock:   # models loaded from two threads share one backend, not two
+        if key not in _default:
+            _default[key] = Backend(key[0], threads)
+        return _default[key]
 
 
 class Allocator(NativeResource):
