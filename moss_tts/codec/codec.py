@@ -277,7 +277,10 @@ class StreamDecoder(NativeResource):
         if self._runner is None:
             raise InputError("this stream decoder is closed; make a new one with "
                              "codec.stream_decoder()")
-        codes = self.codec.check_codes(codes, self.n_q)
+        c = np.asarray(codes)
+        if c.ndim == 2 and c.shape[1] == 0 and c.shape[0] >= self.n_q:   # an empty chunk
+            return np.zeros((0, self.codec.channels), dtype=np.float32)
+        codes = self.codec.check_codes(c, self.n_q)
         parts = []
         for start, f in self.codec._chunks(codes.shape[1], self._runner, None):
             feed = {"codes": self.codec._stacked(codes[:, start:start + f])}

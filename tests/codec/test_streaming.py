@@ -171,6 +171,8 @@ def test_flush_returns_no_samples(codec):
     codes = stream_codes(codec)
     with codec.stream_decoder() as decoder:
         assert decoder.flush().shape == (0, codec.channels)
+        empty = decoder.push(codes[:, :0])            # an empty chunk from a producer is fine
+        assert empty.shape == (0, codec.channels) and empty.dtype == np.float32
         decoder.push(codes[:, :4])
         tail = decoder.flush()
     assert tail.shape == (0, codec.channels) and tail.dtype == np.float32
