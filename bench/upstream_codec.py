@@ -1,7 +1,8 @@
 """Upstream PyTorch MOSS-Audio-Tokenizer (f32) on the random real-size checkpoint that
 bench/codec.py writes: time encode or decode of the same 10 s input, peak RSS; save the codes /
 audio for the parity check. Run it with a venv's python that has torch + transformers (never a
-dependency of the package); bench/codec.py calls it with `--upstream PY`.
+dependency of the package; from this repository it imports only bench/harness.py, stdlib and
+numpy); bench/codec.py calls it with `--upstream PY`.
 
     /tmp/torchvenv/bin/python bench/upstream_codec.py --mode encode|decode
         [--ckpt bench/results/codec_real/checkpoint] [--work bench/results/codec_real]
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.harness import Contention, peak_rss_gb  # noqa: E402  (stdlib + numpy: fine in the torch venv)
 MIRROR = Path("/work/.mirror/OpenMOSS+MOSS-Audio-Tokenizer/repo")
 UPSTREAM_DIR = ROOT / "bench" / "results" / "upstream"
 FILES = ("modeling_moss_audio_tokenizer.py", "configuration_moss_audio_tokenizer.py")
@@ -46,33 +49,6 @@ def fetch_upstream() -> str:
                              f"{UPSTREAM_DIR}")
     (UPSTREAM_DIR / "__init__.py").touch()
     return commit
-
-
-class Contention:
-    """CPU time the rest of the machine used while we measured, as a share of all cores (the
-    same measure as bench/codec.py)."""
-
-    def __init__(self):
-        self.t, self.busy, self.own = self._snap()
-
-    @staticmethod
-    def _snap():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-        t = os.times()
-        return time.perf_counter(), busy, t.user + t.system
-
-    def share(self) -> float:
-        t, busy, own = self._snap()
-        return max(0.0, (busy - self.busy) - (own - self.own)) / ((t - self.t) * os.cpu_count())
-
-
-def peak_rss_gb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / 1e9
-    return float("nan")
 
 
 def load_model(ckpt: Path):
