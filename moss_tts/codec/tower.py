@@ -24,6 +24,7 @@ from .config import PATCH, TRANSFORMER, CodecConfig, StageConfig
 # activations placed after it stay 64-byte aligned (ggml's CPU buffers only align to 32); a
 # misaligned f32 matmul was 30-50 % slower in bench/codec.py. Extra slots are always masked.
 SLOT_ALIGN = 32
+PREFIX_STEPS = ("chunk", "doubling", "full")  # how the attended prefix grows (TowerState)
 
 LAYER_TENSORS = ("norm1.weight", "norm1.bias", "self_attn.in_proj.weight",
                  "self_attn.out_proj.weight", "layer_scale_1.scale", "norm2.weight", "norm2.bias",
@@ -96,9 +97,6 @@ def transformer_stage(x: Tensor, stage: TransformerStage, cfg: CodecConfig, *, c
     if stage.output_proj is not None:
         x = linear(x, stage.output_proj)
     return x
-
-
-PREFIX_STEPS = ("chunk", "doubling", "full")
 
 
 class TowerState:
