@@ -4,13 +4,13 @@ written atomically (a temp file renamed into place, so no half-written model is 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import gguf
 import numpy as np
 
 from moss_tts.errors import ConfigError
+from moss_tts.fileio import atomic_output
 from moss_tts.ggml.quant import block_size, quantize, row_bytes
 from moss_tts.ggml.types import GGMLType
 from moss_tts.ggml.weights import KIND_KEY, VERSION_KEY
@@ -75,10 +75,7 @@ def write_gguf(path: str | os.PathLike, tensors: dict, meta: dict, *, kind: str,
     atomically, one tensor in memory at a time."""
     path = Path(path)
     outtype = GGMLType.parse(outtype)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         w = gguf.GGUFWriter(tmp, "moss-tts")
         w.add_string(KIND_KEY, kind)
         w.add_uint32(VERSION_KEY, version)
@@ -100,10 +97,6 @@ def write_gguf(path: str | os.PathLike, tensors: dict, meta: dict, *, kind: str,
             if progress:
                 progress(i + 1, len(plan), name)
         w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -4,13 +4,13 @@ atomic writes so a failed run never leaves a half-written file."""
 from __future__ import annotations
 
 import os
-import tempfile
 from math import gcd
 from pathlib import Path
 
 import numpy as np
 
 from .errors import InputError
+from .fileio import atomic_output
 
 WRITE_FORMATS = {".wav": "WAV", ".flac": "FLAC"}
 
@@ -84,15 +84,8 @@ def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int) 
     data = np.asarray(samples, dtype=np.float32)
     if fmt == "FLAC":
         data = np.clip(data, -1.0, 1.0)  # FLAC is integer PCM
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         sf.write(tmp, data, int(sample_rate), subtype=subtype, format=fmt)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
+from ..fileio import atomic_output
 
 
 def save_codes(path: str | os.PathLike, codes: np.ndarray) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".npy":
         raise InputError(f"{path}: codes are written as .npy; use a .npy file name")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.asarray(codes, dtype=np.int32))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, np.asarray(codes, dtype=np.int32))
     return path
 
 
