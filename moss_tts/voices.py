@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from .codec.io import save_codes
 from .errors import InputError
+from .fileio import atomic_output
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SUFFIX = ".voice.npz"  # codes and info in one file, so one rename stores a voice whole
 
 
 def voices_dir() -> Path:
@@ -26,49 +28,79 @@ def _paths(name: str, root: Path | None) -> tuple[Path, Path]:
         raise InputError(f"voice name {name!r} must be 1-64 letters, digits, '_', '-' or '.', "
                          "starting with a letter or digit")
     root = Path(root) if root else voices_dir()
-    return root / f"{name}.npy", root / f"{name}.json"
+    return root / f"{name}{SUFFIX}", root / f"{name}.npy"
 
 
 def add_voice(name: str, codes: np.ndarray, info: dict, *, root: Path | None = None,
               overwrite: bool = False) -> Path:
-    """Store codes [frames, n_vq] and `info` (sample rate, codebooks, source) under `name`."""
-    codes_path, info_path = _paths(name, root)
-    if codes_path.exists() and not overwrite:
+    """Store codes [frames, n_vq] and `info` (sample rate, codebooks, source) under `name`.
+
+    Codes and info are one file, replaced in one rename: concurrent writers of a name leave
+    one writer's codes with that writer's info, never a mix."""
+    path, legacy = _paths(name, root)
+    if (path.exists() or legacy.exists()) and not overwrite:
         raise InputError(f"voice {name!r} exists; remove it first (or pass --force)")
     codes = np.asarray(codes, dtype=np.int32)
     if codes.ndim != 2 or codes.shape[0] == 0:
         raise InputError(f"voice codes must be [frames, n_vq], got {codes.shape}")
     info = dict(info, frames=int(codes.shape[0]), n_vq=int(codes.shape[1]))
-    save_codes(codes_path, codes)
-    tmp = info_path.with_suffix(".json.partial")
-    tmp.write_text(json.dumps(info, indent=1, sort_keys=True))
-    os.replace(tmp, info_path)
-    return codes_path
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, codes=codes, info=np.array(json.dumps(info, sort_keys=True)))
+    _remove_legacy(legacy)
+    return path
 
 
 def load_voice(name: str, *, root: Path | None = None) -> tuple[np.ndarray, dict]:
-    codes_path, info_path = _paths(name, root)
-    if not codes_path.exists():
-        known = ", ".join(v["name"] for v in list_voices(root)) or "none"
-        raise InputError(f"no voice named {name!r} (known: {known}); add one with "
-                         "`python -m moss_tts voice add NAME REF.wav`")
-    info = json.loads(info_path.read_text()) if info_path.exists() else {}
-    return np.load(codes_path, allow_pickle=False), info
+    path, legacy = _paths(name, root)
+    try:
+        if path.exists():
+            return _read(path)
+        if legacy.exists():
+            return _read_legacy(legacy)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise InputError(f"voice {name!r} is unreadable ({str(e).splitlines()[0]}); add it "
+                         "again with `python -m moss_tts voice add NAME REF.wav --force`") from None
+    known = ", ".join(v["name"] for v in list_voices(root)) or "none"
+    raise InputError(f"no voice named {name!r} (known: {known}); add one with "
+                     "`python -m moss_tts voice add NAME REF.wav`")
 
 
 def list_voices(root: Path | None = None) -> list[dict]:
     root = Path(root) if root else voices_dir()
+    if not root.is_dir():
+        return []
+    names = {p.name[: -len(SUFFIX)] for p in root.glob(f"*{SUFFIX}")}
+    names |= {p.stem for p in root.glob("*.npy")}
     out = []
-    for p in sorted(root.glob("*.npy")) if root.is_dir() else []:
-        info_path = p.with_suffix(".json")
-        info = json.loads(info_path.read_text()) if info_path.exists() else {}
-        out.append({"name": p.stem, **info})
+    for name in sorted(names):
+        try:
+            info = load_voice(name, root=root)[1]
+        except InputError:  # a bad file name or a damaged file: list it, without details
+            info = {}
+        out.append({"name": name, **info})
     return out
 
 
 def remove_voice(name: str, *, root: Path | None = None) -> None:
-    codes_path, info_path = _paths(name, root)
-    if not codes_path.exists():
+    path, legacy = _paths(name, root)
+    if not (path.exists() or legacy.exists()):
         raise InputError(f"no voice named {name!r}")
-    codes_path.unlink()
-    info_path.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+    _remove_legacy(legacy)
+
+
+def _read(path: Path) -> tuple[np.ndarray, dict]:
+    with np.load(path, allow_pickle=False) as z:
+        return z["codes"], json.loads(str(z["info"]))
+
+
+def _read_legacy(codes_path: Path) -> tuple[np.ndarray, dict]:
+    """Voices stored before SUFFIX: codes in NAME.npy, info in NAME.json."""
+    info_path = codes_path.with_suffix(".json")
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    return np.load(codes_path, allow_pickle=False), info
+
+
+def _remove_legacy(codes_path: Path) -> None:
+    codes_path.unlink(missing_ok=True)
+    codes_path.with_suffix(".json").unlink(missing_ok=True)
