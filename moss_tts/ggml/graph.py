@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -169,7 +170,10 @@ class Graph(NativeResource):
         self._allocated = False
         self._placed = False     # tensors carry addresses from an earlier allocation
         self._unused: set[str] = set()
-        self._bounds: dict[str, int] = {}   # index inputs: values must lie in [0, bound)
+        # index inputs: each entry is a window (view) of the input whose values index `bound` rows
+        self._bounds: dict[str, list[IndexWindow]] = {}
+        self._bounded_ids: dict[int, int] = {}    # computed ids known to lie in [0, n)
+        self._copied_ids: dict[int, Tensor] = {}  # copies of ids: their values come from src
 
     # -- building -------------------------------------------------------------------------------
     def _next_context(self) -> None:
@@ -199,11 +203,41 @@ class Graph(NativeResource):
         return Tensor(ptr, v[2:6], v[6:10], v[0], self)
 
     def limit_index(self, ids: Tensor, bound: int) -> None:
-        """ids indexes `bound` rows: when it is a graph input, its values are range-checked on
-        every write (an out-of-range row would abort inside ggml's kernel)."""
+        """ids indexes `bound` rows; an out-of-range row would abort inside ggml's kernel, so
+        every way ids can get its values is checked before ggml sees them:
+
+        - a graph input, or any view of one (reshape, permute, slice): the values in the view's
+          window are range-checked on every write of that input;
+        - a copy (`cont`) of ids: checked as its source;
+        - computed in the graph: only by an op whose result is bounded by construction
+          (`argmax` over n entries is in [0, n)), and n must not exceed `bound`.
+        Anything else (ids from a cast, a persistent tensor) raises ShapeError now."""
+        head = _lib.ggml_tensor.from_address(ids.ptr)
+        root = head.view_src or ids.ptr
+        offset = head.view_offs if head.view_src else 0
         for name, t in self.inputs.items():
-            if t.ptr == ids.ptr:
-                self._bounds[name] = min(bound, self._bounds.get(name, bound))
+            if t.ptr == root:
+                self._bounds.setdefault(name, []).append(IndexWindow(offset, ids.ne, ids.nb, bound))
+                return
+        if root in self._copied_ids:  # the copy's values are its source's (all of them: safe)
+            self.limit_index(self._copied_ids[root], bound)
+            return
+        known = self._bounded_ids.get(root)
+        if known is None:
+            raise ShapeError(f"graph {self.name!r}: index tensor {ids!r} is neither a graph input "
+                             "(or a view of one) nor the result of an op that bounds its values "
+                             "(argmax); its rows cannot be range-checked — feed it as an input")
+        if known > bound:
+            raise ShapeError(f"graph {self.name!r}: index tensor {ids!r} holds values up to "
+                             f"{known - 1}, but it indexes only {bound} rows")
+
+    def bound_ids(self, ids: Tensor, n: int) -> None:
+        """Record that the op which made `ids` puts every value in [0, n)."""
+        self._bounded_ids[ids.ptr] = n
+
+    def copied_ids(self, copy: Tensor, src: Tensor) -> None:
+        """Record that `copy` holds exactly the values of `src` (a cont of index values)."""
+        self._copied_ids[copy.ptr] = src
 
     def add_effect(self, t: Tensor) -> None:
         """Keep a node that writes into a persistent tensor; it runs before every output."""
@@ -280,6 +314,8 @@ class Graph(NativeResource):
         self._ctx_used = _TENSORS_PER_CONTEXT
         self._effects.clear()
         self._bounds.clear()
+        self._bounded_ids.clear()
+        self._copied_ids.clear()
         self._placed = False
         self.cgraph = None
         self.inputs.clear()
@@ -331,11 +367,11 @@ class Graph(NativeResource):
         if arr.size != t.n_elements or _squeeze(arr.shape) != _squeeze(t.shape):
             raise ShapeError(f"input {name!r} of graph {self.name!r}: expected shape {t.shape}, "
                              f"got {arr.shape}")
-        bound = self._bounds.get(name)
-        if bound is not None and arr.size and (arr.min() < 0 or arr.max() >= bound):
-            bad = arr[(arr < 0) | (arr >= bound)].reshape(-1)[0]
-            raise InputError(f"input {name!r} of graph {self.name!r} holds {bad}, outside the "
-                             f"[0, {bound}) rows it indexes")
+        for window in self._bounds.get(name, ()):
+            bad = window.first_outside(arr)
+            if bad is not None:
+                raise InputError(f"input {name!r} of graph {self.name!r} holds {bad}, outside "
+                                 f"the [0, {window.bound}) rows it indexes")
         if name not in self._unused:
             self.lib.ggml_backend_tensor_set(t.ptr, arr.ctypes.data, 0, arr.nbytes)
 
@@ -378,6 +414,24 @@ class Graph(NativeResource):
         # alive past close (25 KB per short-lived graph in bench/serve_soak.py): free it here
         if getattr(self, "_owns_allocator", False):
             self.allocator.close()
+
+
+class IndexWindow(NamedTuple):
+    """The elements of a graph input that one index op reads: byte offset, ne, nb (a view)."""
+
+    offset: int
+    ne: tuple
+    nb: tuple
+    bound: int
+
+    def first_outside(self, arr: np.ndarray):
+        """The first value of this window of `arr` (the input's data) outside [0, bound)."""
+        # numpy strides are byte strides in numpy order, the reverse of ggml's ne / nb
+        values = np.ndarray(tuple(reversed(self.ne)), dtype=arr.dtype, buffer=arr,
+                            offset=self.offset, strides=tuple(reversed(self.nb)))
+        if values.size and (values.min() < 0 or values.max() >= self.bound):
+            return values[(values < 0) | (values >= self.bound)].reshape(-1)[0]
+        return None
 
 
 def _squeeze(shape: tuple) -> tuple:

@@ -12,8 +12,13 @@ import math
 from ..errors import ShapeError
 from . import lib as _lib
 from .graph import Graph, Tensor, type_size
-from .types import F16, F32, I32, I64, GGMLType
+from .types import BF16, F16, F32, I32, I64, GGMLType
 
+_FLOATS = (F32, F16, BF16)
+# float → quantized copies need the CPU type's from_float (NULL for most IQ types)
+_QUANTIZABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 ROPE_MODES = {"normal": 0, "neox": 2}  # GGML_ROPE_TYPE_NORMAL: interleaved pairs; NEOX: halves
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -209,7 +214,9 @@ def argmax(x: Tensor) -> Tensor:
     if x.ne[2] != 1 or x.ne[3] != 1:
         _fail("argmax", "input must be a matrix [n, rows]", x)
     g = _graph(x)
-    return g.make(g.lib.ggml_argmax, x.ptr)
+    out = g.make(g.lib.ggml_argmax, x.ptr)
+    g.bound_ids(out, x.ne[0])   # an index into a row of ne0 entries: in [0, ne0) by construction
+    return out
 
 
 def softmax(x: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor:
@@ -296,11 +303,41 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: floa
 
 
 # -- copies, casts, layout ---------------------------------------------------------------------------
+def _check_copy(op: str, src: Tensor, dst: Tensor | None, dst_type: int) -> None:
+    """What ggml's CPU copy kernels (dup/cpy/cont/cast) take; anything else aborts there.
+    dst None: a new contiguous tensor of src's shape (cast, cont)."""
+    (s_size, s_block), (d_size, d_block) = type_size(src.type), type_size(dst_type)
+    dst_contiguous = dst is None or dst.is_contiguous()
+    if src.type == dst_type:
+        # quantized blocks move whole: either both sides are packed, or row by row over the
+        # same shape with packed rows (ggml's other paths step by element and misread blocks)
+        packed = src.is_contiguous() and dst_contiguous
+        by_rows = src.nb[0] == s_size and (dst is None or (dst.ne == src.ne and dst.nb[0] == d_size))
+        if s_block > 1 and not (packed or by_rows):
+            _fail(op, "a quantized copy needs packed rows of the same shape", src)
+        return
+    if src.type in _FLOATS and (dst_type in _FLOATS or (src.type, dst_type) == (F32, I32)):
+        return
+    if (src.type, dst_type) == (I32, F32):
+        return
+    if src.type in _FLOATS and dst_type in _QUANTIZABLE:
+        if not dst_contiguous or src.nb[0] != s_size or src.ne[0] % d_block:
+            _fail(op, f"quantizing to {GGMLType(dst_type).name} needs packed source rows whose "
+                  f"length is a multiple of {d_block} and a contiguous destination", src)
+        return
+    if s_block > 1 and dst_type == F32:
+        if dst is not None and (dst.nb[0] != d_size or (not dst_contiguous and dst.ne[0] % s_block)):
+            _fail(op, "dequantizing needs destination rows of whole blocks", src, dst)
+        return
+    _fail(op, f"ggml cannot copy {GGMLType(src.type).name} to {GGMLType(dst_type).name}", src)
+
+
 def cpy(src: Tensor, dst: Tensor) -> Tensor:
     """Copy src into dst (converting type); a write into a persistent tensor (a KV-cache view)
     is registered as a graph effect so it runs before any output."""
     if src.n_elements != dst.n_elements:
         _fail("cpy", "element counts differ", src, dst)
+    _check_copy("cpy", src, dst, dst.type)
     g = _graph(src, dst)
     out = g.make(g.lib.ggml_cpy, src.ptr, dst.ptr)
     if dst.graph is None or _lib.ggml_tensor.from_address(dst.ptr).view_src:
@@ -316,6 +353,13 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor) -> Tensor:
         _fail("set_rows", "need dst [D, N, h, r], src [D, n, h, r], rows [n]", dst, src, rows)
     if src.type not in (F32, F16) or rows.type not in (I32, I64):
         _fail("set_rows", "src must be F32/F16 and rows I32/I64", src, rows)
+    # rows are converted with the dst type's from_float, which many types lack (NULL: a crash)
+    if dst.type not in _FLOATS + (I32,) + _QUANTIZABLE or dst.ne[0] % type_size(dst.type)[1]:
+        _fail("set_rows", "dst must be F32/F16/BF16/I32 or a quantizable type, in whole blocks",
+              dst)
+    for t in (dst, src):  # ggml_is_contiguous_rows: each row's elements packed
+        if t.ne[0] != 1 and t.nb[0] != type_size(t.type)[0]:
+            _fail("set_rows", "dst and src rows must be contiguous along ne0", dst, src)
     g = _graph(dst, src, rows)
     g.limit_index(rows, dst.ne[1])
     out = g.make(g.lib.ggml_set_rows, dst.ptr, src.ptr, rows.ptr)
@@ -325,13 +369,20 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor) -> Tensor:
 
 
 def cast(x: Tensor, type_: GGMLType) -> Tensor:
+    """x converted to `type_` (a new contiguous tensor of the same shape)."""
+    _check_copy("cast", x, None, int(type_))
     g = _graph(x)
     return g.make(g.lib.ggml_cast, x.ptr, int(type_))
 
 
 def cont(x: Tensor) -> Tensor:
+    """x laid out contiguously (same shape and type)."""
+    _check_copy("cont", x, None, x.type)
     g = _graph(x)
-    return g.make(g.lib.ggml_cont, x.ptr)
+    out = g.make(g.lib.ggml_cont, x.ptr)
+    if x.type in (I32, I64):
+        g.copied_ids(out, x)   # so an index guard on the copy checks x's values
+    return out
 
 
 def reshape(x: Tensor, *ne: int) -> Tensor:
