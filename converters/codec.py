@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -35,24 +36,31 @@ V1_RENAMES = ((".self_attn.in_projs.0.weight", ".self_attn.in_proj.weight"),
               (".linear2.weight", ".ffn.2.weight"))
 
 
-V2_FAMILY_KEYS = ("number_channels", "channels_numbers", "enable_channel_interleave")
+def detect_variant(config: dict, names) -> tuple[str, int]:
+    """(variant, channels) from the checkpoint's structure, never from `model_type` or channel
+    keys, which upstream's config classes rewrite on save (a 24 kHz config re-saved carries
+    `model_type: "moss-audio-tokenizer"` and no channel keys).
 
-
-def detect_variant(config: dict, names) -> str:
-    """From config.json, as upstream's classes differ: the Nano/v2 code (48 kHz stereo) carries
-    channel keys, its own model_type or per-module context durations; v1 (24 kHz mono) has none.
-    Weight names do not decide it: the Nano/v2 loader also accepts v1's spellings. Nano and v2
-    share their code; that label (16 vs 32 codebooks) is informational."""
+    The encoder's patches turn one code frame of the (interleaved) stream into one latent, so
+    they multiply to downsample_rate × channels (upstream asserts the decoder inverts it). A
+    stereo codec is the Nano / v2 code (v1 has no stereo path); Nano and v2 share that code and
+    their label (16 vs 32 codebooks) is informational. Weight spellings do not decide it: the
+    Nano / v2 loader also accepts v1's."""
     if not any(".self_attn.in_projs.0.weight" in n or ".self_attn.in_proj.weight" in n
                for n in names):
         raise ConfigError("not a MOSS-Audio-Tokenizer checkpoint: no transformer attention "
                           "weights found")
-    stages = config.get("encoder_kwargs", []) + config.get("decoder_kwargs", [])
-    if any(k in config for k in V2_FAMILY_KEYS) or config.get("model_type") == "moss-audio-tokenizer" \
-            or any("context_duration" in kw for kw in stages):
-        q = config.get("quantizer_kwargs", {})
-        return "nano" if int(q.get("num_quantizers", 0)) == 16 else "v2"
-    return "v1"
+    per_frame = math.prod(int(kw["patch_size"]) for kw in config["encoder_kwargs"]
+                          if kw.get("module_type") == "PatchedPretransform")
+    downsample = int(config["downsample_rate"])
+    channels, rest = divmod(per_frame, downsample)
+    if rest or channels not in (1, 2):
+        raise ConfigError(f"the encoder patches multiply to {per_frame} stream samples per code "
+                          f"frame, not 1 or 2 channels × downsample_rate {downsample}")
+    if channels == 1:
+        return "v1", 1
+    n_q = int(config.get("quantizer_kwargs", {}).get("num_quantizers", 0))
+    return ("nano" if n_q == 16 else "v2"), 2
 
 
 def resolve_stages(kwargs_list: list[dict], rate: float, duration: float, *, down: bool,
@@ -87,13 +95,16 @@ def resolve_stages(kwargs_list: list[dict], rate: float, duration: float, *, dow
 
 
 def codec_config(config: dict, names) -> CodecConfig:
-    variant = detect_variant(config, names)
     try:
+        variant, channels = detect_variant(config, names)
         sr = int(config.get("sampling_rate", config.get("sample_rate")))
-        # v1 has no stereo path; the v2/Nano config class defaults to 2 channels
-        default_channels = 1 if variant == "v1" else 2
-        channels = int(config.get("number_channels", config.get("channels_numbers", default_channels)))
-        if channels > 1 and not config.get("enable_channel_interleave", False):
+        declared = config.get("number_channels", config.get("channels_numbers"))
+        if declared is not None and int(declared) != channels:
+            # e.g. a 24 kHz config re-saved by the v2 class, which writes its default of 2
+            logger.warning("config.json declares %s channel(s), but its towers are a %d-channel "
+                           "codec; converting as %d", declared, channels, channels)
+        # the Nano / v2 config class defaults to interleaving; only an explicit false is refused
+        if channels > 1 and not config.get("enable_channel_interleave", True):
             raise ConfigError(f"{channels}-channel codec without channel interleave is not supported")
         duration = float(config.get("causal_transformer_context_duration", 10.0))
         q = config["quantizer_kwargs"]

@@ -283,6 +283,65 @@ def test_v1_config_with_v2_spelled_attention_converts_as_the_same_v1_codec(check
             == [b[k].tolist() for k in ("moss.codec.encoder.context", "moss.codec.decoder.context")]
 
 
+def _same_codec(a_path, b_path):
+    """Two converted GGUFs hold the same codec: every metadata value but the stored
+    config.json text, and every tensor, identical."""
+    with GGUFFile(a_path) as a, GGUFFile(b_path) as b:
+        keys = [k for k in a.keys() if k != "moss.codec.config_json"]
+        assert keys == [k for k in b.keys() if k != "moss.codec.config_json"]
+        for key in keys:
+            assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), key
+    with Weights.load(a_path) as wa, Weights.load(b_path) as wb:
+        assert wa.names() == wb.names()
+        for name in wa.names():
+            assert_close(wa.read(name), wb.read(name), atol=0.0, what=name)
+
+
+@pytest.mark.parametrize("resave", ["model_type", "model_type_and_module_durations"])
+def test_v1_config_resaved_by_upstream_config_class_converts_as_the_same_v1_codec(
+        checkpoint, gguf, tmp_path, resave):
+    """Upstream's config class rewrites `model_type` to "moss-audio-tokenizer" on save (and the
+    v2 class adds each module's `context_duration`, equal to the global one); with no channel
+    keys that config was taken for a 2-channel codec. The towers decide: patches 16·2·2 = 64 =
+    downsample_rate, one channel."""
+    src = tmp_path / resave
+    shutil.copytree(checkpoint, src)
+    config = load_config(checkpoint)
+    config["model_type"] = "moss-audio-tokenizer"
+    if resave == "model_type_and_module_durations":
+        for kw in config["encoder_kwargs"] + config["decoder_kwargs"]:
+            if kw["module_type"] == "Transformer":
+                kw["context_duration"] = config["causal_transformer_context_duration"]
+    (src / "config.json").write_text(json.dumps(config))
+    out = convert(str(src), tmp_path / "resaved.gguf", strict=True)
+    with GGUFFile(out) as f:
+        assert f["moss.codec.variant"] == "v1" and f["moss.codec.channels"] == 1
+    _same_codec(out, gguf)
+
+
+def test_v1_config_claiming_two_channels_converts_by_its_structure_with_a_warning(
+        checkpoint, gguf, tmp_path, caplog):
+    """The v2 config class writes its defaults number_channels 2 and channel interleave into a
+    re-saved 24 kHz config; the towers still say mono, and the mismatch is not silent."""
+    src = tmp_path / "claims_stereo"
+    shutil.copytree(checkpoint, src)
+    config = load_config(checkpoint) | {"number_channels": 2, "enable_channel_interleave": True}
+    (src / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="converters.codec"):
+        out = convert(str(src), tmp_path / "out.gguf", strict=True)
+    assert "declares 2 channel(s), but its towers are a 1-channel codec" in caplog.text
+    _same_codec(out, gguf)
+
+
+def test_towers_that_fit_no_channel_count_are_a_one_line_config_error(checkpoint, tmp_path):
+    src = tmp_path / "odd"
+    shutil.copytree(checkpoint, src)
+    (src / "config.json").write_text(json.dumps(load_config(checkpoint) | {"downsample_rate": 48}))
+    with pytest.raises(ConfigError) as e:
+        convert(str(src), tmp_path / "out.gguf")
+    assert "patches multiply to 64" in one_line(e)
+
+
 def test_converter_rejects_checkpoint_without_attention_weights(checkpoint, tmp_path):
     src = edited_checkpoint(checkpoint, tmp_path / "noattn", lambda state: [
         state.pop(n) for n in [n for n in state if ".self_attn." in n]])

@@ -3,6 +3,8 @@
 config.json and the raw safetensors, not through the converter's own helpers (codecs.md §1.5,
 §1.8, §3, §4)."""
 
+import json
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -241,3 +243,22 @@ def test_legacy_v1_spelled_stereo_checkpoint_converts_like_the_nano_v2_spelling(
     with Weights.load(out) as w:
         for name, want in stereo.tensors.items():
             assert_close(w.read(name), want, atol=0.0, what=name)
+
+
+def test_stereo_config_without_channel_keys_or_model_type_is_still_stereo(stereo, tmp_path):
+    """Channels come from the towers (patches multiply to 2 × downsample_rate), not from the
+    channel keys or `model_type` a re-save may drop or rewrite."""
+    import json
+    import shutil
+    src = tmp_path / "bare"
+    shutil.copytree(stereo.checkpoint, src)
+    config = {k: v for k, v in stereo.config.items()
+              if k not in ("number_channels", "enable_channel_interleave")}
+    config["model_type"] = "speech_tokenizer"
+    (src / "config.json").write_text(json.dumps(config))
+    out = convert(str(src), tmp_path / "bare.gguf", strict=True)
+    with GGUFFile(stereo.gguf) as a, GGUFFile(out) as b:
+        for key in a.keys():
+            if key != "moss.codec.config_json":
+                assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), key
+        assert b["moss.codec.channels"] == 2
