@@ -11,7 +11,7 @@ import numpy as np
 from ..audio import as_samples, resample, to_channels
 from ..errors import InputError
 from ..ggml import I32, Allocator, Graph, Weights, get_backend
-from ..ggml.backend import NativeResource
+from ..ggml.backend import NativeResource, released_on_error
 from . import rlfq
 from .config import FORMAT_VERSION, KIND, CodecConfig, tensor_shapes
 from .tower import TowerState, load_tower, run_tower
@@ -99,12 +99,13 @@ class Codec(NativeResource):
     def __init__(self, weights: Weights, *, chunk_seconds: float | None = CHUNK_SECONDS):
         self.weights = weights
         self.backend = weights.backend
-        weights.file.check_kind(KIND, version=FORMAT_VERSION)
-        self.config = CodecConfig.from_gguf(weights.file)
-        weights.require(tensor_shapes(self.config))
-        self.tables = rlfq.derived_tables(weights, self.config, self.backend)
-        self._encoder = load_tower(weights, self.config, "encoder")
-        self._decoder = load_tower(weights, self.config, "decoder")
+        with released_on_error(self):
+            weights.file.check_kind(KIND, version=FORMAT_VERSION)
+            self.config = CodecConfig.from_gguf(weights.file)
+            weights.require(tensor_shapes(self.config))
+            self.tables = rlfq.derived_tables(weights, self.config, self.backend)
+            self._encoder = load_tower(weights, self.config, "encoder")
+            self._decoder = load_tower(weights, self.config, "decoder")
         if chunk_seconds is None:
             chunk_seconds = default_chunk_seconds(self.config)
         self.chunk_frames = max(1, math.ceil(chunk_seconds * self.config.frame_rate))

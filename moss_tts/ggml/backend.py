@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import BackendError
@@ -39,6 +40,19 @@ class NativeResource:
             self.close()
         except Exception:  # interpreter shutdown: the library may already be gone
             pass
+
+
+@contextmanager
+def released_on_error(*resources):
+    """Close `resources` if the block raises: a load that fails half-way keeps nothing mapped
+    or allocated, even while the caller holds the exception (its traceback keeps the frames)."""
+    try:
+        yield
+    except BaseException:
+        for r in resources:
+            if r is not None:
+                r.close()
+        raise
 
 
 def default_threads() -> int:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelFileError
 from . import lib as _lib
-from .backend import Backend, Buffer, NativeResource, get_backend
+from .backend import Backend, Buffer, NativeResource, get_backend, released_on_error
 from .graph import Tensor
 from .log import last_problem
 from .types import GGMLType
@@ -70,6 +70,10 @@ class GGUFFile(NativeResource):
                                  f"header{detail}) — re-convert or re-download it")
         self._meta_ctx = ctx_out.value  # ggml context holding the tensor descriptions
         self._values: dict[str, object] = {}
+        with released_on_error(self):
+            self._read_tensor_table()
+
+    def _read_tensor_table(self) -> None:
         L, g = self.lib, self._gguf
         self.version = L.gguf_get_version(g)
         self.alignment = L.gguf_get_alignment(g)
@@ -177,7 +181,9 @@ class Weights(NativeResource):
         self.backend = backend
         self.lib = backend.lib
         self.zero_copy = False
-        self.buffer = self._load()
+        self.buffer = None
+        with released_on_error(self):
+            self.buffer = self._load()
         self._tensors = {name: Tensor.from_ptr(self.lib.ggml_get_tensor(
             file._meta_ctx, name.encode()), None, self) for name in file.tensors}
         logger.info("loaded %s: %d tensors, %.1f MiB on %s%s", file.path.name, len(self._tensors),
@@ -185,7 +191,9 @@ class Weights(NativeResource):
 
     @classmethod
     def load(cls, path, backend: "Backend | str | None" = None) -> "Weights":
-        return cls(GGUFFile(path), get_backend(backend))
+        file = GGUFFile(path)
+        with released_on_error(file):
+            return cls(file, get_backend(backend))
 
     @property
     def nbytes(self) -> int:
@@ -196,25 +204,32 @@ class Weights(NativeResource):
         if not f.tensors:
             return None
         size = max(t.offset + t.nbytes for t in f.tensors.values())
-        mm = np.memmap(f.path, dtype=np.uint8, mode="r")
-        data = mm[f.data_offset:f.data_offset + size]
-        base = data.ctypes.data
-        L = self.lib
-        if self.backend.is_cpu and self.backend.is_host and base % 32 == 0 and f.alignment % 32 == 0:
-            # The CPU backend computes straight from the page cache: no copy, shared pages.
-            buf = Buffer(L, L.ggml_backend_cpu_buffer_from_ptr(base, size), usage=1, keepalive=mm)
+        mapping = np.memmap(f.path, dtype=np.uint8, mode="r")
+        buf = None
+        try:
+            base = mapping.ctypes.data + f.data_offset
+            L = self.lib
+            if self.backend.is_cpu and self.backend.is_host and base % 32 == 0 \
+                    and f.alignment % 32 == 0:
+                # The CPU backend computes straight from the page cache: no copy, shared pages.
+                buf = Buffer(L, L.ggml_backend_cpu_buffer_from_ptr(base, size), usage=1,
+                             keepalive=mapping)
+                for name, info in f.tensors.items():
+                    t = L.ggml_get_tensor(f._meta_ctx, name.encode())
+                    if L.ggml_backend_tensor_alloc(buf.ptr, t, base + info.offset) != 0:
+                        raise ModelFileError(f"{f.path}: tensor {name!r} could not be placed")
+                self.zero_copy = True
+                return buf
+            buf = Buffer(L, L.ggml_backend_alloc_ctx_tensors(f._meta_ctx, self.backend.ptr), usage=1)
             for name, info in f.tensors.items():
                 t = L.ggml_get_tensor(f._meta_ctx, name.encode())
-                if L.ggml_backend_tensor_alloc(buf.ptr, t, base + info.offset) != 0:
-                    raise ModelFileError(f"{f.path}: tensor {name!r} could not be placed")
-            self.zero_copy = True
+                L.ggml_backend_tensor_set(t, base + info.offset, 0, info.nbytes)
             return buf
-        buf = Buffer(L, L.ggml_backend_alloc_ctx_tensors(f._meta_ctx, self.backend.ptr), usage=1)
-        for name, info in f.tensors.items():
-            t = L.ggml_get_tensor(f._meta_ctx, name.encode())
-            L.ggml_backend_tensor_set(t, base + info.offset, 0, info.nbytes)
-        del data, mm
-        return buf
+        except BaseException:
+            if buf is not None:
+                buf.close()
+            buf = mapping = None  # a held traceback keeps this frame: let the map go with it
+            raise
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors

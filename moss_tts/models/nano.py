@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..ggml import F16, I32, Graph, Weights, ops
+from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import KVCache, masked_embedding_sum
 from . import gpt2
@@ -213,9 +214,10 @@ class NanoModel:
     def __init__(self, weights: Weights):
         self.weights = weights
         self.backend = weights.backend
-        weights.file.check_kind(KIND, version=FORMAT_VERSION)
-        self.config = NanoConfig.from_gguf(weights.file)
-        self.w = NanoWeights.from_weights(weights, self.config)
+        with released_on_error(weights):
+            weights.file.check_kind(KIND, version=FORMAT_VERSION)
+            self.config = NanoConfig.from_gguf(weights.file)
+            self.w = NanoWeights.from_weights(weights, self.config)
         self.decision_ids = np.array([self.config.audio_assistant_slot_token_id,
                                       self.config.audio_end_token_id], dtype=np.int32)
 

@@ -19,7 +19,7 @@ from ..audio import as_samples
 from ..codec import Codec
 from ..errors import InputError, ModelFileError
 from ..ggml import Weights, get_backend
-from ..ggml.backend import NativeResource
+from ..ggml.backend import NativeResource, released_on_error
 from ..sampling import SamplingOptions, decide_continue, sample_audio_code
 from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_samples,
                     prepare_texts, split_into_chunks)
@@ -78,9 +78,12 @@ class NanoTTS(NativeResource):
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None) -> "NanoTTS":
         b = get_backend(backend, threads)
         m = NanoModel(Weights.load(model, b))
-        if codec is not None and not isinstance(codec, Codec):
-            codec = Codec.load(codec, backend=b)
-        return cls(m, codec)
+        # a codec that fails to load or to fit frees the model (and the codec loaded here)
+        with released_on_error(m):
+            owned = Codec.load(codec, backend=b) if codec is not None \
+                and not isinstance(codec, Codec) else None
+            with released_on_error(owned):
+                return cls(m, owned or codec)
 
     def _check_codec(self, codec: Codec) -> None:
         c = self.config
