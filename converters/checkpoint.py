@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +57,11 @@ class SafetensorsCheckpoint:
         if index.exists():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as e:
+            except (ValueError, KeyError, TypeError) as e:
                 raise ModelFileError(f"{index}: unreadable shard index ({e})") from None
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(v, str) for v in weight_map.values()):
+                raise ModelFileError(f"{index}: weight_map is not a map of tensor → shard file")
             files = sorted(set(weight_map.values()))
         else:
             files = sorted(p.name for p in model_dir.glob("*.safetensors"))
@@ -135,15 +139,23 @@ class TorchBinCheckpoint:
         class Storage:
             def __init__(self, kind, key):
                 self.kind, self.key = kind, key
+                try:
+                    self.name = f"{root}data/{key}"
+                    nbytes = zf.getinfo(self.name).file_size
+                except (KeyError, TypeError):
+                    raise ModelFileError(f"{path}: storage {key!r} is missing from the "
+                                         "archive") from None
+                width = 2 if dtypes[kind] == "bfloat16" else np.dtype(dtypes[kind]).itemsize
+                self.size = nbytes // width   # elements
 
             def array(self):
-                raw = zf.read(f"{root}data/{self.key}")
+                raw = zf.read(self.name)
                 if dtypes[self.kind] == "bfloat16":  # widen bf16 bits to f32
                     return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
                 return np.frombuffer(raw, dtypes[self.kind])
 
         def rebuild_tensor(storage, offset, shape, stride, *_):
-            return _LazyTensor(storage, int(offset), tuple(shape), tuple(stride))
+            return _LazyTensor.checked(path, storage, offset, shape, stride)
 
         class Unpickler(pickle.Unpickler):
             def find_class(self, module, name):
@@ -166,10 +178,19 @@ class TorchBinCheckpoint:
                     raise ModelFileError(f"{path}: unsupported storage type {kind}")
                 return Storage(kind, pid[2])
 
-        with zf.open(pkl) as f:
-            state = Unpickler(f).load()
+        try:
+            with zf.open(pkl) as f:
+                state = Unpickler(f).load()
+        except ModelFileError:
+            raise
+        except Exception as e:  # a damaged pickle fails in many ways (EOF, bad opcode, args)
+            raise ModelFileError(f"{path}: unreadable data.pkl ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''})") from None
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
             state = state["state_dict"]
+        if not isinstance(state, dict):
+            raise ModelFileError(f"{path}: data.pkl holds a {type(state).__name__}, not a "
+                                 "state dict of tensors")
         self._tensors = {k: v for k, v in state.items() if isinstance(v, _LazyTensor)}
 
     def keys(self) -> list[str]:
@@ -188,6 +209,24 @@ class TorchBinCheckpoint:
 class _LazyTensor:
     def __init__(self, storage, offset: int, shape: tuple, stride: tuple):
         self.storage, self.offset, self.shape, self.stride = storage, offset, shape, stride
+
+    @classmethod
+    def checked(cls, path, storage, offset, shape, stride) -> "_LazyTensor":
+        """A tensor record whose every element lies in its storage (a corrupt record would
+        otherwise read out of bounds or copy a broadcast view of terabytes)."""
+        try:
+            offset, shape, stride = int(offset), tuple(map(int, shape)), tuple(map(int, stride))
+        except (TypeError, ValueError):
+            raise ModelFileError(f"{path}: a tensor record is malformed") from None
+        if len(shape) != len(stride) or min((offset, *shape, *stride), default=0) < 0:
+            raise ModelFileError(f"{path}: tensor record offset {offset}, shape {shape}, stride "
+                                 f"{stride} is invalid")
+        n = math.prod(shape)
+        last = offset + sum((d - 1) * s for d, s in zip(shape, stride)) if n else offset
+        if n and (last >= storage.size or n > storage.size):
+            raise ModelFileError(f"{path}: a tensor of shape {shape} (offset {offset}, stride "
+                                 f"{stride}) does not fit its storage of {storage.size} elements")
+        return cls(storage, offset, shape, stride)
 
     def numpy(self) -> np.ndarray:
         flat = self.storage.array()

@@ -102,7 +102,7 @@ class Codec(NativeResource):
         with released_on_error(self):
             weights.file.check_kind(KIND, version=FORMAT_VERSION)
             self.config = CodecConfig.from_gguf(weights.file)
-            weights.require(tensor_shapes(self.config))
+            weights.require(tensor_shapes(self.config), floats=True)
             self.tables = rlfq.derived_tables(weights, self.config, self.backend)
             self._encoder = load_tower(weights, self.config, "encoder")
             self._decoder = load_tower(weights, self.config, "decoder")

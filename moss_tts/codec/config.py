@@ -8,7 +8,7 @@ transformer's sliding-window `context`, into the flat per-stage arrays read here
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
 
@@ -16,8 +16,19 @@ KIND = "codec"
 FORMAT_VERSION = 1
 PREFIX = "moss.codec"
 PATCH, TRANSFORMER = 0, 1
+# Far above every real codec (widths ≤ 1280, 32 layers, windows of 1600 frames, 48 kHz) and far
+# below a size that a corrupt file could make a loop or an allocation run through.
+MAX_SIZE = 1 << 20
 STAGE_FIELDS = ("kind", "patch", "in_dim", "d_model", "out_dim", "n_heads", "n_layers", "ffn",
                 "context", "has_input_proj", "has_output_proj")
+
+
+def _check_sizes(cfg, what: str) -> None:
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if type(value) is int and not 0 <= value <= MAX_SIZE:
+            raise ConfigError(f"codec: {what} field {f.name} = {value} is outside [0, {MAX_SIZE}] "
+                              "(a corrupt file?)")
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,9 @@ class StageConfig:
         return self.d_model // self.n_heads
 
     def __post_init__(self):
+        _check_sizes(self, "stage")
+        if self.kind not in (PATCH, TRANSFORMER):
+            raise ConfigError(f"codec: unknown stage kind {self.kind}")
         if self.kind == PATCH and self.patch < 1:
             raise ConfigError(f"codec: patch stage with patch size {self.patch}")
         if self.kind == TRANSFORMER:
@@ -67,6 +81,11 @@ class CodecConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
+        _check_sizes(self, "config")
+        for name in ("sample_rate", "downsample_rate", "n_quantizers", "codebook_size",
+                     "codebook_dim", "rvq_dim", "code_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"codec: {name} is {getattr(self, name)}, must be positive")
         down = 1
         for s in self.encoder:
             down *= s.patch if s.kind == PATCH else 1
@@ -91,8 +110,9 @@ class CodecConfig:
 
     @classmethod
     def from_gguf(cls, meta) -> "CodecConfig":
+        """From a GGUFFile's typed reads (a missing or wrongly typed key: ModelFileError)."""
         def tower(name: str) -> tuple[StageConfig, ...]:
-            arrays = {f: [int(v) for v in meta[f"{PREFIX}.{name}.{f}"]] for f in STAGE_FIELDS}
+            arrays = {f: meta.integers(f"{PREFIX}.{name}.{f}") for f in STAGE_FIELDS}
             n = len(arrays["kind"])
             if any(len(a) != n for a in arrays.values()):
                 raise ConfigError(f"codec: the {name} stage arrays have different lengths")
@@ -101,16 +121,16 @@ class CodecConfig:
                          for i in range(n))
 
         q = f"{PREFIX}.quantizer"
-        return cls(variant=meta[f"{PREFIX}.variant"], sample_rate=int(meta[f"{PREFIX}.sample_rate"]),
-                   channels=int(meta[f"{PREFIX}.channels"]),
-                   downsample_rate=int(meta[f"{PREFIX}.downsample_rate"]),
+        return cls(variant=meta.text(f"{PREFIX}.variant"), sample_rate=meta.integer(f"{PREFIX}.sample_rate"),
+                   channels=meta.integer(f"{PREFIX}.channels"),
+                   downsample_rate=meta.integer(f"{PREFIX}.downsample_rate"),
                    encoder=tower("encoder"), decoder=tower("decoder"),
-                   n_quantizers=int(meta[f"{q}.n_quantizers"]),
-                   codebook_size=int(meta[f"{q}.codebook_size"]),
-                   codebook_dim=int(meta[f"{q}.codebook_dim"]), rvq_dim=int(meta[f"{q}.rvq_dim"]),
-                   code_dim=int(meta[f"{PREFIX}.code_dim"]),
-                   rope_base=float(meta[f"{PREFIX}.rope_base"]),
-                   norm_eps=float(meta[f"{PREFIX}.norm_eps"]))
+                   n_quantizers=meta.integer(f"{q}.n_quantizers"),
+                   codebook_size=meta.integer(f"{q}.codebook_size"),
+                   codebook_dim=meta.integer(f"{q}.codebook_dim"), rvq_dim=meta.integer(f"{q}.rvq_dim"),
+                   code_dim=meta.integer(f"{PREFIX}.code_dim"),
+                   rope_base=meta.real(f"{PREFIX}.rope_base"),
+                   norm_eps=meta.real(f"{PREFIX}.norm_eps"))
 
     def to_metadata(self) -> dict:
         meta = {f"{PREFIX}.variant": self.variant, f"{PREFIX}.sample_rate": self.sample_rate,

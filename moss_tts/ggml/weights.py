@@ -25,6 +25,7 @@ from .types import GGMLType
 logger = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
+INTEGER_TYPES = (GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64)
 KIND_KEY = "moss.kind"
 VERSION_KEY = "moss.format_version"
 
@@ -80,7 +81,7 @@ class GGUFFile(NativeResource):
         self.data_offset = L.gguf_get_data_offset(g)
         self.tensors: dict[str, TensorInfo] = {}
         for i in range(L.gguf_get_n_tensors(g)):
-            name = L.gguf_get_tensor_name(g, i).decode()
+            name = self._utf8(L.gguf_get_tensor_name(g, i), f"tensor name #{i}")
             t = L.ggml_get_tensor(self._meta_ctx, name.encode())
             self.tensors[name] = TensorInfo(
                 name, GGMLType(L.gguf_get_tensor_type(g, i)), Tensor.from_ptr(t, None).ne,
@@ -94,7 +95,42 @@ class GGUFFile(NativeResource):
     # -- metadata -------------------------------------------------------------------------------
     def keys(self) -> list[str]:
         L, g = self.lib, self._gguf
-        return [L.gguf_get_key(g, i).decode() for i in range(L.gguf_get_n_kv(g))]
+        return [self._utf8(L.gguf_get_key(g, i), f"metadata key #{i}")
+                for i in range(L.gguf_get_n_kv(g))]
+
+    def _utf8(self, raw: bytes, what: str) -> str:
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise ModelFileError(f"{self.path}: {what} is not UTF-8 text ({raw[:20]!r}) — the "
+                                 "file is corrupt; re-convert or re-download it") from None
+
+    # typed reads: a value of the wrong type is a corrupt or foreign file, not a Python error
+    def integer(self, key: str) -> int:
+        return int(self._typed(key, "a whole number", lambda v: isinstance(v, (int, np.integer))
+                               and not isinstance(v, bool)))
+
+    def real(self, key: str) -> float:
+        return float(self._typed(key, "a number", lambda v: isinstance(v, (int, float, np.number))
+                                 and not isinstance(v, bool)))
+
+    def text(self, key: str) -> str:
+        return self._typed(key, "text", lambda v: isinstance(v, str))
+
+    def integers(self, key: str) -> list[int]:
+        value = self._typed(key, "an array of whole numbers",
+                            lambda v: isinstance(v, np.ndarray) and v.dtype.kind in "iu")
+        return [int(v) for v in value]
+
+    def _typed(self, key: str, what: str, ok):
+        value = self[key]
+        if not ok(value):
+            got = f"an array of {value.dtype}" if isinstance(value, np.ndarray) else \
+                f"a list of {len(value)} strings" if isinstance(value, list) else repr(value)[:40]
+            raise ModelFileError(f"{self.path}: metadata key {key!r} holds {got}, expected "
+                                 f"{what} — the file is corrupt or from another converter; "
+                                 "re-convert it")
+        return value
 
     def __contains__(self, key: str) -> bool:
         return self.lib.gguf_find_key(self._gguf, key.encode()) >= 0
@@ -244,11 +280,12 @@ class Weights(NativeResource):
         return list(self._tensors)
 
     def require(self, expected: dict[str, tuple], *, optional: tuple[str, ...] = (),
-                strict: bool = True) -> dict[str, Tensor | None]:
+                strict: bool = True, floats: bool = False) -> dict[str, Tensor | None]:
         """Check tensors against their declared numpy shapes and return them by name.
 
-        Every problem (missing, wrong shape, and with `strict` unknown extra tensors) is
-        listed in one `ModelFileError`. Optional names absent from the file map to None.
+        Every problem (missing, wrong shape, with `floats` an integer type, and with `strict`
+        unknown extra tensors) is listed in one `ModelFileError`. Optional names absent from
+        the file map to None.
         """
         problems, out = [], {}
         for name, shape in expected.items():
@@ -259,9 +296,11 @@ class Weights(NativeResource):
                 else:
                     problems.append(f"{name}: missing (expected {tuple(shape)})")
                 continue
-            got = self.file.tensors[name].shape
-            if tuple(got) != tuple(shape):
-                problems.append(f"{name}: expected shape {tuple(shape)}, got {tuple(got)}")
+            info = self.file.tensors[name]
+            if tuple(info.shape) != tuple(shape):
+                problems.append(f"{name}: expected shape {tuple(shape)}, got {tuple(info.shape)}")
+            if floats and info.type in INTEGER_TYPES:  # the graph ops take no integer weights
+                problems.append(f"{name}: type {info.type.name}, expected a float type")
             out[name] = t
         if strict:
             problems += [f"{n}: unexpected tensor" for n in self._tensors if n not in expected]

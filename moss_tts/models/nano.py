@@ -93,7 +93,7 @@ class NanoWeights:
 
     @classmethod
     def from_weights(cls, w: Weights, cfg: NanoConfig) -> "NanoWeights":
-        t = w.require(cfg.tensor_shapes())
+        t = w.require(cfg.tensor_shapes(), floats=True)
         return cls(wte=t[f"{GLOBAL}.wte.weight"],
                    layers=[gpt2.GPT2Layer.from_tensors(t, f"{GLOBAL}.h.{i}.")
                            for i in range(cfg.backbone.n_layer)],
