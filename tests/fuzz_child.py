@@ -29,6 +29,11 @@ def load_codec(path):
     Codec.load(path, threads=1).close()
 
 
+def load_nano(path):
+    from moss_tts.models.nano_tts import NanoTTS
+    NanoTTS.load(path, threads=1).close()
+
+
 def load_checkpoint(path):
     """A Hugging Face checkpoint directory: every tensor's shape and data."""
     from pathlib import Path
@@ -45,8 +50,8 @@ def load_codes(path):
     load(path)
 
 
-LOADERS = {"gguf": load_gguf, "codec": load_codec, "checkpoint": load_checkpoint,
-           "codes": load_codes}
+LOADERS = {"gguf": load_gguf, "codec": load_codec, "nano": load_nano,
+           "checkpoint": load_checkpoint, "codes": load_codes}
 
 
 def main(argv):

@@ -174,16 +174,34 @@ def gguf_structure_cases(data: bytes, rng) -> dict[str, bytes]:
     return cases
 
 
-def codec_metadata_cases(gguf_path: Path, tmp: Path) -> dict[str, Path]:
-    """Well-formed GGUFs whose codec metadata has the wrong types, lengths or values."""
+def metadata_cases(gguf_path: Path, tmp: Path, kind: str, edits: dict,
+                   tensor_edits: dict) -> dict[str, Path]:
+    """Well-formed GGUFs of `kind` whose moss.* metadata (`edits`: key → value, None drops it)
+    or tensors (`tensor_edits`: name → array, None drops it) have wrong types or values."""
     from converters.gguf_io import write_gguf
     from moss_tts.ggml import GGUFFile, Weights
+    from moss_tts.ggml.weights import KIND_KEY, VERSION_KEY
 
     with GGUFFile(gguf_path) as f:
-        meta = {k: f[k] for k in f.keys() if k.startswith("moss.codec.")}
+        meta = {k: f[k] for k in f.keys()
+                if k.startswith("moss.") and k not in (KIND_KEY, VERSION_KEY)}
     with Weights.load(gguf_path) as w:
         tensors = {n: w.read(n) for n in w.names()}
+    paths = {}
+    for label, edit in {**edits, **tensor_edits}.items():
+        m = {k: v for k, v in {**meta, **edit}.items() if v is not None} if label in edits else meta
+        t = {k: v for k, v in {**tensors, **edit}.items() if v is not None} if label in tensor_edits \
+            else tensors
+        paths[label] = write_gguf(tmp / f"{label}.gguf", t, m, kind=kind, version=1)
+    return paths
+
+
+def codec_metadata_cases(gguf_path: Path, tmp: Path) -> dict[str, Path]:
+    from moss_tts.ggml import GGUFFile
+
     stage_key = "moss.codec.encoder.context"
+    with GGUFFile(gguf_path) as f:
+        n_stages = len(f[stage_key])
     edits = {
         "sample_rate_is_text": {"moss.codec.sample_rate": "fast"},
         "sample_rate_is_array": {"moss.codec.sample_rate": np.array([1, 2], np.int32)},
@@ -191,28 +209,44 @@ def codec_metadata_cases(gguf_path: Path, tmp: Path) -> dict[str, Path]:
         "variant_is_number": {"moss.codec.variant": 3},
         "stage_array_is_text": {stage_key: "100"},
         "stage_array_too_short": {stage_key: np.array([1], np.int32)},
-        "stage_array_of_strings": {stage_key: ["a"] * len(meta[stage_key])},
-        "context_negative": {stage_key: -np.abs(np.asarray(meta[stage_key], np.int64)) - 1},
-        "huge_context": {stage_key: np.full(len(meta[stage_key]), 2**40, np.int64)},
+        "stage_array_of_strings": {stage_key: ["a"] * n_stages},
+        "context_negative": {stage_key: np.full(n_stages, -5, np.int64)},
+        "huge_context": {stage_key: np.full(n_stages, 2**40, np.int64)},
         "n_quantizers_huge": {"moss.codec.quantizer.n_quantizers": 2**40},
         "codebook_size_zero": {"moss.codec.quantizer.codebook_size": 0},
         "rope_base_is_text": {"moss.codec.rope_base": "x"},
         "downsample_zero": {"moss.codec.downsample_rate": 0},
         "missing_key": {"moss.codec.code_dim": None},
     }
-    name = next(n for n in tensors if n.endswith("norm1.weight"))
-    tensor_edits = {
-        "tensor_wrong_dtype_i32": {name: tensors[name].astype(np.int32)},
-        "tensor_wrong_shape": {name: np.zeros(3, np.float32)},
-        "tensor_missing": {name: None},
+    return metadata_cases(gguf_path, tmp, "codec", edits, weight_edits(gguf_path, "norm1.weight"))
+
+
+def nano_metadata_cases(gguf_path: Path, tmp: Path) -> dict[str, Path]:
+    edits = {
+        "n_embd_is_text": {"moss.nano.global.n_embd": "wide"},
+        "n_layer_huge": {"moss.nano.global.n_layer": 2**40},
+        "n_head_zero": {"moss.nano.local.n_head": 0},
+        "eps_is_text": {"moss.nano.global.layer_norm_epsilon": "small"},
+        "activation_is_number": {"moss.nano.global.activation_function": 7},
+        "n_vq_huge": {"moss.nano.n_vq": 2**40},
+        "token_id_negative": {"moss.nano.im_start_token_id": -3},
+        "token_id_is_array": {"moss.nano.audio_end_token_id": np.array([1, 2], np.int32)},
+        "tokenizer_missing": {"moss.tokenizer.sentencepiece": None},
+        "tokenizer_garbage": {"moss.tokenizer.sentencepiece": b"\x00not a sentencepiece model"},
+        "missing_key": {"moss.nano.vocab_size": None},
     }
-    paths = {}
-    for label, edit in {**edits, **tensor_edits}.items():
-        m = {k: v for k, v in {**meta, **edit}.items() if v is not None}
-        t = {k: v for k, v in {**tensors, **edit}.items() if v is not None} if label in tensor_edits \
-            else tensors
-        paths[label] = write_gguf(tmp / f"{label}.gguf", t, m, kind="codec", version=1)
-    return paths
+    return metadata_cases(gguf_path, tmp, "nano", edits, weight_edits(gguf_path, "ln_f.weight"))
+
+
+def weight_edits(gguf_path: Path, suffix: str) -> dict:
+    from moss_tts.ggml import Weights
+
+    with Weights.load(gguf_path) as w:
+        name = next(n for n in w.names() if n.endswith(suffix))
+        value = w.read(name)
+    return {"tensor_wrong_dtype_i32": {name: value.astype(np.int32)},
+            "tensor_wrong_shape": {name: np.zeros(3, np.float32)},
+            "tensor_missing": {name: None}}
 
 
 @pytest.fixture(scope="module")
@@ -240,11 +274,26 @@ def test_fuzzed_gguf_files_fail_with_one_line_errors(codec_gguf, tmp_path):
         print(f"fuzz {loader}: {len(cases)} cases {outcomes}")
 
 
-def test_codec_metadata_of_the_wrong_type_fails_with_one_line_errors(codec_gguf, tmp_path):
-    cases = list(codec_metadata_cases(codec_gguf, tmp_path).values())
-    outcomes = run_cases("codec", cases)
-    assert outcomes["LOADED"] == 0, "every case is a broken codec"
-    print(f"fuzz codec metadata: {len(cases)} cases {outcomes}")
+@pytest.fixture(scope="module")
+def nano_gguf(tmp_path_factory):
+    from converters.nano import convert as convert_nano
+    from fixtures.make_nano import make_tiny_nano_tts_checkpoint
+    from fixtures.make_spm import make_tiny_spm
+
+    root = tmp_path_factory.mktemp("fuzz_nano")
+    ckpt = make_tiny_nano_tts_checkpoint(root / "hf", seed=0, tokenizer_model_bytes=make_tiny_spm())
+    return convert_nano(str(ckpt), root / "nano.gguf")
+
+
+def test_model_metadata_of_the_wrong_type_fails_with_one_line_errors(codec_gguf, nano_gguf,
+                                                                     tmp_path):
+    for loader, path, make in (("codec", codec_gguf, codec_metadata_cases),
+                               ("nano", nano_gguf, nano_metadata_cases)):
+        (tmp_path / loader).mkdir()
+        cases = list(make(path, tmp_path / loader).values())
+        outcomes = run_cases(loader, cases + [path])
+        assert outcomes["LOADED"] == 1, "every case but the original is a broken model"
+        print(f"fuzz {loader} metadata: {len(cases)} cases {outcomes}")
 
 
 # -- safetensors and pytorch_model.bin ---------------------------------------------------------------

@@ -23,6 +23,10 @@ LAYER_TENSORS = (
     "ln_2.weight", "ln_2.bias",
     "mlp.fc_in.weight", "mlp.fc_in.bias", "mlp.fc_out.weight", "mlp.fc_out.bias",
 )
+# far beyond any real backbone, far below what a corrupt file could make the loader loop over
+MAX_WIDTH, MAX_LAYERS = 1 << 16, 1 << 10
+# GGUFFile typed read per config field type (a wrong type is a ModelFileError, not a TypeError)
+_READERS = {"int": "integer", "int | None": "integer", "float": "real", "str": "text"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class GPT2Config:
     activation_function: str = "gelu_new"
 
     def __post_init__(self):
+        if not (1 <= self.n_head <= self.n_embd <= MAX_WIDTH and 0 <= self.n_layer <= MAX_LAYERS):
+            raise ConfigError(f"GPT-2: n_embd {self.n_embd}, n_head {self.n_head}, n_layer "
+                              f"{self.n_layer} are out of range (a corrupt file?)")
         if self.n_embd % self.n_head:
             raise ConfigError(f"GPT-2: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         if self.head_dim % 2:
@@ -58,10 +65,8 @@ class GPT2Config:
         values = {}
         for f in fields(cls):
             key = f"{prefix}.{f.name}"
-            if key in meta:
-                values[f.name] = meta[key]
-            elif f.default is MISSING:
-                meta[key]  # a required key: raises ModelFileError naming the key and file
+            if key in meta or f.default is MISSING:   # a missing required key: ModelFileError
+                values[f.name] = getattr(meta, _READERS[f.type])(key)
         return cls(**values)
 
     def layer_shapes(self) -> dict[str, tuple]:

@@ -44,6 +44,9 @@ class NanoConfig:
     sample_rate: int = 48000
 
     def __post_init__(self):
+        if not 1 <= self.n_vq <= 1024 or not all(0 <= getattr(self, k) < 1 << 24 for k in self.IDS):
+            raise ConfigError(f"Nano: n_vq {self.n_vq} or a token id / size is out of range "
+                              "(a corrupt file?)")
         if self.local.n_embd != self.backbone.n_embd:
             raise ConfigError("Nano: the local transformer must have the global width")
         if self.audio_pad_token_id < self.audio_vocab_size:
@@ -58,7 +61,7 @@ class NanoConfig:
     def from_gguf(cls, meta) -> "NanoConfig":
         return cls(backbone=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.global"),
                    local=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.local"),
-                   **{k: int(meta[f"{PREFIX}.{k}"]) for k in cls.IDS})
+                   **{k: meta.integer(f"{PREFIX}.{k}") for k in cls.IDS})
 
     def to_metadata(self) -> dict:
         meta = {f"{PREFIX}.{k}": int(getattr(self, k)) for k in self.IDS}
