@@ -3,7 +3,9 @@ atomic writes so a failed run never leaves a half-written file."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from math import gcd
 from pathlib import Path
 
@@ -12,22 +14,80 @@ import numpy as np
 from .errors import InputError
 from .fileio import atomic_output
 
+logger = logging.getLogger(__name__)
+
 WRITE_FORMATS = {".wav": "WAV", ".flac": "FLAC"}
+# A voice reference longer than this is cut to it: a voice needs seconds (upstream suggests 5-15 s
+# and ships 2.6-17 s voices); encoding more only costs time, and the prompt, attention.
+REFERENCE_MAX_SECONDS = 30.0
+BLOCK_SECONDS = 10.0  # read_audio_blocks: audio per block
 
 
-def read_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
-    """→ (samples float32 [n, channels], sample_rate)."""
+def read_audio(path: str | os.PathLike, *, max_seconds: float | None = None
+               ) -> tuple[np.ndarray, int]:
+    """→ (samples float32 [n, channels], sample_rate). With `max_seconds`, only that much is
+    read from the start (a warning says what was left out): a voice needs seconds of an hour."""
     import soundfile as sf
 
+    path = _existing(path)
+    try:
+        with sf.SoundFile(str(path)) as f:
+            sr = int(f.samplerate)
+            frames = -1 if max_seconds is None else int(max_seconds * sr)
+            if 0 <= frames < f.frames:
+                logger.warning("%s: %.1f s long; using its first %g s", path, f.frames / sr,
+                               max_seconds)
+            data = f.read(frames, dtype="float32", always_2d=True)
+    except Exception as e:  # libsndfile: unknown format, truncated header, ...
+        raise _unreadable(path, e) from None
+    return data, sr
+
+
+def read_audio_blocks(path: str | os.PathLike, *, block_seconds: float = BLOCK_SECONDS
+                      ) -> tuple[Iterator[np.ndarray], int, int]:
+    """A file read a block at a time, so an hour of audio never sits in memory:
+    (blocks float32 [n, channels], sample_rate, frames per channel)."""
+    import soundfile as sf
+
+    path = _existing(path)
+    try:
+        info = sf.info(str(path))
+    except Exception as e:
+        raise _unreadable(path, e) from None
+    blocksize = max(1, int(block_seconds * info.samplerate))
+    return _blocks(path, blocksize), int(info.samplerate), int(info.frames)
+
+
+def _blocks(path: Path, blocksize: int) -> Iterator[np.ndarray]:
+    import soundfile as sf
+
+    try:
+        yield from sf.blocks(str(path), blocksize=blocksize, dtype="float32", always_2d=True)
+    except Exception as e:  # a file that breaks off mid-way
+        raise _unreadable(path, e) from None
+
+
+def _existing(path) -> Path:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    try:
-        data, sr = sf.read(str(path), dtype="float32", always_2d=True)
-    except Exception as e:  # libsndfile: unknown format, truncated header, ...
-        raise InputError(f"{path}: cannot read audio ({str(e).splitlines()[0]}) — use a WAV or "
-                         "FLAC file") from None
-    return data, int(sr)
+    return path
+
+
+def _unreadable(path: Path, e: Exception) -> InputError:
+    return InputError(f"{path}: cannot read audio ({str(e).splitlines()[0]}) — use a WAV or "
+                      "FLAC file")
+
+
+def trim_reference(x: np.ndarray, sample_rate: int,
+                   max_seconds: float = REFERENCE_MAX_SECONDS) -> np.ndarray:
+    """A voice reference [n, channels] cut to its first max_seconds, with a warning when cut."""
+    limit = int(max_seconds * sample_rate)
+    if len(x) <= limit:
+        return x
+    logger.warning("reference audio is %.1f s long; using its first %g s (a voice needs a few "
+                   "seconds)", len(x) / sample_rate, max_seconds)
+    return x[:limit]
 
 
 def as_samples(samples, *, what: str = "audio") -> np.ndarray:
@@ -57,6 +117,59 @@ def resample(x: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:
 
     g = gcd(int(sr_from), int(sr_to))
     return resample_poly(x, sr_to // g, sr_from // g, axis=0).astype(np.float32)
+
+
+class StreamResampler:
+    """`resample` over a signal that arrives in blocks, equal to resampling it whole.
+
+    Each output sample of resample_poly depends on the inputs within its filter's reach, so a
+    block is resampled with `margin` inputs of context on each side and only its own outputs are
+    kept; block edges fall on multiples of `down` inputs, where input and output grids align."""
+
+    def __init__(self, sr_from: int, sr_to: int):
+        if sr_from <= 0 or sr_to <= 0:
+            raise InputError(f"sample rate must be positive, got {sr_from} → {sr_to}")
+        g = gcd(int(sr_from), int(sr_to))
+        self.sr_from, self.sr_to = int(sr_from), int(sr_to)
+        self.up, self.down = self.sr_to // g, self.sr_from // g
+        # resample_poly's default filter reaches 10·max(up, down) upsampled samples each side
+        reach = -(-10 * max(self.up, self.down) // self.up) + 1
+        self.margin = -(-reach // self.down) * self.down
+        self._pending: np.ndarray | None = None   # inputs from index _start on
+        self._start = 0
+        self._emitted = 0                         # outputs returned so far
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        """Input block [n, channels] → the output samples it completes."""
+        if self.up == self.down:
+            return x
+        self._pending = x if self._pending is None else np.concatenate([self._pending, x])
+        known = self._start + len(self._pending)
+        return self._emit((known - self.margin) // self.down * self.down)
+
+    def flush(self) -> np.ndarray:
+        """The outputs left at the end of the signal."""
+        if self.up == self.down or self._pending is None:
+            return np.zeros((0, 1 if self._pending is None else self._pending.shape[1]), np.float32)
+        return self._emit(None)
+
+    def _emit(self, end: int | None) -> np.ndarray:
+        """Outputs for inputs [done, end) (end None: to the end of the signal)."""
+        from scipy.signal import resample_poly
+
+        done = self._emitted * self.down // self.up
+        if end is not None and end <= done:
+            return np.zeros((0, self._pending.shape[1]), np.float32)
+        seg = max(self._start, done - self.margin)
+        stop = None if end is None else end + self.margin - self._start
+        y = resample_poly(self._pending[seg - self._start:stop], self.up, self.down, axis=0)
+        lo = (done - seg) * self.up // self.down
+        out = y[lo:] if end is None else y[lo:lo + (end - done) * self.up // self.down]
+        self._emitted += len(out)
+        if end is not None:  # keep only the left context the next block needs
+            keep = max(self._start, end - self.margin)
+            self._pending, self._start = self._pending[keep - self._start:], keep
+        return out.astype(np.float32)
 
 
 def to_channels(x: np.ndarray, channels: int) -> np.ndarray:

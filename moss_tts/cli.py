@@ -141,12 +141,13 @@ def _load_codec(args):
 
 
 def _encode(args) -> int:
-    from .audio import read_audio
+    from .audio import read_audio_blocks
     from .codec.io import save_codes
 
-    samples, sr = read_audio(args.input)
+    blocks, sr, total = read_audio_blocks(args.input)   # an hour of audio never sits in memory
     with _load_codec(args) as codec, Progress("encoding", args.quiet) as bar:
-        codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
+        codes = codec.encode_blocks(blocks, sr, n_quantizers=args.n_quantizers, total=total,
+                                    progress=bar)
     save_codes(args.out, codes)
     _say(args, f"{args.out}: {codes.shape[0]} codebooks x {codes.shape[1]} frames")
     return 0
@@ -236,7 +237,7 @@ def _read_text(args) -> str:
 
 
 def _tts_nano(args) -> int:
-    from .audio import read_audio, write_audio
+    from .audio import REFERENCE_MAX_SECONDS, read_audio, write_audio
     from .hub import resolve_gguf
     from .models.nano_tts import NanoTTS, Reference
     from .sampling import SamplingOptions
@@ -257,9 +258,10 @@ def _tts_nano(args) -> int:
             codes, _ = load_voice(args.voice)
             reference = Reference(codes[:, : tts.config.n_vq])
         elif args.reference:
-            reference = tts.encode_reference(*read_audio(args.reference))
+            reference = tts.encode_reference(*read_audio(args.reference,
+                                                         max_seconds=REFERENCE_MAX_SECONDS))
         if args.prompt_audio:
-            prompt = tts.encode_reference(*read_audio(args.prompt_audio))
+            prompt = tts.encode_reference(*read_audio(args.prompt_audio), max_seconds=None)
         chunks = tts.stream(text, reference=reference, prompt_text=args.prompt_text,
                             prompt=prompt, options=options, seed=args.seed,
                             max_frames=args.max_frames,
@@ -366,11 +368,11 @@ def _voice(args) -> int:
         remove_voice(args.name)
         _say(args, f"removed voice {args.name}")
         return 0
-    from .audio import read_audio
+    from .audio import REFERENCE_MAX_SECONDS, read_audio
     from .codec import Codec
     from .hub import resolve_gguf
 
-    samples, sr = read_audio(args.reference)
+    samples, sr = read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS)
     with Codec.load(resolve_gguf(args.codec, "codec"), threads=args.threads) as codec:
         codes = codec.encode(samples, sr)
         info = {"source": str(args.reference), "sample_rate": codec.sample_rate,

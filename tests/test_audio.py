@@ -1,9 +1,14 @@
-"""audio.py: the phase-vocoder tempo change keeps pitch and scales duration."""
+"""audio.py: the phase-vocoder tempo change keeps pitch and scales duration; long files are read
+in blocks and resampled as a stream exactly as a whole; voice references are cut to a limit."""
+
+import logging
 
 import numpy as np
 import pytest
 
-from moss_tts.audio import time_stretch
+from fixtures.compare import assert_close, assert_differs
+from moss_tts.audio import (REFERENCE_MAX_SECONDS, StreamResampler, read_audio, read_audio_blocks,
+                            resample, time_stretch, trim_reference)
 from moss_tts.errors import InputError
 
 
@@ -29,3 +34,52 @@ def test_time_stretch_rejects_out_of_range_and_passes_rate_one_through():
     assert time_stretch(x, 1.0, 48000) is x
     with pytest.raises(InputError, match="between 0.25 and 4.0"):
         time_stretch(x, 5.0, 48000)
+
+
+# -- long files: block reads and a streaming resampler ------------------------------------------
+@pytest.mark.parametrize("rates", [(44100, 48000), (48000, 16000), (16000, 48000), (8000, 3200),
+                                   (22050, 1600)])
+def test_stream_resampler_equals_resampling_the_whole_signal(rates, rng):
+    sr_from, sr_to = rates
+    x = rng.standard_normal((sr_from * 2 + 37, 2)).astype(np.float32)
+    want = resample(x, sr_from, sr_to)
+    r = StreamResampler(sr_from, sr_to)
+    parts, i = [], 0
+    while i < len(x):   # blocks of random sizes, some shorter than the filter's reach
+        n = int(rng.integers(1, sr_from // 3))
+        parts.append(r.push(x[i:i + n]))
+        i += n
+    got = np.concatenate(parts + [r.flush()])
+    assert got.shape == want.shape
+    assert_close(got, want, atol=1e-6, what=f"streamed {sr_from} → {sr_to} Hz")
+    # guard: resampling each block on its own (no context) is wrong at the block edges
+    naive = np.concatenate([resample(x[j:j + sr_from // 4], sr_from, sr_to)
+                            for j in range(0, len(x), sr_from // 4)])[: len(want)]
+    assert_differs(naive, want, atol=1e-3, what="blocks resampled without context")
+
+
+def test_read_audio_blocks_concatenate_to_the_file_and_max_seconds_reads_the_start(
+        tmp_path, rng, caplog):
+    import soundfile as sf
+    x = (0.1 * rng.standard_normal((3200 * 25 + 11, 2))).astype(np.float32)
+    path = tmp_path / "long.wav"
+    sf.write(path, x, 3200, subtype="FLOAT")
+    blocks, sr, total = read_audio_blocks(path, block_seconds=2.0)
+    got = list(blocks)
+    assert (sr, total) == (3200, len(x)) and max(len(b) for b in got) == 6400
+    assert_close(np.concatenate(got), x, atol=0, what="blocks")
+    with caplog.at_level(logging.WARNING, logger="moss_tts.audio"):
+        head, _ = read_audio(path, max_seconds=10)
+    assert_close(head, x[:32000], atol=0, what="the first 10 s")
+    assert "25.0 s long; using its first 10 s" in caplog.text
+    with pytest.raises(InputError, match="no such file"):
+        read_audio_blocks(tmp_path / "missing.wav")
+
+
+def test_trim_reference_cuts_past_the_limit_with_a_warning(caplog):
+    x = np.zeros((1600 * 31, 2), np.float32)
+    with caplog.at_level(logging.WARNING, logger="moss_tts.audio"):
+        assert len(trim_reference(x, 1600)) == 1600 * REFERENCE_MAX_SECONDS
+    assert "31.0 s long; using its first 30 s" in caplog.text
+    short = x[:1600 * 5]
+    assert trim_reference(short, 1600) is short

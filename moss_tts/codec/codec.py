@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..audio import as_samples, resample, to_channels
+from ..audio import StreamResampler, as_samples, resample, to_channels
 from ..errors import InputError
 from ..ggml import I32, Allocator, Graph, Weights, get_backend
 from ..ggml.backend import NativeResource, released_on_error
@@ -145,22 +145,58 @@ class Codec(NativeResource):
 
         Audio is resampled to the codec rate; no normalization or DC removal. A trailing
         partial frame is dropped (upstream reports floor(n / downsample_rate) frames)."""
+        x = resample(to_channels(as_samples(samples), self.channels), int(sample_rate),
+                     self.sample_rate)
+        return self._encode_stream([x], n_quantizers, len(x) // self.downsample_rate, progress)
+
+    def encode_blocks(self, blocks, sample_rate: int, *, n_quantizers: int | None = None,
+                      total: int | None = None, progress=None) -> np.ndarray:
+        """Consecutive blocks [n, channels] of one signal → the codes `encode` gives for all of
+        it, holding about one graph run of audio at a time (an hour-long file in bounded
+        memory). `total`: samples per channel, if known, for progress."""
+        resampler = StreamResampler(int(sample_rate), self.sample_rate)
+
+        def at_codec_rate():
+            for block in blocks:
+                if np.asarray(block).size:
+                    yield resampler.push(to_channels(as_samples(block), self.channels))
+            yield resampler.flush()
+
+        frames = None if total is None else \
+            int(total) * self.sample_rate // int(sample_rate) // self.downsample_rate
+        return self._encode_stream(at_codec_rate(), n_quantizers, frames, progress)
+
+    def _encode_stream(self, parts, n_quantizers, total_frames, progress) -> np.ndarray:
+        """Audio at the codec rate, in parts of any size → codes, one graph run per
+        `chunk_frames` frames as they fill (the same runs `encode` makes of the whole)."""
         n_q = self._n_q(n_quantizers)
-        x = to_channels(as_samples(samples), self.channels)
-        x = resample(x, int(sample_rate), self.sample_rate)
-        n_frames = x.shape[0] // self.downsample_rate
-        if n_frames == 0:
+        runner = self._runner("encoder")
+        per_run = runner.chunk * self.downsample_rate
+        pending, codes, done = np.zeros((0, self.channels), np.float32), [], 0
+        for part in parts:
+            pending = np.concatenate([pending, part]) if len(pending) else part
+            while len(pending) >= per_run:
+                codes.append(self._encode_run(runner, pending[:per_run], n_q))
+                pending = pending[per_run:]
+                done += runner.chunk
+                if progress is not None:
+                    progress(done, max(done, total_frames or 0))
+        tail = len(pending) // self.downsample_rate
+        if tail:
+            codes.append(self._encode_run(runner, pending[:tail * self.downsample_rate], n_q))
+            done += tail
+            if progress is not None:
+                progress(done, done)
+        if not codes:
             raise InputError(f"audio is shorter than one code frame ({self.downsample_rate} "
                              f"samples at {self.sample_rate} Hz)")
-        stream = x[: n_frames * self.downsample_rate].reshape(-1, 1)
-        runner = self._runner("encoder")
-        spf = self.config.stream_samples_per_frame
-        codes = np.empty((n_q, n_frames), dtype=np.int32)
-        for start, f in self._chunks(n_frames, runner, progress):
-            out = runner.run(f, n_q, {"samples": stream[start * spf:(start + f) * spf]})
-            for i in range(n_q):
-                codes[i, start:start + f] = out[f"codes.{i}"]
-        return codes
+        return np.concatenate(codes, axis=1)
+
+    def _encode_run(self, runner: _TowerRunner, x: np.ndarray, n_q: int) -> np.ndarray:
+        """One graph run: samples [f·ds, channels] → codes [n_q, f]."""
+        f = len(x) // self.downsample_rate
+        out = runner.run(f, n_q, {"samples": x.reshape(-1, 1)})
+        return np.stack([out[f"codes.{i}"] for i in range(n_q)]).astype(np.int32)
 
     def decode(self, codes, *, n_quantizers: int | None = None, progress=None) -> np.ndarray:
         """int codes [k, frames] → float32 samples [frames · ds, channels], from the first

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..audio import as_samples
+from ..audio import REFERENCE_MAX_SECONDS, as_samples, trim_reference
 from ..codec import Codec
 from ..errors import InputError, ModelFileError
 from ..ggml import Weights, get_backend
@@ -103,10 +103,15 @@ class NanoTTS(NativeResource):
         return self.config.sample_rate
 
     # -- references ---------------------------------------------------------------------------
-    def encode_reference(self, samples, sample_rate: int) -> Reference:
-        """Reference speech → its first n_vq codebooks, [frames, n_vq] (mono is duplicated)."""
-        codes = self._need_codec().encode(as_samples(samples, what="reference audio"),
-                                          int(sample_rate), n_quantizers=self.config.n_vq)
+    def encode_reference(self, samples, sample_rate: int, *,
+                         max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
+        """Reference speech → its first n_vq codebooks, [frames, n_vq] (mono is duplicated).
+        Audio past max_seconds is cut with a warning (None keeps it all: a continuation prompt
+        must match its text)."""
+        x = as_samples(samples, what="reference audio")
+        if max_seconds is not None:
+            x = trim_reference(x, int(sample_rate), max_seconds)
+        codes = self._need_codec().encode(x, int(sample_rate), n_quantizers=self.config.n_vq)
         return Reference(np.ascontiguousarray(codes.T))
 
     # -- generation -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ and the load-time checks. Tiny Nano models (tests/models/conftest.py) with the t
 stereo codec; everything through the real converters and loaders."""
 
 import itertools
+import logging
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from converters.codec import convert as convert_codec
 from fixtures.compare import assert_close, assert_differs
 from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.reference import nano as ref
+from moss_tts.audio import REFERENCE_MAX_SECONDS
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.models.nano_tts import MAX_FRAMES, MIN_FRAMES, NanoTTS, Reference, frame_budget
 from moss_tts.sampling import SamplingOptions
@@ -307,6 +309,23 @@ def test_synthesize_returns_finite_stereo_float32_at_the_codec_rate(nano_tts):
     assert sr == SAMPLE_RATE == tts.sample_rate
     assert audio.dtype == np.float32 and audio.shape == (10 * SAMPLES_PER_FRAME, 2)
     assert np.isfinite(audio).all() and np.abs(audio).max() > 0
+
+
+def test_a_long_reference_is_cut_to_the_limit_with_a_warning(nano_tts, caplog):
+    """A voice needs seconds: past REFERENCE_MAX_SECONDS the reference is cut (and said so),
+    its first 30 s give the same codes as a 30 s reference; a continuation prompt is kept."""
+    tts = nano_tts(*NEVER_STOPS)
+    rng = np.random.default_rng(12)
+    long = (0.1 * rng.standard_normal((SAMPLE_RATE * 40, 2))).astype(np.float32)
+    with caplog.at_level(logging.WARNING, logger="moss_tts.audio"):
+        voice = tts.encode_reference(long, SAMPLE_RATE)
+    frames = int(REFERENCE_MAX_SECONDS * SAMPLE_RATE) // SAMPLES_PER_FRAME
+    assert voice.codes.shape == (frames, N_VQ)
+    assert "40.0 s long; using its first 30 s" in caplog.text
+    cut = tts.encode_reference(long[: int(REFERENCE_MAX_SECONDS * SAMPLE_RATE)], SAMPLE_RATE)
+    np.testing.assert_array_equal(voice.codes, cut.codes)
+    whole = tts.encode_reference(long, SAMPLE_RATE, max_seconds=None)
+    assert whole.codes.shape == (40 * SAMPLE_RATE // SAMPLES_PER_FRAME, N_VQ)
 
 
 def test_encode_reference_gives_frames_by_codebooks(nano_tts):
