@@ -4,12 +4,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import pickle
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from moss_tts.errors import ModelFileError
+from moss_tts.ggml.backend import NativeResource, released_on_error
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_model_dir(model: str, *, allow_patterns=("*.json", "*.safetensors", "*.model")) -> Path:
@@ -47,10 +53,21 @@ def read_config(model_dir: Path) -> dict:
         raise ModelFileError(f"{path}: not valid JSON ({e})") from None
 
 
-class SafetensorsCheckpoint:
+class SafetensorsCheckpoint(NativeResource):
     """name → numpy array over one or several safetensors files, read on access."""
 
     def __init__(self, model_dir: Path):
+        self._handles = {}
+        with released_on_error(self):   # no file stays mapped when one shard is refused
+            self._open(model_dir)
+
+    def close(self) -> None:
+        """Unmap the files (a with-block or a failed conversion does it)."""
+        for h in getattr(self, "_handles", {}).values():
+            h.__exit__(None, None, None)   # safetensors unmaps the file here
+        self._handles = {}
+
+    def _open(self, model_dir: Path) -> None:
         from safetensors import safe_open
 
         index = model_dir / "model.safetensors.index.json"
@@ -69,7 +86,6 @@ class SafetensorsCheckpoint:
                 raise ModelFileError(f"{model_dir}: no *.safetensors files (a .bin checkpoint "
                                      "must be converted to safetensors first)")
             weight_map = None
-        self._handles = {}
         self._where: dict[str, str] = {}
         for name in files:
             path = model_dir / name
@@ -111,7 +127,7 @@ def fuse_weight_norm(g: np.ndarray, v: np.ndarray) -> np.ndarray:
     return w.astype(np.float32)
 
 
-class TorchBinCheckpoint:
+class TorchBinCheckpoint(NativeResource):
     """name → numpy array from a PyTorch `torch.save` zip (e.g. pytorch_model.bin), read without
     torch: a restricted unpickler that knows only tensor rebuilding, storages and OrderedDict."""
 
@@ -121,14 +137,19 @@ class TorchBinCheckpoint:
                "BoolStorage": np.bool_}
 
     def __init__(self, path: Path):
-        import pickle
-        import zipfile
-
         try:
             self._zip = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError) as e:
             raise ModelFileError(f"{path}: not a PyTorch zip checkpoint ({e}); legacy "
                                  "(pre-1.6) torch.save files are not supported") from None
+        with released_on_error(self):
+            self._read_state(path)
+
+    def close(self) -> None:
+        if getattr(self, "_zip", None) is not None:
+            self._zip.close()
+
+    def _read_state(self, path: Path) -> None:
         names = self._zip.namelist()
         pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
         if pkl is None:
@@ -233,6 +254,28 @@ class _LazyTensor:
         item = flat.itemsize
         return np.lib.stride_tricks.as_strided(
             flat[self.offset:], shape=self.shape, strides=tuple(s * item for s in self.stride)).copy()
+
+
+def report_unmapped(model_dir: Path, unmapped: list[str], strict: bool) -> None:
+    """Checkpoint tensors the conversion does not use: an error with `strict`, else a warning
+    (never dropped silently)."""
+    if unmapped:
+        msg = f"{len(unmapped)} checkpoint tensor(s) not used: {', '.join(unmapped[:8])}"
+        if strict:
+            raise ModelFileError(f"{model_dir}: {msg} (--strict)")
+        logger.warning("%s", msg)
+
+
+def expected_tensors(model_dir: Path, tensors: dict, expected: dict[str, tuple]) -> dict:
+    """`tensors` in the order of `expected`; every missing or misshapen one listed in one
+    ModelFileError."""
+    problems = [f"{n}: missing" for n in expected if n not in tensors]
+    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {s}"
+                 for n, s in expected.items() if n in tensors and tuple(tensors[n].shape) != s]
+    if problems:
+        raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): "
+                             + "; ".join(problems[:8]))
+    return {n: tensors[n] for n in expected}
 
 
 def open_checkpoint(model_dir: Path):

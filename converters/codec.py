@@ -19,9 +19,10 @@ import numpy as np
 from moss_tts.codec.config import (FORMAT_VERSION, KIND, PATCH, TRANSFORMER, CodecConfig,
                                    StageConfig, tensor_shapes)
 from moss_tts.codec.tower import LAYER_TENSORS
-from moss_tts.errors import ConfigError, ModelFileError
+from moss_tts.errors import ConfigError
 
-from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
+from .checkpoint import (expected_tensors, fuse_weight_norm, open_checkpoint, read_config,
+                         report_unmapped, resolve_model_dir)
 from .gguf_io import Lazy, write_gguf
 
 logger = logging.getLogger(__name__)
@@ -178,27 +179,19 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
             progress=None) -> Path:
     model_dir = resolve_model_dir(model)
     config = read_config(model_dir)
-    ckpt = open_checkpoint(model_dir)
-    cfg = codec_config(config, ckpt.keys())
-    tensors, unmapped = map_tensors(ckpt, cfg)
-    expected = tensor_shapes(cfg)
-    # well-formed names the architecture has no place for (e.g. a square v1 projection, where
-    # upstream has an Identity) are reported like any other unused tensor, never dropped silently
-    unmapped += sorted(n for n in tensors if n not in expected)
-    if unmapped:
-        msg = f"{len(unmapped)} checkpoint tensor(s) not used: {', '.join(unmapped[:8])}"
-        if strict:
-            raise ModelFileError(f"{model_dir}: {msg} (--strict)")
-        logger.warning("%s", msg)
-    problems = [f"{n}: missing" for n in expected if n not in tensors]
-    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {s}" for n, s in expected.items()
-                 if n in tensors and tuple(tensors[n].shape) != s]
-    if problems:
-        raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): " + "; ".join(problems[:8]))
-    tensors = {n: tensors[n] for n in expected}
-    meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
-    return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
-                      is_matmul=is_matmul, progress=progress)
+    # closed on every way out: a failed conversion keeps no checkpoint file mapped
+    with open_checkpoint(model_dir) as ckpt:
+        cfg = codec_config(config, ckpt.keys())
+        tensors, unmapped = map_tensors(ckpt, cfg)
+        expected = tensor_shapes(cfg)
+        # well-formed names the architecture has no place for (e.g. a square v1 projection, where
+        # upstream has an Identity) are reported like any other unused tensor, never dropped silently
+        unmapped += sorted(n for n in tensors if n not in expected)
+        report_unmapped(model_dir, unmapped, strict)
+        tensors = expected_tensors(model_dir, tensors, expected)
+        meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
+        return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
+                          is_matmul=is_matmul, progress=progress)
 
 
 def is_matmul(name: str, spec) -> bool:

@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
+from converters.checkpoint import open_checkpoint
 from converters.codec import convert
 from fixtures.compare import assert_close, assert_differs
 from fixtures.make_codec import load_config, load_state, make_tiny_v1_checkpoint
@@ -340,6 +341,25 @@ def test_towers_that_fit_no_channel_count_are_a_one_line_config_error(checkpoint
     with pytest.raises(ConfigError) as e:
         convert(str(src), tmp_path / "out.gguf")
     assert "patches multiply to 64" in one_line(e)
+
+
+def test_a_failed_conversion_leaves_the_checkpoint_unmapped(checkpoint, tmp_path):
+    """safetensors maps its files; a conversion that fails half-way (here: --strict on an extra
+    tensor) closes them even while the caller still holds the exception."""
+    src = edited_checkpoint(checkpoint, tmp_path / "extra",
+                            lambda s: s.__setitem__("extra.weight", np.ones(2, np.float32)))
+    weights = str((src / "model.safetensors").resolve())
+
+    def mapped():
+        with open("/proc/self/maps") as f:
+            return sum(line.rstrip().endswith(weights) for line in f)
+
+    with pytest.raises(ModelFileError) as excinfo:
+        convert(str(src), tmp_path / "out.gguf", strict=True)
+    assert excinfo.traceback and mapped() == 0
+    with open_checkpoint(src):   # guard: an open checkpoint is seen in the count
+        assert mapped() >= 1
+    assert mapped() == 0
 
 
 def test_converter_rejects_checkpoint_without_attention_weights(checkpoint, tmp_path):

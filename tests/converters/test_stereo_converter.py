@@ -248,8 +248,6 @@ def test_legacy_v1_spelled_stereo_checkpoint_converts_like_the_nano_v2_spelling(
 def test_stereo_config_without_channel_keys_or_model_type_is_still_stereo(stereo, tmp_path):
     """Channels come from the towers (patches multiply to 2 × downsample_rate), not from the
     channel keys or `model_type` a re-save may drop or rewrite."""
-    import json
-    import shutil
     src = tmp_path / "bare"
     shutil.copytree(stereo.checkpoint, src)
     config = {k: v for k, v in stereo.config.items()
