@@ -135,22 +135,23 @@ class StreamResampler:
         # resample_poly's default filter reaches 10·max(up, down) upsampled samples each side
         reach = -(-10 * max(self.up, self.down) // self.up) + 1
         self.margin = -(-reach // self.down) * self.down
-        self._pending: np.ndarray | None = None   # inputs from index _start on
+        self._pending = np.zeros((0, 1), np.float32)   # inputs from index _start on
         self._start = 0
-        self._emitted = 0                         # outputs returned so far
+        self._emitted = 0                               # outputs returned so far
 
     def push(self, x: np.ndarray) -> np.ndarray:
         """Input block [n, channels] → the output samples it completes."""
         if self.up == self.down:
+            self._pending = x[:0]   # remembers the channel count for flush()
             return x
-        self._pending = x if self._pending is None else np.concatenate([self._pending, x])
+        self._pending = np.concatenate([self._pending, x]) if len(self._pending) else x
         known = self._start + len(self._pending)
         return self._emit((known - self.margin) // self.down * self.down)
 
     def flush(self) -> np.ndarray:
         """The outputs left at the end of the signal."""
-        if self.up == self.down or self._pending is None:
-            return np.zeros((0, 1 if self._pending is None else self._pending.shape[1]), np.float32)
+        if self.up == self.down or not len(self._pending):
+            return self._pending[:0]
         return self._emit(None)
 
     def _emit(self, end: int | None) -> np.ndarray:

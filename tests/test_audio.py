@@ -83,3 +83,11 @@ def test_trim_reference_cuts_past_the_limit_with_a_warning(caplog):
     assert "31.0 s long; using its first 30 s" in caplog.text
     short = x[:1600 * 5]
     assert trim_reference(short, 1600) is short
+
+
+def test_stream_resampler_flush_keeps_the_channel_count():
+    for rates in ((3200, 3200), (8000, 3200)):
+        r = StreamResampler(*rates)
+        r.push(np.ones((5000, 2), np.float32))
+        assert r.flush().shape[1] == 2
+    assert StreamResampler(8000, 3200).flush().shape == (0, 1)   # nothing pushed

@@ -19,6 +19,7 @@ from fixtures.compare import assert_close, assert_differs
 from fixtures.make_codec import (load_config, load_state, make_tiny_nano_checkpoint,
                                  make_tiny_v2_checkpoint)
 from fixtures.reference import codec as ref
+from moss_tts.audio import resample
 from moss_tts.codec import Codec
 from moss_tts.codec.codec import default_chunk_seconds
 from moss_tts.errors import InputError
@@ -281,3 +282,12 @@ def check_stereo_streaming_matches_offline(gguf, sizes):
 def test_stereo_streaming_decode_matches_offline(stereo, sizes):
     out = run_isolated(check_stereo_streaming_matches_offline, stereo.gguf, sizes)
     print(f"{stereo.name} {sizes}: {out.strip()}")
+
+
+@pytest.mark.parametrize("rate_factor", [1, 2.5])   # the codec's rate, and resampled
+def test_encode_blocks_of_stereo_audio_gives_the_codes_of_encode(stereo, stereo_clip, rate_factor):
+    sr = int(stereo.codec.sample_rate * rate_factor)
+    x = stereo_clip if rate_factor == 1 else resample(stereo_clip, stereo.codec.sample_rate, sr)
+    want = stereo.codec.encode(x, sr)
+    blocks = (x[i:i + 700] for i in range(0, len(x), 700))
+    np.testing.assert_array_equal(stereo.codec.encode_blocks(blocks, sr), want)
