@@ -34,6 +34,16 @@ def load_nano(path):
     NanoTTS.load(path, threads=1).close()
 
 
+def load_audio(path):
+    """An audio file read whole, its first second, and block by block."""
+    from moss_tts.audio import read_audio, read_audio_blocks
+    read_audio(path)
+    read_audio(path, max_seconds=1.0)
+    blocks, _, _ = read_audio_blocks(path)
+    for _ in blocks:
+        pass
+
+
 def load_checkpoint(path):
     """A Hugging Face checkpoint directory: every tensor's shape and data."""
     from pathlib import Path
@@ -51,7 +61,7 @@ def load_codes(path):
 
 
 LOADERS = {"gguf": load_gguf, "codec": load_codec, "nano": load_nano,
-           "checkpoint": load_checkpoint, "codes": load_codes}
+           "checkpoint": load_checkpoint, "codes": load_codes, "audio": load_audio}
 
 
 def main(argv):

@@ -418,3 +418,46 @@ def test_fuzzed_codes_files_fail_with_one_line_errors(tmp_path):
     outcomes = run_cases("codes", paths)
     assert outcomes["LOADED"] >= 1
     print(f"fuzz codes: {len(paths)} cases {outcomes}")
+
+
+# -- audio files ---------------------------------------------------------------------------------
+def wav_cases(data: bytes, rng) -> dict[str, bytes]:
+    """A PCM WAV (44-byte header: fmt fields at 22.., data size at 40) with absurd fields."""
+    fields = {"channels": (22, "<H", (0, 1024, 65535)), "rate": (24, "<I", (0, 2**31, 2**32 - 1)),
+              "block_align": (32, "<H", (0, 65535)), "bits": (34, "<H", (0, 7, 64, 65535)),
+              "data_size": (40, "<I", (0, 2**32 - 1)), "riff_size": (4, "<I", (0, 2**32 - 1))}
+    cases = {f"{name}_{v}": patched(data, pos, fmt, v)
+             for name, (pos, fmt, values) in fields.items() for v in values}
+    cases |= {f"cut_at_{n}": data[:n] for n in (4, 12, 20, 36, 43, 44, 45, len(data) // 2)}
+    for i, blob in enumerate(random_bytes(rng, 10 * SCALE, data[:12])):
+        cases[f"random_after_riff_{i}"] = blob
+    return cases
+
+
+def flac_cases(data: bytes, rng) -> dict[str, bytes]:
+    """A FLAC: STREAMINFO (bytes 8..41: rates, channels, bits and the total sample count)."""
+    cases = {f"cut_at_{n}": data[:n] for n in (4, 8, 26, 42, len(data) // 2)}
+    cases["streaminfo_ones"] = data[:18] + b"\xff" * 8 + data[26:]
+    cases["streaminfo_zeros"] = data[:18] + b"\x00" * 8 + data[26:]
+    cases["block_size_zero"] = data[:8] + b"\x00" * 4 + data[12:]
+    for i in range(5 * SCALE):
+        b = bytearray(data)
+        for pos in rng.integers(4, len(data), size=int(rng.integers(1, 40))):
+            b[pos] = int(rng.integers(0, 256))
+        cases[f"flips_{i}"] = bytes(b)
+    return cases
+
+
+def test_fuzzed_audio_files_fail_with_one_line_errors(tmp_path):
+    import soundfile as sf
+    rng = np.random.default_rng(14)
+    x = (0.1 * rng.standard_normal((3200, 2))).astype(np.float32)
+    paths = []
+    for suffix, fmt, make in ((".wav", "WAV", wav_cases), (".flac", "FLAC", flac_cases)):
+        good = tmp_path / f"good{suffix}"
+        sf.write(good, x, 3200, format=fmt, subtype="PCM_16")
+        paths += write_cases(tmp_path, {f"{fmt}_{k}": v for k, v in
+                                        make(good.read_bytes(), rng).items()}, suffix) + [good]
+    outcomes = run_cases("audio", paths)
+    assert outcomes["LOADED"] >= 2
+    print(f"fuzz audio: {len(paths)} cases {outcomes}")
