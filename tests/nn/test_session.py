@@ -1,0 +1,114 @@
+"""DecodeSession (moss_tts/nn/session.py): prefill + replayed one-row steps over a KV cache equal
+a full recompute by the numpy reference, and a step attends over its bucket of the filled
+prefix, not the whole capacity."""
+
+import numpy as np
+import pytest
+
+from fixtures.compare import assert_close, assert_differs
+from fixtures.reference import ops as ref_ops
+from fixtures.reference.transformer import gpt2_block
+from moss_tts.errors import InputError
+from moss_tts.ggml import TensorStore, get_backend
+from moss_tts.models import gpt2
+from moss_tts.nn.session import SLOT_ALIGN, DecodeSession, bucket
+
+CFG = gpt2.GPT2Config(n_embd=32, n_head=4, n_layer=2, n_inner=64)
+CAPACITY = 200          # rounded up to 224 slots: buckets 32, 64, 128, 224
+PROMPT = 10
+# f32 through two blocks against float64 (|x| ≲ 5, ≤ 64-term dots): measured ≤ 3e-6
+F32_ATOL = 5e-5
+
+
+@pytest.fixture(scope="module")
+def weights():
+    rng = np.random.default_rng(11)
+    arrays = {}
+    for i in range(CFG.n_layer):
+        for name, shape in CFG.layer_shapes().items():
+            gain = 1.0 if name.startswith("ln_") and name.endswith("weight") else 0.0
+            arrays[f"h.{i}.{name}"] = (gain + 0.3 * rng.standard_normal(shape)).astype(np.float32)
+    arrays["ln_f.weight"] = (1 + 0.1 * rng.standard_normal(CFG.n_embd)).astype(np.float32)
+    arrays["ln_f.bias"] = (0.1 * rng.standard_normal(CFG.n_embd)).astype(np.float32)
+    store = TensorStore(arrays, get_backend(None, 1))
+    yield store, arrays
+    store.close()
+
+
+def reference(arrays, x):
+    pos = np.arange(len(x))
+    for i in range(CFG.n_layer):
+        x = gpt2_block(x, pos, {n: arrays[f"h.{i}.{n}"] for n in CFG.layer_shapes()},
+                       n_head=CFG.n_head)
+    return ref_ops.layer_norm(x, arrays["ln_f.weight"], arrays["ln_f.bias"], eps=1e-5)
+
+
+def make_session(store):
+    layers = [gpt2.GPT2Layer.from_tensors(store, f"h.{i}.") for i in range(CFG.n_layer)]
+
+    def build(g, n_rows, kv, variant):
+        x = g.input("x", (n_rows, CFG.n_embd))
+        h = gpt2.forward(x, layers, (store["ln_f.weight"], store["ln_f.bias"]), CFG, kv=kv)
+        g.output(h, "hidden", ndim=2)
+
+    return DecodeSession(build, backend=get_backend(None, 1), n_layer=CFG.n_layer,
+                         n_kv_head=CFG.n_head, head_dim=CFG.head_dim, capacity=CAPACITY,
+                         prefix="kv", name="test.session")
+
+
+def test_bucket_rounds_the_filled_prefix_up_to_a_power_of_two_within_capacity():
+    assert [bucket(n, 224) for n in (1, 11, 32, 33, 64, 65, 129, 224)] == \
+        [32, 32, 32, 64, 64, 128, 224, 224]
+    assert bucket(3, 17) == 17
+
+
+def test_cached_steps_match_full_recompute_and_use_small_buckets(weights):
+    store, arrays = weights
+    n = 70
+    x = np.random.default_rng(3).standard_normal((n, CFG.n_embd)).astype(np.float32)
+    want = reference(arrays, x)
+    with make_session(store) as s:
+        assert s.capacity == 224 and s.capacity % SLOT_ALIGN == 0
+        s.reserve(PROMPT)
+        got = [s.run({"x": x[:PROMPT]}, PROMPT)["hidden"]]
+        graphs = {}
+        for k in range(PROMPT, n):
+            got.append(s.run({"x": x[k:k + 1]}, 1)["hidden"])
+            graphs.setdefault(k, list(s.step_graphs.values())[-1])
+        assert_close(np.concatenate(got), want, atol=F32_ATOL, what="prefill + steps")
+        # the step at position 10 attends over 32 slots (its mask and the K views), not 224
+        assert graphs[PROMPT].inputs["kv.mask"].ne[:2] == (32, 1)
+        assert graphs[40].inputs["kv.mask"].ne[:2] == (64, 1)
+        assert graphs[69].inputs["kv.mask"].ne[:2] == (128, 1)
+        # one graph per bucket, replayed for every other step in it
+        assert sorted(s.step_graphs) == [(None, 32), (None, 64), (None, 128)]
+        assert graphs[PROMPT] is graphs[31] and graphs[32] is graphs[63]
+
+
+def test_step_at_the_wrong_position_or_prefix_is_detected(weights):
+    store, arrays = weights
+    x = np.random.default_rng(4).standard_normal((PROMPT + 1, CFG.n_embd)).astype(np.float32)
+    want = reference(arrays, x)[-1:]
+    with make_session(store) as s:
+        s.run({"x": x[:PROMPT]}, PROMPT)
+        s.position += 1
+        shifted = s.run({"x": x[PROMPT:]}, 1)["hidden"]
+        s.reset()
+        other = x.copy()
+        other[2] = other[5]            # one cached row replaced by another
+        s.run({"x": other[:PROMPT]}, PROMPT)
+        wrong_prefix = s.run({"x": x[PROMPT:]}, 1)["hidden"]
+        s.reset()
+        s.run({"x": x[:PROMPT]}, PROMPT)
+        assert_close(s.run({"x": x[PROMPT:]}, 1)["hidden"], want, atol=F32_ATOL,
+                     what="after reset")
+    assert_differs(shifted, want, atol=F32_ATOL, what="step one position late")
+    assert_differs(wrong_prefix, want, atol=F32_ATOL, what="one cached row changed")
+
+
+def test_rows_past_the_capacity_raise_input_error(weights):
+    store, _ = weights
+    with make_session(store) as s:
+        s.run({"x": np.zeros((220, CFG.n_embd), np.float32) + 0.1}, 220)
+        with pytest.raises(InputError, match="capacity of 224"):
+            s.run({"x": np.zeros((5, CFG.n_embd), np.float32)}, 5)
