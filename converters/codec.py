@@ -9,7 +9,6 @@ each transformer's sliding-window context); weight-norm pairs are fused into den
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
 
@@ -21,9 +20,8 @@ from moss_tts.codec.tower import LAYER_TENSORS
 from moss_tts.errors import ConfigError, ModelFileError
 
 from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
-from .gguf_io import Lazy, write_gguf
-
-logger = logging.getLogger(__name__)
+from .gguf_io import Lazy
+from .registry import finish
 
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
 WN_LEGACY_G, WN_LEGACY_V = ".weight_g", ".weight_v"  # older weight_norm spelling, same math
@@ -170,24 +168,10 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
     ckpt = open_checkpoint(model_dir)
     cfg = codec_config(config, ckpt.keys())
     tensors, unmapped = map_tensors(ckpt, cfg)
-    expected = tensor_shapes(cfg)
-    # well-formed names the architecture has no place for (e.g. a square v1 projection, where
-    # upstream has an Identity) are reported like any other unused tensor, never dropped silently
-    unmapped += sorted(n for n in tensors if n not in expected)
-    if unmapped:
-        msg = f"{len(unmapped)} checkpoint tensor(s) not used: {', '.join(unmapped[:8])}"
-        if strict:
-            raise ModelFileError(f"{model_dir}: {msg} (--strict)")
-        logger.warning("%s", msg)
-    problems = [f"{n}: missing" for n in expected if n not in tensors]
-    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {s}" for n, s in expected.items()
-                 if n in tensors and tuple(tensors[n].shape) != s]
-    if problems:
-        raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): " + "; ".join(problems[:8]))
-    tensors = {n: tensors[n] for n in expected}
     meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
-    return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
-                      is_matmul=is_matmul, progress=progress)
+    return finish(model_dir, out, tensors, unmapped, tensor_shapes(cfg), meta, kind=KIND,
+                  version=FORMAT_VERSION, outtype=outtype, strict=strict, is_matmul=is_matmul,
+                  progress=progress)
 
 
 def is_matmul(name: str, spec) -> bool:

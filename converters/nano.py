@@ -9,7 +9,6 @@ the runtime uses the embeddings.
 
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path
 
@@ -20,9 +19,8 @@ from moss_tts.models import gpt2
 from moss_tts.models.nano import FORMAT_VERSION, KIND, TOKENIZER_KEY, NanoConfig
 
 from .checkpoint import open_checkpoint, read_config, resolve_model_dir
-from .gguf_io import Lazy, write_gguf
-
-logger = logging.getLogger(__name__)
+from .gguf_io import Lazy
+from .registry import finish
 
 TOKENIZER_FILES = ("tokenizer.model", "sentencepiece/mossttsnano_spm_bpe.model")
 # Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
@@ -108,18 +106,7 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
     tokenizer = find_tokenizer(model_dir)
     ckpt = open_checkpoint(model_dir)
     tensors, unmapped = map_tensors(ckpt, cfg)
-    if unmapped:
-        msg = f"{len(unmapped)} checkpoint tensor(s) not used: {', '.join(unmapped[:8])}"
-        if strict:
-            raise ModelFileError(f"{model_dir}: {msg} (--strict)")
-        logger.warning("%s", msg)
-    expected = cfg.tensor_shapes()
-    problems = [f"{n}: missing" for n in expected if n not in tensors]
-    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {s}" for n, s in expected.items()
-                 if n in tensors and tuple(tensors[n].shape) != s]
-    if problems:
-        raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): " + "; ".join(problems[:8]))
-    meta = cfg.to_metadata() | {TOKENIZER_KEY: tokenizer}
-    tensors = {n: tensors[n] for n in expected}
-    return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
-                      is_matmul=is_matmul, progress=progress)
+    return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(),
+                  cfg.to_metadata() | {TOKENIZER_KEY: tokenizer}, kind=KIND,
+                  version=FORMAT_VERSION, outtype=outtype, strict=strict, is_matmul=is_matmul,
+                  progress=progress)

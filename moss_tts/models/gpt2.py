@@ -7,23 +7,15 @@ split q|k|v; RoPE on interleaved pairs over the full head dim; K cached after Ro
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 
-from ..errors import ConfigError
 import numpy as np
 
+from ..errors import ConfigError
 from ..ggml import ops
 from ..ggml.graph import Graph, Tensor
 from ..nn import CacheView, KVCache, cached_attention, fused_heads, layer_norm, linear, mlp
-
-# Tensor names below a layer prefix `<prefix>.h.<i>.`, upstream spelling (design §4).
-LAYER_TENSORS = (
-    "ln_1.weight", "ln_1.bias",
-    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_2.weight", "ln_2.bias",
-    "mlp.fc_in.weight", "mlp.fc_in.bias", "mlp.fc_out.weight", "mlp.fc_out.bias",
-)
-
+from . import spec
 
 @dataclass(frozen=True)
 class GPT2Config:
@@ -55,24 +47,23 @@ class GPT2Config:
     @classmethod
     def from_gguf(cls, meta, prefix: str) -> "GPT2Config":
         """Read `<prefix>.<field>` for every field; absent optional fields keep their default."""
-        values = {}
-        for f in fields(cls):
-            key = f"{prefix}.{f.name}"
-            if key in meta:
-                values[f.name] = meta[key]
-            elif f.default is MISSING:
-                meta[key]  # a required key: raises ModelFileError naming the key and file
-        return cls(**values)
+        return spec.config_from_gguf(cls, meta, prefix)
+
+    def layer_spec(self) -> tuple[spec.TensorSpec, ...]:
+        """One block's tensors below `<prefix>.h.<i>.`, upstream spelling (design §4); Linear
+        weights (out, in)."""
+        d, f = self.n_embd, self.ffn_dim
+        T = spec.TensorSpec
+        return (T("ln_1.weight", (d,)), T("ln_1.bias", (d,)),
+                T("attn.c_attn.weight", (3 * d, d)), T("attn.c_attn.bias", (3 * d,)),
+                T("attn.c_proj.weight", (d, d)), T("attn.c_proj.bias", (d,)),
+                T("ln_2.weight", (d,)), T("ln_2.bias", (d,)),
+                T("mlp.fc_in.weight", (f, d)), T("mlp.fc_in.bias", (f,)),
+                T("mlp.fc_out.weight", (d, f)), T("mlp.fc_out.bias", (d,)))
 
     def layer_shapes(self) -> dict[str, tuple]:
-        """numpy shapes of one block's tensors (Linear weights are (out, in))."""
-        d, f = self.n_embd, self.ffn_dim
-        return {"ln_1.weight": (d,), "ln_1.bias": (d,),
-                "attn.c_attn.weight": (3 * d, d), "attn.c_attn.bias": (3 * d,),
-                "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
-                "ln_2.weight": (d,), "ln_2.bias": (d,),
-                "mlp.fc_in.weight": (f, d), "mlp.fc_in.bias": (f,),
-                "mlp.fc_out.weight": (d, f), "mlp.fc_out.bias": (d,)}
+        """numpy shapes of one block's tensors by name."""
+        return spec.shapes(self.layer_spec())
 
 
 @dataclass(frozen=True)
@@ -93,8 +84,8 @@ class GPT2Layer:
     mlp_fc_out_bias: Tensor
 
     @classmethod
-    def from_tensors(cls, tensors: dict, prefix: str) -> "GPT2Layer":
-        return cls(**{n.replace(".", "_"): tensors[f"{prefix}{n}"] for n in LAYER_TENSORS})
+    def from_tensors(cls, tensors, prefix: str, cfg: GPT2Config) -> "GPT2Layer":
+        return spec.fill_record(cls, tensors, prefix, cfg.layer_spec())
 
 
 def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, kv: CacheView,
@@ -137,7 +128,7 @@ def build_cached_graph(g: Graph, weights, cfg: GPT2Config, cache: KVCache, n_row
     `ln_f.*`."""
     x = g.input("x", (n_rows, cfg.n_embd))
     kv = CacheView.inputs(g, cache, n_rows, n_slots, flash=flash)
-    layers = [GPT2Layer.from_tensors(weights, f"h.{i}.") for i in range(cfg.n_layer)]
+    layers = [GPT2Layer.from_tensors(weights, f"h.{i}.", cfg) for i in range(cfg.n_layer)]
     h = forward(x, layers, (weights["ln_f.weight"], weights["ln_f.bias"]), cfg, kv=kv)
     g.output(h, "hidden", ndim=2)
     return g.build()

@@ -8,7 +8,7 @@ rows are ever needed) and audio head c is audio_embeddings[c].
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from ..ggml import I32, Graph, Weights, ops
 from ..ggml.graph import Tensor
 from ..nn import CacheView, masked_embedding_sum
 from ..nn.session import DecodeSession
-from . import gpt2
+from . import gpt2, spec
 
 KIND = "nano"
 FORMAT_VERSION = 1
@@ -62,12 +62,8 @@ class NanoConfig:
 
     def to_metadata(self) -> dict:
         meta = {f"{PREFIX}.{k}": int(getattr(self, k)) for k in self.IDS}
-        for name, c in (("global", self.backbone), ("local", self.local)):
-            for f in fields(c):
-                value = getattr(c, f.name)
-                if value is not None:
-                    meta[f"{PREFIX}.{name}.{f.name}"] = value
-        return meta
+        return (meta | spec.config_to_metadata(self.backbone, f"{PREFIX}.global")
+                | spec.config_to_metadata(self.local, f"{PREFIX}.local"))
 
     def tensor_shapes(self) -> dict[str, tuple]:
         d = self.backbone.n_embd
@@ -76,7 +72,7 @@ class NanoConfig:
                   f"{LOCAL}.ln_f.bias": (d,)}
         for prefix, c in ((GLOBAL, self.backbone), (LOCAL, self.local)):
             for i in range(c.n_layer):
-                shapes.update({f"{prefix}.h.{i}.{n}": s for n, s in c.layer_shapes().items()})
+                shapes |= spec.shapes(c.layer_spec(), f"{prefix}.h.{i}.")
         shapes.update({f"audio_embeddings.{c}.weight": (self.audio_vocab_size, d)
                        for c in range(self.n_vq)})
         return shapes
@@ -95,10 +91,10 @@ class NanoWeights:
     def from_weights(cls, w: Weights, cfg: NanoConfig) -> "NanoWeights":
         t = w.require(cfg.tensor_shapes())
         return cls(wte=t[f"{GLOBAL}.wte.weight"],
-                   layers=[gpt2.GPT2Layer.from_tensors(t, f"{GLOBAL}.h.{i}.")
+                   layers=[gpt2.GPT2Layer.from_tensors(t, f"{GLOBAL}.h.{i}.", cfg.backbone)
                            for i in range(cfg.backbone.n_layer)],
                    ln_f=(t[f"{GLOBAL}.ln_f.weight"], t[f"{GLOBAL}.ln_f.bias"]),
-                   local_layers=[gpt2.GPT2Layer.from_tensors(t, f"{LOCAL}.h.{i}.")
+                   local_layers=[gpt2.GPT2Layer.from_tensors(t, f"{LOCAL}.h.{i}.", cfg.local)
                                  for i in range(cfg.local.n_layer)],
                    local_ln_f=(t[f"{LOCAL}.ln_f.weight"], t[f"{LOCAL}.ln_f.bias"]),
                    audio_embeddings=[t[f"audio_embeddings.{c}.weight"] for c in range(cfg.n_vq)])

@@ -6,45 +6,33 @@ import numpy as np
 import pytest
 
 from fixtures.compare import assert_close, assert_differs
-from fixtures.reference import ops as ref_ops
-from fixtures.reference.transformer import gpt2_block
 from moss_tts.errors import InputError
 from moss_tts.ggml import TensorStore, get_backend
 from moss_tts.models import gpt2
 from moss_tts.nn.session import SLOT_ALIGN, DecodeSession, bucket
+from tests.models.test_gpt2 import CFG, random_tensors
+from tests.models.test_gpt2 import reference as gpt2_reference
 
-CFG = gpt2.GPT2Config(n_embd=32, n_head=4, n_layer=2, n_inner=64)
 CAPACITY = 200          # rounded up to 224 slots: buckets 32, 64, 128, 224
 PROMPT = 10
-# f32 through two blocks against float64 (|x| ≲ 5, ≤ 64-term dots): measured ≤ 3e-6
+# f32 through two blocks against float64 (|x| ≲ 5, ≤ 96-term dots): measured ≤ 3e-6
 F32_ATOL = 5e-5
 
 
 @pytest.fixture(scope="module")
 def weights():
-    rng = np.random.default_rng(11)
-    arrays = {}
-    for i in range(CFG.n_layer):
-        for name, shape in CFG.layer_shapes().items():
-            gain = 1.0 if name.startswith("ln_") and name.endswith("weight") else 0.0
-            arrays[f"h.{i}.{name}"] = (gain + 0.3 * rng.standard_normal(shape)).astype(np.float32)
-    arrays["ln_f.weight"] = (1 + 0.1 * rng.standard_normal(CFG.n_embd)).astype(np.float32)
-    arrays["ln_f.bias"] = (0.1 * rng.standard_normal(CFG.n_embd)).astype(np.float32)
+    arrays = random_tensors(11)
     store = TensorStore(arrays, get_backend(None, 1))
     yield store, arrays
     store.close()
 
 
 def reference(arrays, x):
-    pos = np.arange(len(x))
-    for i in range(CFG.n_layer):
-        x = gpt2_block(x, pos, {n: arrays[f"h.{i}.{n}"] for n in CFG.layer_shapes()},
-                       n_head=CFG.n_head)
-    return ref_ops.layer_norm(x, arrays["ln_f.weight"], arrays["ln_f.bias"], eps=1e-5)
+    return gpt2_reference(arrays, x, np.arange(len(x)))
 
 
 def make_session(store):
-    layers = [gpt2.GPT2Layer.from_tensors(store, f"h.{i}.") for i in range(CFG.n_layer)]
+    layers = [gpt2.GPT2Layer.from_tensors(store, f"h.{i}.", CFG) for i in range(CFG.n_layer)]
 
     def build(g, n_rows, kv, variant):
         x = g.input("x", (n_rows, CFG.n_embd))

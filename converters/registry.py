@@ -1,0 +1,54 @@
+"""`python -m moss_tts convert <family>`: the one registry of converters, and the finish step
+they share (unused checkpoint keys, `--strict`, shape checks, atomic write)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+from moss_tts.errors import ModelFileError
+
+logger = logging.getLogger(__name__)
+
+# family → (module with `convert(model, out, *, outtype, strict, progress)`, what it converts)
+FAMILIES = {
+    "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
+    "nano": ("converters.nano", "MOSS-TTS-Nano"),
+}
+
+
+def converter(family: str):
+    """The `convert` function of a family."""
+    try:
+        module, _ = FAMILIES[family]
+    except KeyError:
+        raise ModelFileError(f"unknown model family {family!r}; known: "
+                             f"{', '.join(FAMILIES)}") from None
+    return importlib.import_module(module).convert
+
+
+def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[str, tuple],
+           meta: dict, *, kind: str, version: int, outtype: str, strict: bool, is_matmul,
+           progress=None) -> Path:
+    """Report every checkpoint tensor not used (fail with `strict`), check each expected
+    tensor is there with its declared shape (all problems in one error), then write the GGUF
+    atomically with the tensors in declaration order."""
+    # well-formed names the architecture has no place for are reported like any other unused
+    # tensor, never dropped silently (C21)
+    unmapped = list(unmapped) + sorted(n for n in tensors if n not in expected)
+    if unmapped:
+        msg = f"{len(unmapped)} checkpoint tensor(s) not used: {', '.join(unmapped[:8])}"
+        if strict:
+            raise ModelFileError(f"{model_dir}: {msg} (--strict)")
+        logger.warning("%s", msg)
+    problems = [f"{n}: missing" for n in expected if n not in tensors]
+    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {tuple(s)}"
+                 for n, s in expected.items()
+                 if n in tensors and tuple(tensors[n].shape) != tuple(s)]
+    if problems:
+        raise ModelFileError(f"{model_dir}: {len(problems)} tensor problem(s): "
+                             + "; ".join(problems[:8]))
+    from .gguf_io import write_gguf   # the gguf package is needed only when writing
+    return write_gguf(out, {n: tensors[n] for n in expected}, meta, kind=kind, version=version,
+                      outtype=outtype, is_matmul=is_matmul, progress=progress)
