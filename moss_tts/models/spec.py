@@ -60,7 +60,9 @@ def config_from_gguf(cls, meta, prefix: str, keys: dict[str, str] | None = None)
     return cls(**values)
 
 
-def config_to_metadata(cfg, prefix: str) -> dict:
-    """`<prefix>.<field>` for every field that is set (None means the upstream default)."""
-    return {f"{prefix}.{f.name}": getattr(cfg, f.name) for f in fields(cfg)
+def config_to_metadata(cfg, prefix: str, keys: dict[str, str] | None = None) -> dict:
+    """`keys[field]` or `<prefix>.<field>` for every field that is set (None means the
+    upstream default): the inverse of `config_from_gguf`."""
+    keys = keys or {}
+    return {keys.get(f.name, f"{prefix}.{f.name}"): getattr(cfg, f.name) for f in fields(cfg)
             if getattr(cfg, f.name) is not None}
