@@ -38,6 +38,35 @@ class SamplingOptions:
             raise InputError("audio_repetition_penalty must be > 0 (1 = off)")
 
 
+@dataclass(frozen=True)
+class DelaySamplingOptions:
+    """MossTTSDelay's knobs with upstream defaults (moss_tts_family.md §2.7: text 1.5 / 1.0 /
+    50, audio 1.7 / 0.8 / 25 / 1.0); a temperature of 0 makes that channel greedy."""
+
+    text_temperature: float = 1.5
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 1.7
+    audio_top_p: float = 0.8
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        for group in ("text", "audio"):
+            t = getattr(self, f"{group}_temperature")
+            if not t >= 0:
+                raise InputError(f"{group}_temperature must be ≥ 0 (0 = greedy), got {t}")
+            k = getattr(self, f"{group}_top_k")
+            if isinstance(k, bool) or not float(k).is_integer() or k < 0:
+                raise InputError(f"{group}_top_k must be a whole number ≥ 0 (0 = off), got {k}")
+            object.__setattr__(self, f"{group}_top_k", int(k))
+            p = getattr(self, f"{group}_top_p")
+            if not 0 < p <= 1:
+                raise InputError(f"{group}_top_p must be in (0, 1], got {p}")
+        if not self.audio_repetition_penalty > 0:
+            raise InputError("audio_repetition_penalty must be > 0 (1 = off)")
+
+
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
     """For every id already generated (boolean `seen`, broadcast over the rows: one row per

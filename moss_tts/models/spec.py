@@ -4,7 +4,7 @@ the weights record, the expected shapes and the converter's name mapping derive;
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,16 @@ def fill_record(cls, tensors, prefix: str, specs):
                   for s in specs})
 
 
-def config_from_gguf(cls, meta, prefix: str, keys: dict[str, str] | None = None):
+def config_from_gguf(cls, meta, prefix: str, keys: dict[str, str] | None = None, **given):
     """A frozen config dataclass from metadata: field f is read from `keys[f]` when given (a
     llama.cpp key), else `<prefix>.<f>`; an absent key keeps the field default, and a
-    required one raises ModelFileError naming the key and the file (through `meta[key]`)."""
+    required one raises ModelFileError naming the key and the file (through `meta[key]`).
+    Fields passed in `given` (a nested config) are not read."""
     keys = keys or {}
-    values = {}
+    values = dict(given)
     for f in fields(cls):
+        if f.name in given:
+            continue
         key = keys.get(f.name, f"{prefix}.{f.name}")
         if key in meta:
             values[f.name] = meta[key]
@@ -62,7 +65,9 @@ def config_from_gguf(cls, meta, prefix: str, keys: dict[str, str] | None = None)
 
 def config_to_metadata(cfg, prefix: str, keys: dict[str, str] | None = None) -> dict:
     """`keys[field]` or `<prefix>.<field>` for every field that is set (None means the
-    upstream default): the inverse of `config_from_gguf`."""
+    upstream default) and is not a nested config: the inverse of `config_from_gguf`."""
     keys = keys or {}
-    return {keys.get(f.name, f"{prefix}.{f.name}"): getattr(cfg, f.name) for f in fields(cfg)
-            if getattr(cfg, f.name) is not None}
+    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    # nested configs write their own keys (config_from_gguf takes them as `given`)
+    return {keys.get(k, f"{prefix}.{k}"): v for k, v in values.items()
+            if v is not None and not is_dataclass(v)}
