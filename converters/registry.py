@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 FAMILIES = {
     "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
     "nano": ("converters.nano", "MOSS-TTS-Nano"),
+    "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
 }
 
 

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import pytest
 
-from converters import codec, nano
+from converters import codec, delay, nano
 from converters.registry import FAMILIES, converter, finish
 from moss_tts.errors import ModelFileError
 from moss_tts.ggml import GGUFFile
@@ -28,7 +28,8 @@ def run_finish(tmp_path, ts, unmapped=(), strict=True):
 
 def test_registry_maps_each_family_to_its_converter():
     assert converter("nano") is nano.convert and converter("codec") is codec.convert
-    with pytest.raises(ModelFileError, match="unknown model family 'gpt5'; known: codec, nano"):
+    assert converter("delay") is delay.convert
+    with pytest.raises(ModelFileError, match="unknown model family 'gpt5'; known: codec, nano, delay"):
         converter("gpt5")
 
 
