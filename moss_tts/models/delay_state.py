@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..text.delay_prompts import delay  # noqa: F401  (the staircase: prompts use it too)
+
 
 @dataclass(frozen=True)
 class DelayIds:
@@ -21,16 +23,6 @@ class DelayIds:
     audio_assistant_gen_slot_token_id: int
     audio_assistant_delay_slot_token_id: int
     audio_pad_code: int
-
-
-def delay(codes: np.ndarray, pad: int) -> np.ndarray:
-    """codes [T, N] → the staircase [T + N − 1, N] with grid[t + k, k] = codes[t, k], pad
-    elsewhere (§2.5)."""
-    t, n = codes.shape
-    grid = np.full((t + n - 1, n), pad, dtype=codes.dtype)
-    for k in range(n):
-        grid[k:k + t, k] = codes[:, k]
-    return grid
 
 
 def de_delay(grid: np.ndarray) -> np.ndarray:
