@@ -18,9 +18,8 @@ from moss_tts.models.delay import (AUDIO_HEADS, FORMAT_VERSION, KIND, TEXT_HEAD,
                                    DelayConfig)
 from moss_tts.models.qwen3 import Qwen3Config
 
-from .checkpoint import open_checkpoint, read_config, resolve_model_dir
 from .gguf_io import Lazy
-from .registry import finish
+from .registry import convert_checkpoint
 
 BACKBONE = "language_model."
 # Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
@@ -91,12 +90,7 @@ def is_matmul(name: str, spec) -> bool:
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
             progress=None) -> Path:
-    model_dir = resolve_model_dir(model)
-    cfg = delay_config(read_config(model_dir))
-    tokenizer = find_tokenizer(model_dir)
-    ckpt = open_checkpoint(model_dir)
-    tensors, unmapped = map_tensors(ckpt, cfg)
-    return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(),
-                  cfg.to_metadata() | {TOKENIZER_KEY: tokenizer}, kind=KIND,
-                  version=FORMAT_VERSION, outtype=outtype, strict=strict, is_matmul=is_matmul,
-                  progress=progress)
+    return convert_checkpoint(model, out, parse_config=delay_config, find_tokenizer=find_tokenizer,
+                              map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
+                              version=FORMAT_VERSION, is_matmul=is_matmul, outtype=outtype,
+                              strict=strict, progress=progress)

@@ -18,9 +18,8 @@ from moss_tts.errors import ConfigError, ModelFileError
 from moss_tts.models import gpt2
 from moss_tts.models.nano import FORMAT_VERSION, KIND, TOKENIZER_KEY, NanoConfig
 
-from .checkpoint import open_checkpoint, read_config, resolve_model_dir
 from .gguf_io import Lazy
-from .registry import finish
+from .registry import convert_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.model", "sentencepiece/mossttsnano_spm_bpe.model")
 # Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
@@ -100,13 +99,7 @@ def is_matmul(name: str, spec) -> bool:
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
             progress=None) -> Path:
-    model_dir = resolve_model_dir(model)
-    config = read_config(model_dir)
-    cfg = nano_config(config)
-    tokenizer = find_tokenizer(model_dir)
-    ckpt = open_checkpoint(model_dir)
-    tensors, unmapped = map_tensors(ckpt, cfg)
-    return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(),
-                  cfg.to_metadata() | {TOKENIZER_KEY: tokenizer}, kind=KIND,
-                  version=FORMAT_VERSION, outtype=outtype, strict=strict, is_matmul=is_matmul,
-                  progress=progress)
+    return convert_checkpoint(model, out, parse_config=nano_config, find_tokenizer=find_tokenizer,
+                              map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
+                              version=FORMAT_VERSION, is_matmul=is_matmul, outtype=outtype,
+                              strict=strict, progress=progress)

@@ -53,3 +53,19 @@ def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[st
     from .gguf_io import write_gguf   # the gguf package is needed only when writing
     return write_gguf(out, {n: tensors[n] for n in expected}, meta, kind=kind, version=version,
                       outtype=outtype, is_matmul=is_matmul, progress=progress)
+
+
+def convert_checkpoint(model: str, out, *, parse_config, find_tokenizer, map_tensors,
+                       tokenizer_key: str, kind: str, version: int, is_matmul, outtype: str,
+                       strict: bool, progress=None) -> Path:
+    """The common route of a TTS converter: resolve the checkpoint, parse its config.json,
+    embed its tokenizer, map its tensors lazily, then `finish`."""
+    from .checkpoint import open_checkpoint, read_config, resolve_model_dir
+
+    model_dir = resolve_model_dir(model)
+    cfg = parse_config(read_config(model_dir))
+    meta = cfg.to_metadata() | {tokenizer_key: find_tokenizer(model_dir)}
+    tensors, unmapped = map_tensors(open_checkpoint(model_dir), cfg)
+    return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(), meta, kind=kind,
+                  version=version, outtype=outtype, strict=strict, is_matmul=is_matmul,
+                  progress=progress)

@@ -27,15 +27,21 @@ class SamplingOptions:
         for name in ("text_temperature", "audio_temperature"):
             if self.do_sample and not getattr(self, name) > 0:
                 raise InputError(f"{name} must be > 0 when sampling (use greedy instead of 0)")
-        if isinstance(self.audio_top_k, bool) or not float(self.audio_top_k).is_integer() \
-                or self.audio_top_k < 0:
-            raise InputError(f"audio_top_k must be a whole number ≥ 0 (0 = off), got "
-                             f"{self.audio_top_k}")
-        object.__setattr__(self, "audio_top_k", int(self.audio_top_k))
-        if not 0 < self.audio_top_p <= 1:
-            raise InputError(f"audio_top_p must be in (0, 1], got {self.audio_top_p}")
-        if not self.audio_repetition_penalty > 0:
-            raise InputError("audio_repetition_penalty must be > 0 (1 = off)")
+        _check_filters(self, "audio")
+
+
+def _check_filters(opts, group: str) -> None:
+    """Validate `<group>_top_k` (made an int), `<group>_top_p` and, when the options have
+    one, `<group>_repetition_penalty`; one InputError naming the knob."""
+    k = getattr(opts, f"{group}_top_k")
+    if isinstance(k, bool) or not float(k).is_integer() or k < 0:
+        raise InputError(f"{group}_top_k must be a whole number ≥ 0 (0 = off), got {k}")
+    object.__setattr__(opts, f"{group}_top_k", int(k))
+    p = getattr(opts, f"{group}_top_p")
+    if not 0 < p <= 1:
+        raise InputError(f"{group}_top_p must be in (0, 1], got {p}")
+    if not getattr(opts, f"{group}_repetition_penalty", 1.0) > 0:
+        raise InputError(f"{group}_repetition_penalty must be > 0 (1 = off)")
 
 
 @dataclass(frozen=True)
@@ -56,15 +62,7 @@ class DelaySamplingOptions:
             t = getattr(self, f"{group}_temperature")
             if not t >= 0:
                 raise InputError(f"{group}_temperature must be ≥ 0 (0 = greedy), got {t}")
-            k = getattr(self, f"{group}_top_k")
-            if isinstance(k, bool) or not float(k).is_integer() or k < 0:
-                raise InputError(f"{group}_top_k must be a whole number ≥ 0 (0 = off), got {k}")
-            object.__setattr__(self, f"{group}_top_k", int(k))
-            p = getattr(self, f"{group}_top_p")
-            if not 0 < p <= 1:
-                raise InputError(f"{group}_top_p must be in (0, 1], got {p}")
-        if not self.audio_repetition_penalty > 0:
-            raise InputError("audio_repetition_penalty must be > 0 (1 = off)")
+            _check_filters(self, group)
 
 
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
