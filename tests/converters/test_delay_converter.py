@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from converters.delay import convert
-from fixtures.make_delay import make_state, make_tiny_delay_checkpoint, tiny_config
+from fixtures.make_delay import AUDIO_VOCAB, make_state, make_tiny_delay_checkpoint, tiny_config
 from moss_tts.errors import ConfigError, ModelFileError
 from moss_tts.ggml import GGUFFile, Weights
 from moss_tts.ggml.types import GGMLType
@@ -43,7 +43,7 @@ def test_config_and_every_tensor_arrive_under_their_gguf_names(checkpoint, conve
         assert f[TOKENIZER_KEY] == (checkpoint / "tokenizer.json").read_text(encoding="utf-8")
     lc = tiny_config()["language_config"]
     assert (cfg.vocab_size, cfg.n_vq, cfg.audio_pad_code, cfg.language_config.head_dim) == \
-        (lc["vocab_size"], N_VQ, 16, 16)
+        (lc["vocab_size"], N_VQ, AUDIO_VOCAB, 16)
     assert cfg.audio_assistant_delay_slot_token_id == 151662
     w = Weights.load(converted)
     try:
@@ -60,7 +60,7 @@ def test_config_and_every_tensor_arrive_under_their_gguf_names(checkpoint, conve
         for k in range(N_VQ):   # the learned pad row (P1) is kept, not zeroed
             table = w.read(f"emb_ext.{k}.weight")
             np.testing.assert_array_equal(table, state[f"emb_ext.{k}.weight"])
-            assert np.abs(table[16]).sum() > 0
+            assert np.abs(table[AUDIO_VOCAB]).sum() > 0
     finally:
         w.close()
 

@@ -68,7 +68,7 @@ def test_greedy_generation_matches_reference_row_for_row(delay_model, delay_file
                                                          penalty):
     """KV-cached generation (prefill + replayed steps) == the reference recomputing the whole
     sequence every step. The default model flushes after 1 GEN row (DELAY ×4, the forced
-    AUDIO_END, then text); the gen_bias model stays in audio, filling every codebook."""
+    AUDIO_END, then text); the gen_bias model stays in audio for many rows, every codebook on."""
     _, state, cfg, _ = delay_files(gen_bias)
     model = delay_model(gen_bias)
     rows = prompt_rows()
@@ -78,7 +78,7 @@ def test_greedy_generation_matches_reference_row_for_row(delay_model, delay_file
     want = ref.generate_greedy(state, cfg, rows, 16, repetition_penalty=penalty)
     np.testing.assert_array_equal(got, want)
     if gen_bias:
-        assert (got[N_VQ:, 1:] != PAD_CODE).all(), "the staircase never filled"
+        assert (got[:, 1:] != PAD_CODE).all(axis=1).sum() >= 4, "the staircase never filled"
     else:
         assert got[:, 0].tolist()[:6] == [GEN] + [DELAY] * N_VQ + [END]
     # guard: another prompt generates other rows
