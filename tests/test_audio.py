@@ -29,3 +29,17 @@ def test_time_stretch_rejects_out_of_range_and_passes_rate_one_through():
     assert time_stretch(x, 1.0, 48000) is x
     with pytest.raises(InputError, match="between 0.25 and 4.0"):
         time_stretch(x, 5.0, 48000)
+
+
+@pytest.mark.parametrize("amplitude", [0.01, 0.14, 0.5])
+def test_loudness_normalize_follows_the_clamped_gain_formula(amplitude):
+    """moss_tts_family.md §1.3: gain = clamp(−20 − dBFS, −3, +3) dB; a quiet input gains at most
+    3 dB, a loud one loses at most 3 dB, one near −20 dBFS lands on it."""
+    from moss_tts.audio import loudness_normalize
+
+    x = (amplitude * np.sin(np.linspace(0, 300, 4800))).astype(np.float32)[:, None]
+    dbfs = 10 * np.log10(np.mean(x.astype(np.float64) ** 2) + 1e-9)
+    gain = np.clip(-20 - dbfs, -3, 3)
+    y = loudness_normalize(x)
+    np.testing.assert_allclose(y, x * 10 ** (gain / 20), rtol=1e-6)
+    assert abs(gain) == 3 or abs(10 * np.log10(np.mean(y.astype(np.float64) ** 2)) + 20) < 1e-4

@@ -1,0 +1,99 @@
+"""DelayTTS (models/delay_tts.py) with the tiny Delay model and the tiny 24 kHz-style (v1)
+codec: streamed audio == synthesize() == the offline route (de-delay the generated rows, split
+into segments, codec.decode each); voice cloning through the codec; bad input."""
+
+import numpy as np
+import pytest
+
+from converters.codec import convert as convert_codec
+from fixtures.compare import assert_close
+from fixtures.make_codec import make_tiny_v1_checkpoint
+from fixtures.make_delay import N_VQ, SAMPLE_RATE
+from moss_tts.errors import InputError, ModelFileError
+from moss_tts.models.delay_state import audio_segments, de_delay
+from moss_tts.models.delay_tts import DelayTTS, FrameAssembler
+from moss_tts.sampling import DelaySamplingOptions
+from moss_tts.tts import TTS, Reference
+
+from .conftest import THREADS
+
+# the codec's streaming decoder equals its offline decode up to f32 kernel order (codecs tests)
+DECODE_ATOL = 1e-5
+GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+
+
+@pytest.fixture(scope="module")
+def v1_codec(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v1_codec_delay")
+    return convert_codec(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
+
+
+@pytest.fixture(scope="module")
+def tts(delay_files, v1_codec):
+    t = DelayTTS.load(delay_files(4.0)[3], codec=v1_codec, threads=THREADS)
+    yield t
+    t.close()
+
+
+def offline(tts, text, **kw):
+    """The offline route of §2.8 from the same generated rows."""
+    rows = tts.model.generate(tts.plan(text), **kw)
+    segments = audio_segments(de_delay(rows[:, 1:]), tts.config.audio_pad_code)
+    return np.concatenate([tts.codec.decode(s.T) for s in segments]), len(segments)
+
+
+@pytest.mark.parametrize("options, seed", [(GREEDY, None), (DelaySamplingOptions(), 7)],
+                         ids=["greedy", "sampled"])
+def test_stream_equals_synthesize_equals_offline_decode(tts, options, seed):
+    text = "Hello there."
+    chunks = list(tts.stream(text, options=options, seed=seed, max_new_rows=24))
+    audio, sr = tts.synthesize(text, options=options, seed=seed, max_new_rows=24)
+    assert sr == SAMPLE_RATE and audio.shape[1] == 1 and len(chunks) > 2
+    np.testing.assert_array_equal(np.concatenate(chunks), audio)
+    want, n_segments = offline(tts, text, options=options, seed=seed, max_new_rows=24)
+    assert n_segments >= 1
+    assert_close(audio, want, atol=DECODE_ATOL, what="streamed vs offline decode")
+
+
+def test_frames_complete_along_the_staircase():
+    rows = np.arange(1, 25).reshape(6, 4)          # generated rows' codes, 4 codebooks
+    asm = FrameAssembler(4)
+    frames = [f for f in (asm.push(r) for r in rows) if f is not None]
+    np.testing.assert_array_equal(frames, de_delay(rows))
+    assert len(frames) == 6 - 4 + 1
+
+
+def test_voice_clone_reference_goes_through_the_codec_into_the_prompt(tts):
+    t = np.arange(SAMPLE_RATE // 2) / SAMPLE_RATE
+    voice = tts.encode_reference(0.3 * np.sin(2 * np.pi * 220 * t), SAMPLE_RATE)
+    assert voice.codes.shape == (len(t) // 64, N_VQ) and voice.codes.max() < 64
+    rows = tts.plan("Hi.", reference=voice)
+    assert (rows[:, 0] == tts.config.audio_user_slot_token_id).sum() == len(voice.codes) + N_VQ - 1
+    audio, _ = tts.synthesize("Hi.", reference=voice, options=GREEDY, max_new_rows=12)
+    assert audio.size and np.isfinite(audio).all()
+    # guard: the reference changes what is generated
+    plain, _ = tts.synthesize("Hi.", options=GREEDY, max_new_rows=12)
+    assert plain.shape != audio.shape or not np.array_equal(plain, audio)
+
+
+def test_delay_tts_offers_the_tts_protocol(tts):
+    assert isinstance(tts, TTS) and tts.channels == 1 and tts.sample_rate == SAMPLE_RATE
+    assert isinstance(tts.encode_reference(np.ones(640) * 0.1, SAMPLE_RATE), Reference)
+
+
+def test_mismatched_codec_raises_model_file_error(delay_files, codec_gguf):
+    with pytest.raises(ModelFileError, match="mismatched codec: it is 1600 Hz x 2 channel"):
+        DelayTTS.load(delay_files()[3], codec=codec_gguf, threads=THREADS)
+
+
+@pytest.mark.parametrize("text, match", [("", "text is empty"),
+                                         ("Say <|endoftext|>", "control token spelling")])
+def test_bad_text_raises_input_error(tts, text, match):
+    with pytest.raises(InputError, match=match):
+        tts.synthesize(text)
+
+
+def test_synthesis_without_codec_raises_input_error(delay_files):
+    with DelayTTS.load(delay_files()[3], threads=THREADS) as t:
+        with pytest.raises(InputError, match="no codec loaded"):
+            t.synthesize("Hi.")
