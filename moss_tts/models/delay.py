@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from ..ggml import I32, Graph, Weights, ops
+from ..ggml import I32, Graph, TensorStore, Weights, ops
 from ..ggml.graph import Tensor
 from ..nn import CacheView
 from ..nn.session import DecodeSession
@@ -82,12 +82,20 @@ class DelayConfig:
     def to_metadata(self) -> dict:
         return spec.config_to_metadata(self, PREFIX) | self.language_config.to_metadata()
 
-    def tensor_shapes(self) -> dict[str, tuple]:
+    def backbone_shapes(self) -> dict[str, tuple]:
+        """The tensors of a llama.cpp Qwen3 GGUF: text embedding, blocks, norm, text head."""
         d = self.language_config.hidden_size
-        shapes = {"token_embd.weight": (self.vocab_size, d), TEXT_HEAD: (self.vocab_size, d),
-                  AUDIO_HEADS: (self.n_vq * self.audio_rows, d)}
-        shapes |= {f"emb_ext.{k}.weight": (self.audio_rows, d) for k in range(self.n_vq)}
-        return shapes | self.language_config.tensor_shapes()
+        return {"token_embd.weight": (self.vocab_size, d), TEXT_HEAD: (self.vocab_size, d)} \
+            | self.language_config.tensor_shapes()
+
+    def audio_shapes(self) -> dict[str, tuple]:
+        """The audio tables and the stacked audio heads."""
+        d = self.language_config.hidden_size
+        return {f"emb_ext.{k}.weight": (self.audio_rows, d) for k in range(self.n_vq)} \
+            | {AUDIO_HEADS: (self.n_vq * self.audio_rows, d)}
+
+    def tensor_shapes(self) -> dict[str, tuple]:
+        return self.backbone_shapes() | self.audio_shapes()
 
 
 @dataclass(frozen=True)
@@ -100,8 +108,7 @@ class DelayWeights:
     audio_heads: Tensor                # [D, n_vq · audio_rows]
 
     @classmethod
-    def from_weights(cls, w: Weights, cfg: DelayConfig) -> "DelayWeights":
-        t = w.require(cfg.tensor_shapes())
+    def from_tensors(cls, t: dict, cfg: DelayConfig) -> "DelayWeights":
         return cls(t["token_embd.weight"], [t[f"emb_ext.{k}.weight"] for k in range(cfg.n_vq)],
                    qwen3.layers_from_tensors(t, cfg.language_config), t["output_norm.weight"],
                    t[TEXT_HEAD], t[AUDIO_HEADS])
@@ -192,15 +199,34 @@ def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarra
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class DelayModel:
-    """MossTTSDelay on a backend; stateless after load (style C16)."""
+@dataclass(frozen=True)
+class PublishedParts:
+    """What a llama.cpp Qwen3 GGUF lacks, read from beside it (models/delay_published.py)."""
 
-    def __init__(self, weights: Weights):
+    config: DelayConfig
+    audio: TensorStore               # emb_ext.* and the stacked audio heads
+    tokenizer_json: str
+
+
+class DelayModel:
+    """MossTTSDelay on a backend; stateless after load (style C16). `weights` is a moss-tts
+    Delay GGUF, or with `published` the backbone GGUF of upstream's llama.cpp layout."""
+
+    def __init__(self, weights: Weights, *, published: PublishedParts | None = None):
         self.weights = weights
         self.backend = weights.backend
-        weights.file.check_kind(KIND, version=FORMAT_VERSION)
-        self.config = DelayConfig.from_gguf(weights.file)
-        self.w = DelayWeights.from_weights(weights, self.config)
+        self.audio = None
+        if published is None:
+            weights.file.check_kind(KIND, version=FORMAT_VERSION)
+            self.config = DelayConfig.from_gguf(weights.file)
+            tensors = weights.require(self.config.tensor_shapes())
+            self.tokenizer_json = weights.file.get(TOKENIZER_KEY)
+        else:
+            self.config, self.audio = published.config, published.audio
+            self.tokenizer_json = published.tokenizer_json
+            tensors = weights.require(self.config.backbone_shapes()) | {
+                n: self.audio[n] for n in self.config.audio_shapes()}
+        self.w = DelayWeights.from_tensors(tensors, self.config)
 
     def make_session(self, capacity: int) -> DecodeSession:
         """A decode session for `capacity` rows; variant True = heads on the last row only."""
@@ -254,3 +280,6 @@ class DelayModel:
         if self.weights is not None:
             self.weights.close()
             self.weights = None
+        if self.audio is not None:
+            self.audio.close()
+            self.audio = None

@@ -52,11 +52,10 @@ class DelayTTS(NativeResource):
     def __init__(self, model: DelayModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
         f = model.weights.file
-        text = f.get(TOKENIZER_KEY)
-        if text is None:
+        if model.tokenizer_json is None:
             raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
                                  "re-convert with `moss_tts convert delay`")
-        self.tokenizer = QwenTokenizer.from_json(text, source=str(f.path))
+        self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
         c = self.config
         self.ids = DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
                                   c.audio_start_token_id, c.audio_end_token_id,
