@@ -6,6 +6,7 @@ audio equals `synthesize()` for the same seed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 import numpy as np
 
@@ -59,7 +60,8 @@ class DelayTTS(NativeResource):
         c = self.config
         self.ids = DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
                                   c.audio_start_token_id, c.audio_end_token_id,
-                                  c.audio_user_slot_token_id, c.audio_pad_code)
+                                  c.audio_user_slot_token_id, c.audio_assistant_gen_slot_token_id,
+                                  c.audio_pad_code)
         if codec is not None:
             self._check_codec(codec)
 
@@ -103,28 +105,45 @@ class DelayTTS(NativeResource):
                              n_quantizers=self.config.n_vq)
         return Reference(np.ascontiguousarray(codes.T))
 
-    def plan(self, text: str, *, reference: Reference | None = None, normalize: bool = True,
-             **fields) -> np.ndarray:
+    def plan(self, text: str, *, reference: Reference | None = None,
+             prompt: Reference | None = None, normalize: bool = True, **fields) -> np.ndarray:
         """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
-        ambient_sound, language)."""
+        ambient_sound, language). With `prompt` (continuation), `text` holds the prompt
+        audio's transcript followed by the new text."""
         refs = None if reference is None else [reference.codes]
         return build_generation_rows(self.tokenizer, self.ids, text, references=refs,
+                                     prompt_codes=None if prompt is None else prompt.codes,
                                      normalize=normalize, **fields)
 
     def stream(self, text: str, *, reference: Reference | None = None,
+               prompt: Reference | None = None,
                options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
                max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
                **fields) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
         segment (upstream decodes each segment on its own, §2.8): the next starts a new codec
-        stream."""
-        codec, pad = self._need_codec(), self.config.audio_pad_code
-        rows = self.plan(text, reference=reference, normalize=normalize, **fields)
-        frames, decoder = FrameAssembler(self.config.n_vq), None
+        stream. A continuation's prompt frames go through the codec first (their audio is
+        dropped, as upstream cuts it), so the output continues the prompt audio."""
+        rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
+        frames = FrameAssembler(self.config.n_vq)
+        skip = 0
+        if prompt is not None:   # the prompt's (cut) staircase: its last rows start the buffer
+            skip = len(prompt.codes)
+            staircase = rows[len(rows) - skip:, 1:]
+            pending = [f for f in map(frames.push, staircase) if f is not None]
+        else:
+            pending = []
+        generated = (row[1:] for row in self.model.iter_rows(
+            rows, options=options, seed=seed, max_new_rows=max_new_rows))
+        yield from self._decode(pending, (frames.push(codes) for codes in generated), skip)
+
+    def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:
+        """Frames (None: not complete yet) through codec streams, one per audio segment; the
+        audio of the first `skip` frames is dropped."""
+        codec, pad, n_vq = self._need_codec(), self.config.audio_pad_code, self.config.n_vq
+        decoder, index = None, 0
         try:
-            for row in self.model.iter_rows(rows, options=options, seed=seed,
-                                            max_new_rows=max_new_rows):
-                frame = frames.push(row[1:])
+            for frame in itertools.chain(first, frames):
                 if frame is None:
                     continue
                 if (frame == pad).any():
@@ -132,8 +151,11 @@ class DelayTTS(NativeResource):
                         decoder.close()
                         decoder = None
                     continue
-                decoder = decoder or codec.stream_decoder(n_quantizers=self.config.n_vq)
-                yield decoder.push(frame[:, None])
+                decoder = decoder or codec.stream_decoder(n_quantizers=n_vq)
+                audio = decoder.push(frame[:, None])
+                index += 1
+                if index > skip:
+                    yield audio
         finally:
             if decoder is not None:
                 decoder.close()

@@ -30,6 +30,7 @@ class DelayPromptIds:
     audio_start: int
     audio_end: int
     user_slot: int
+    gen_slot: int
     audio_pad: int
 
 
@@ -58,12 +59,16 @@ def user_pieces(text: str, references, fields: dict) -> list:
 
 
 def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: str, *,
-                          references=None, normalize: bool = True, start_audio: bool = True,
-                          **fields) -> np.ndarray:
+                          references=None, prompt_codes=None, normalize: bool = True,
+                          start_audio: bool = True, **fields) -> np.ndarray:
     """The prompt rows [S, 1 + n_vq] of one request: `<|im_start|>user\\n{content}<|im_end|>\\n
     <|im_start|>assistant\\n`, then (start_audio) the AUDIO_START row. references: a list of
     codes [T, n_vq] (or None entries); fields: instruction, tokens, quality, sound_event,
-    ambient_sound, language."""
+    ambient_sound, language.
+
+    Continuation (P28, `prompt_codes` [T, n_vq], the text then holding the prompt's transcript
+    and the new text): the assistant turn carries that audio and is cut after its T-th GEN
+    row, so the staircase is incomplete — generation re-samples its tail."""
     unknown = set(fields) - set(FIELDS)
     if unknown:
         raise InputError(f"unknown prompt field(s) {', '.join(sorted(unknown))}; known: "
@@ -80,19 +85,31 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
         if isinstance(piece, str):
             text_ids += tokenizer.encode(piece)
             continue
-        codes = np.asarray(piece)
-        if codes.ndim != 2 or codes.shape[1] != n or codes.dtype.kind not in "iu":
-            raise InputError(f"reference codes must be integers [frames, {n}], got "
-                             f"{codes.dtype} {codes.shape}")
+        codes = _check_codes(piece, n)
         text_ids.append(ids.audio_start)
         blocks.append((len(text_ids), codes))      # the staircase starts after AUDIO_START
         text_ids += [ids.user_slot] * (len(codes) + n - 1 if len(codes) else 0)
         text_ids.append(ids.audio_end)
     text_ids += [ids.im_end] + tokenizer.encode("\n") + [ids.im_start] + \
-        tokenizer.encode("assistant\n") + ([ids.audio_start] if start_audio else [])
+        tokenizer.encode("assistant\n")
+    if prompt_codes is not None:
+        prompt_codes = _check_codes(prompt_codes, n)
+        text_ids.append(ids.audio_start)
+        blocks.append((len(text_ids), prompt_codes))
+        text_ids += [ids.gen_slot] * len(prompt_codes)
+    elif start_audio:
+        text_ids.append(ids.audio_start)
     rows = np.full((len(text_ids), 1 + n), ids.audio_pad, dtype=np.int64)
     rows[:, 0] = text_ids
     for at, codes in blocks:
-        if len(codes):
-            rows[at:at + len(codes) + n - 1, 1:] = delay(codes, ids.audio_pad)
+        staircase = delay(codes, ids.audio_pad)[:len(rows) - at]   # continuation: cut (P28)
+        rows[at:at + len(staircase), 1:] = staircase
     return rows
+
+
+def _check_codes(codes, n: int) -> np.ndarray:
+    codes = np.asarray(codes)
+    if codes.ndim != 2 or codes.shape[1] != n or codes.dtype.kind not in "iu":
+        raise InputError(f"audio codes must be integers [frames, {n}], got "
+                         f"{codes.dtype} {codes.shape}")
+    return codes

@@ -97,3 +97,24 @@ def test_synthesis_without_codec_raises_input_error(delay_files):
     with DelayTTS.load(delay_files()[3], threads=THREADS) as t:
         with pytest.raises(InputError, match="no codec loaded"):
             t.synthesize("Hi.")
+
+
+def test_continuation_stream_continues_the_prompt_audio(tts):
+    """The prompt frames (their staircase cut, P28) go through the codec first and their audio
+    is dropped: the stream equals the offline decode of prompt + generated frames with the
+    prompt's T frames of samples cut, as upstream trims the first segment."""
+    prompt = Reference(np.random.default_rng(9).integers(0, 64, size=(6, N_VQ)))
+    kw = dict(options=GREEDY, max_new_rows=20)
+    got = np.concatenate(list(tts.stream("Prompt words. New words.", prompt=prompt, **kw)))
+    rows = tts.plan("Prompt words. New words.", prompt=prompt)
+    generated = tts.model.generate(rows, **kw)
+    staircase = np.vstack([rows[-len(prompt.codes):, 1:], generated[:, 1:]])
+    codes = de_delay(staircase)
+    np.testing.assert_array_equal(codes[:3], prompt.codes[:3])   # complete prompt frames kept
+    segments = audio_segments(codes, tts.config.audio_pad_code)
+    full = np.concatenate([tts.codec.decode(s.T) for s in segments])
+    hop = len(full) // sum(len(s) for s in segments)
+    assert_close(got, full[len(prompt.codes) * hop:], atol=DECODE_ATOL,
+                 what="continuation stream vs offline decode minus the prompt")
+    # guard: keeping the prompt's audio would be a different (longer) result
+    assert len(full) > len(got)

@@ -13,7 +13,7 @@ from moss_tts.text.qwen_tokenizer import QwenTokenizer
 
 CFG = tiny_config()
 N, PAD = CFG["n_vq"], CFG["audio_pad_code"]
-IDS = DelayPromptIds(N, 151644, 151645, 151652, 151653, 151654, PAD)
+IDS = DelayPromptIds(N, 151644, 151645, 151652, 151653, 151654, 151656, PAD)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,24 @@ def test_empty_text_raises_input_error(tokenizer, text):
 
 
 def test_bad_reference_codes_and_fields_raise_input_error(tokenizer):
-    with pytest.raises(InputError, match=r"reference codes must be integers \[frames, 4\]"):
+    with pytest.raises(InputError, match=r"audio codes must be integers \[frames, 4\]"):
         build_generation_rows(tokenizer, IDS, "Hi", references=[np.zeros((3, 2), np.int64)])
     with pytest.raises(InputError, match="unknown prompt field"):
         build_generation_rows(tokenizer, IDS, "Hi", speed=2)
+
+
+def test_continuation_rows_equal_hfs_truncated_assistant_turn(tokenizer, tokenizer_json):
+    """P28: the assistant turn carries the prompt audio and ends on its T-th GEN row; the
+    staircase is cut (codebook k holds frames 0..T−1−k)."""
+    codes = np.random.default_rng(5).integers(0, 16, size=(7, N))
+    got = build_generation_rows(tokenizer, IDS, "Prompt words. New words.", prompt_codes=codes,
+                                normalize=False)
+    want = ref.prompt_rows_by_string(tokenizer_json, CFG | {
+        "audio_assistant_gen_slot_token_id": 151656,
+        "audio_assistant_delay_slot_token_id": 151662}, "Prompt words. New words.",
+        prompt_codes=codes)
+    np.testing.assert_array_equal(got, want)
+    tail = got[-len(codes):]
+    assert (tail[:, 0] == IDS.gen_slot).all() and got[-len(codes) - 1, 0] == IDS.audio_start
+    for k in range(N):
+        np.testing.assert_array_equal(tail[k:, k + 1], codes[:len(codes) - k, k])
