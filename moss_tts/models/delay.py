@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..ggml import I32, Graph, TensorStore, Weights, ops
 from ..ggml.graph import Tensor
-from ..nn import CacheView
+from ..nn import CacheView, last_row
 from ..nn.session import DecodeSession
 from ..sampling import (DelaySamplingOptions, apply_repetition_penalty, sample_rows,
                         seen_per_head, seen_pooled)
@@ -152,7 +152,7 @@ def build_rows(g: Graph, w: DelayWeights, cfg: DelayConfig, n_rows: int, kv: Cac
     h = qwen3.forward(embed_rows(g, w, cfg, n_rows), w.layers, w.output_norm, cfg.language_config,
                       kv=kv)
     if last_only:
-        h = ops.view(h, (h.ne[0], 1), offset=(n_rows - 1) * h.nb[1])
+        h = last_row(h)
     r = h.ne[1]
     g.output(h, "hidden", ndim=2)
     g.output(ops.mul_mat(w.text_head, h), "text_logits", ndim=2)

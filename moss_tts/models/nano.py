@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..ggml import I32, Graph, Weights, ops
 from ..ggml.graph import Tensor
-from ..nn import CacheView, masked_embedding_sum
+from ..nn import CacheView, last_row, masked_embedding_sum
 from ..nn.session import DecodeSession
 from . import gpt2, spec
 
@@ -137,8 +137,7 @@ def build_global_step(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int,
     """Rows → the hidden state of the last row ("global.hidden" [D]), caching every row's K/V."""
     x = embed_rows(g, w, cfg, n_rows)
     h = gpt2.forward(x, w.layers, w.ln_f, cfg.backbone, kv=kv, stage="global")
-    last = ops.view(h, (cfg.backbone.n_embd, 1), offset=(n_rows - 1) * h.nb[1])
-    g.output(last, "global.hidden", ndim=1)
+    g.output(last_row(h), "global.hidden", ndim=1)
 
 
 def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p: int) -> None:

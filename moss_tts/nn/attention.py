@@ -1,25 +1,16 @@
 """Multi-head / grouped-query attention over split heads: projections (separate q/k/v, or the
 fused-QKV adapter), optional per-head q/k RMSNorm, RoPE (interleaved or NEOX), and attention
-over a KV cache (nn/kv_cache.py), plus host-built masks."""
+over a KV cache (nn/kv_cache.py)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from ..errors import ShapeError
 from ..ggml import ops
 from ..ggml.graph import Tensor, type_size
 from .linear import linear
 from .norms import head_rms_norm
+from .kv_cache import CacheView, KVCache
 from .rope import rope
-
-if TYPE_CHECKING:
-    from .kv_cache import CacheView, KVCache
-
-NEG_INF = np.float32(-np.inf)
-
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:
     """[H·Dh, T] → [Dh, H, T] (heads are contiguous blocks of Dh, as upstream's view(T, H, Dh))."""
@@ -35,28 +26,6 @@ def merge_heads(x: Tensor) -> Tensor:
     if not x.is_contiguous():
         x = ops.cont(x)
     return ops.reshape(x, x.ne[0] * x.ne[1], x.ne[2])
-
-
-def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
-                dtype=np.float32) -> np.ndarray:
-    """Additive mask (Tq, Tk) for the host: 0 where key k may be seen from query q, −inf elsewhere.
-
-    Allowed iff k_pos ≤ q_pos, and q_pos − k_pos < window (a window of exactly `window` keys,
-    itself included), and valid[k]. Slots with k_pos < 0 (an empty cache slot) are never seen.
-    """
-    # int32 positions and one difference matrix: this runs on the host for every chunk of every
-    # stage (16 M entries at 400 Hz with 10 s chunks), so it is kept to a few passes
-    q = np.asarray(q_pos, dtype=np.int32)[:, None]
-    k = np.asarray(k_pos, dtype=np.int32)[None, :]
-    d = q - k
-    ok = d >= 0
-    ok &= k >= 0
-    if window is not None:
-        ok &= d < window
-    if valid is not None:
-        ok &= np.asarray(valid, dtype=bool)[None, :]
-    dtype = np.dtype(dtype).type
-    return np.where(ok, dtype(0), dtype(-np.inf))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float,
@@ -119,7 +88,7 @@ def fused_heads(qkv: Tensor, *, n_head: int):
                  for i in range(3))
 
 
-def cached_attention(q: Tensor, k: Tensor, v: Tensor, kv: "CacheView", il: int, *,
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, kv: CacheView, il: int, *,
                      rope_mode: str, rope_base: float, q_norm: Tensor | None = None,
                      k_norm: Tensor | None = None, norm_eps: float = 1e-6) -> Tensor:
     """q [Dh, Hq, T], k and v [Dh, Hkv, T] of new rows → attention output [Hq·Dh, T] over the
@@ -142,12 +111,11 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, kv: "CacheView", il: int, 
                      v_transposed=cache.v_trans)
 
 
-def cached_self_attention(qkv: Tensor, cache: "KVCache", il: int, *, n_heads: int,
+def cached_self_attention(qkv: Tensor, cache: KVCache, il: int, *, n_heads: int,
                           positions: Tensor, slots: Tensor, mask: Tensor, n_slots: int | None,
                           rope_mode: str, rope_base: float, flash: bool = True) -> Tensor:
     """Fused q|k|v rows [3·H·Dh, T] → attention output [H·Dh, T] over the cache of layer il
     (`fused_heads` + `cached_attention`; mask [n_slots, T], F16 for the flash path)."""
-    from .kv_cache import CacheView
     view = CacheView(cache, positions, slots, mask,
                      cache.capacity if n_slots is None else n_slots, flash)
     q, k, v = fused_heads(qkv, n_head=n_heads)

@@ -1,5 +1,5 @@
-"""A backend-resident KV cache (slots assigned on the host, rows written inside graphs) and the
-per-graph view of it that attention layers take."""
+"""A backend-resident KV cache (slots assigned on the host, rows written inside graphs), the
+host-built additive masks over its slots, and the per-graph view that attention layers take."""
 
 from __future__ import annotations
 
@@ -13,7 +13,28 @@ from ..ggml.backend import Backend, NativeResource, get_backend
 from ..ggml.graph import Graph, Tensor, type_size
 from ..ggml.types import F16, F32, I32, GGMLType
 from ..ggml.weights import TensorStore
-from .attention import causal_mask
+
+
+def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
+                dtype=np.float32) -> np.ndarray:
+    """Additive mask (Tq, Tk) for the host: 0 where key k may be seen from query q, −inf elsewhere.
+
+    Allowed iff k_pos ≤ q_pos, and q_pos − k_pos < window (a window of exactly `window` keys,
+    itself included), and valid[k]. Slots with k_pos < 0 (an empty cache slot) are never seen.
+    """
+    # int32 positions and one difference matrix: this runs on the host for every chunk of every
+    # stage (16 M entries at 400 Hz with 10 s chunks), so it is kept to a few passes
+    q = np.asarray(q_pos, dtype=np.int32)[:, None]
+    k = np.asarray(k_pos, dtype=np.int32)[None, :]
+    d = q - k
+    ok = d >= 0
+    ok &= k >= 0
+    if window is not None:
+        ok &= d < window
+    if valid is not None:
+        ok &= np.asarray(valid, dtype=bool)[None, :]
+    dtype = np.dtype(dtype).type
+    return np.where(ok, dtype(0), dtype(-np.inf))
 
 
 class KVCache(NativeResource):

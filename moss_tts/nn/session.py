@@ -53,7 +53,7 @@ class DecodeSession(NativeResource):
                              dtype=dtype)
         self._build, self.prefix, self.name, self.flash = build, prefix, name, flash
         self.step_graphs: dict[tuple, Graph] = {}    # (variant, n_slots) → replayed graph
-        self._prefill_allocator = Allocator(backend)
+        self.prefill_allocator = Allocator(backend)
         self.position = 0
 
     def _graph(self, n_rows: int, n_slots: int, variant, allocator=None) -> Graph:
@@ -74,9 +74,9 @@ class DecodeSession(NativeResource):
     def reserve(self, max_rows: int, variant=None) -> int:
         """Size the prefill allocator for `max_rows` rows over the whole cache now (the
         worst case), so no prefill grows it later; returns its bytes."""
-        g = self._graph(max_rows, self.capacity, variant, self._prefill_allocator)
+        g = self._graph(max_rows, self.capacity, variant, self.prefill_allocator)
         try:
-            return self._prefill_allocator.reserve(g)
+            return self.prefill_allocator.reserve(g)
         finally:
             g.close()
 
@@ -91,7 +91,7 @@ class DecodeSession(NativeResource):
             g = self.step_graph(n_slots, variant)
         else:   # built for these rows only: attend over exactly the filled prefix
             n_slots = self.cache.n_filled + n_rows
-            g = self._graph(n_rows, n_slots, variant, self._prefill_allocator)
+            g = self._graph(n_rows, n_slots, variant, self.prefill_allocator)
         try:
             out = g.run(feed | self.cache.feed(positions, n_slots, flash=self.flash,
                                                prefix=self.prefix))
@@ -110,9 +110,9 @@ class DecodeSession(NativeResource):
         for g in getattr(self, "step_graphs", {}).values():
             g.close()
         self.step_graphs = {}
-        if getattr(self, "_prefill_allocator", None) is not None:
-            self._prefill_allocator.close()
-            self._prefill_allocator = None
+        if getattr(self, "prefill_allocator", None) is not None:
+            self.prefill_allocator.close()
+            self.prefill_allocator = None
         if getattr(self, "cache", None) is not None:
             self.cache.close()
             self.cache = None

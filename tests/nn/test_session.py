@@ -100,3 +100,16 @@ def test_rows_past_the_capacity_raise_input_error(weights):
         s.run({"x": np.zeros((220, CFG.n_embd), np.float32) + 0.1}, 220)
         with pytest.raises(InputError, match="capacity of 224"):
             s.run({"x": np.zeros((5, CFG.n_embd), np.float32)}, 5)
+
+
+def test_reserve_sizes_the_prefill_allocator_for_the_worst_case_up_front(weights):
+    """reserve(n) allocates for n rows over the whole cache; prefills up to n rows then
+    never grow the buffer."""
+    store, _ = weights
+    x = np.random.default_rng(5).standard_normal((40, CFG.n_embd)).astype(np.float32)
+    with make_session(store) as s:
+        size = s.reserve(40)
+        assert size > 0 and s.prefill_allocator.buffer_size == size
+        s.run({"x": x[:25]}, 25)
+        s.run({"x": x[25:]}, 15)
+        assert s.prefill_allocator.buffer_size == size
