@@ -81,12 +81,13 @@ def read_parts(d: Path, weights: Weights) -> PublishedParts:
                           tokenizer.read_text(encoding="utf-8"))
 
 
-def load_published(directory, backend=None) -> DelayModel:
-    """A DelayModel from the published directory (no conversion)."""
+def load_published(directory, backend=None, **model_options) -> DelayModel:
+    """A DelayModel from the published directory (no conversion); model_options as
+    DelayModel's (kv_type)."""
     d = Path(directory)
     weights = Weights.load(_backbone_gguf(d), get_backend(backend))
     try:
-        return DelayModel(weights, published=read_parts(d, weights))
+        return DelayModel(weights, published=read_parts(d, weights), **model_options)
     except BaseException:
         weights.close()
         raise

@@ -13,13 +13,14 @@ import numpy as np
 from ..audio import as_samples, loudness_normalize, resample, to_channels
 from ..codec import Codec
 from ..errors import InputError, ModelFileError
-from ..ggml import Weights, get_backend
+from ..ggml import F16, GGMLType, Weights, get_backend
 from ..ggml.backend import NativeResource
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import DelayPromptIds, build_generation_rows
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..tts import Reference
 from .delay import TOKENIZER_KEY, DelayModel
+from .delay_published import is_published_dir, load_published
 
 MAX_NEW_ROWS = 1000   # upstream HF generate's default budget (rows: frames + 33 + text, P25)
 
@@ -66,9 +67,12 @@ class DelayTTS(NativeResource):
             self._check_codec(codec)
 
     @classmethod
-    def load(cls, model, *, codec=None, backend=None, threads: int | None = None) -> "DelayTTS":
+    def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
+             kv_type: GGMLType = F16) -> "DelayTTS":
+        """model: a Delay GGUF or upstream's published llama.cpp directory."""
         b = get_backend(backend, threads)
-        m = DelayModel(Weights.load(model, b))
+        m = load_published(model, b, kv_type=kv_type) if is_published_dir(model) \
+            else DelayModel(Weights.load(model, b), kv_type=kv_type)
         if codec is not None and not isinstance(codec, Codec):
             codec = Codec.load(codec, backend=b)
         return cls(m, codec)

@@ -134,16 +134,19 @@ def delay_files(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def delay_model(delay_files):
-    """gen_bias → DelayModel, loaded once."""
+    """(gen_bias, KV type) → DelayModel, loaded once; an f32 KV cache by default, so parity
+    tests see f32 rounding only."""
+    from moss_tts.ggml import F32
     from moss_tts.models.delay import DelayModel
 
     made = {}
 
-    def get(gen_bias=0.0):
-        if gen_bias not in made:
-            made[gen_bias] = DelayModel(Weights.load(delay_files(gen_bias)[3],
-                                                     get_backend(None, THREADS)))
-        return made[gen_bias]
+    def get(gen_bias=0.0, kv_type=F32):
+        key = (gen_bias, int(kv_type))
+        if key not in made:
+            made[key] = DelayModel(Weights.load(delay_files(gen_bias)[3],
+                                                get_backend(None, THREADS)), kv_type=kv_type)
+        return made[key]
 
     yield get
     for model in made.values():

@@ -10,7 +10,7 @@ from fixtures.compare import assert_close, assert_differs
 from fixtures.make_delay import AUDIO_VOCAB, N_VQ
 from fixtures.reference import delay as ref
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.ggml import Weights, get_backend
+from moss_tts.ggml import F16, Weights, get_backend
 from moss_tts.models.delay import DelayModel
 from moss_tts.models.delay_state import delay
 from moss_tts.sampling import DelaySamplingOptions
@@ -19,6 +19,8 @@ from moss_tts.sampling import DelaySamplingOptions
 # final norm: |h| ≲ 4, ≤ 48-term dots; measured ≤ 2e-6. Logits add one 32-term dot.
 HIDDEN_ATOL = 2e-5
 LOGIT_ATOL = 1e-4
+# K and V stored in f16 (rel. 2^-11) and q rounded to f16 for the q·k dot by the kernels
+F16_KV_ATOL = 1e-2
 PAD_CODE = AUDIO_VOCAB
 IM_START, IM_END, START, END, USER, GEN, DELAY = 151644, 151645, 151652, 151653, 151654, 151656, 151662
 GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
@@ -60,6 +62,17 @@ def test_forward_matches_reference(delay_model, delay_files):
     assert_differs(hidden, ref.hidden(no_pad, cfg, rows), atol=HIDDEN_ATOL, what="pad rows zeroed")
     assert_differs(audio[1, :, :PAD_CODE], want_audio[0, :, :PAD_CODE], atol=LOGIT_ATOL,
                    what="head 1 vs head 0")
+
+
+def test_f16_kv_cache_stays_within_f16_rounding(delay_model, delay_files):
+    """The default KV type (F16, as upstream's llama.cpp route) moves the hidden state by the
+    f16 rounding of K and V only (measured ≤ 2e-3 on |h| ≲ 4)."""
+    _, state, cfg, _ = delay_files()
+    rows = prompt_rows()
+    hidden, _, _ = delay_model(0.0, F16).forward(rows)
+    want = ref.hidden(state, cfg, rows)
+    assert_close(hidden, want, atol=F16_KV_ATOL, what="hidden with an f16 KV cache")
+    assert_differs(hidden, delay_model().forward(rows)[0], atol=HIDDEN_ATOL, what="f16 vs f32 KV")
 
 
 @pytest.mark.parametrize("gen_bias, penalty", [(0.0, 1.0), (4.0, 1.0), (4.0, 3.0)],

@@ -58,7 +58,7 @@ def test_forward_and_greedy_generation_match_reference(published):
 
 def test_the_published_directory_serves_delay_tts(published):
     """Its tokenizer/tokenizer.json builds the prompts (the codec is loaded separately)."""
-    with DelayTTS(load_published(published[0]), None) as tts:
+    with DelayTTS.load(published[0], threads=1) as tts:     # a directory, not a GGUF
         rows = tts.plan("Hello.")
         assert rows[-1, 0] == tts.config.audio_start_token_id
         assert rows[0, 0] == tts.config.im_start_token_id
