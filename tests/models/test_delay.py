@@ -133,3 +133,20 @@ def test_nano_gguf_given_as_delay_raises_model_file_error(nano_files):
     _, gguf = nano_files()
     with pytest.raises(ModelFileError, match="expected a delay GGUF, found a 'nano' model"):
         DelayModel(Weights.load(gguf, get_backend(None, 1)))
+
+
+def test_config_rejects_pad_code_outside_tables_and_ids_outside_vocab():
+    from moss_tts.errors import ConfigError
+    from moss_tts.models.delay import DelayConfig
+    from moss_tts.models.qwen3 import Qwen3Config
+
+    lc = Qwen3Config(16, 1, 2, 1, 8, 16, 1e6)
+    with pytest.raises(ConfigError, match="audio_pad_code 17 is outside the 17 rows"):
+        DelayConfig(lc, vocab_size=151680, audio_vocab_size=16, audio_pad_code=17)
+    with pytest.raises(ConfigError, match="special id 151662 lies outside the text vocabulary"):
+        DelayConfig(lc, vocab_size=151643 + 10, audio_vocab_size=16, audio_pad_code=16)
+
+
+def test_generation_budget_must_be_positive(delay_model):
+    with pytest.raises(InputError, match="max_new_rows must be at least 1"):
+        delay_model().generate(prompt_rows(), max_new_rows=0)
