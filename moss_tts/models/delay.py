@@ -29,6 +29,9 @@ PREFIX = "moss.delay"
 TOKENIZER_KEY = "moss.tokenizer.json"
 TEXT_HEAD = "output.weight"            # lm_heads.0 under its llama.cpp name
 AUDIO_HEADS = "audio_heads.weight"     # lm_heads.1..N stacked: one matmul per step
+# Generation budget in rows (frames + n_vq + 1 staircase rows + text, P25): the default of
+# upstream's llama.cpp pipeline
+MAX_NEW_ROWS = 2000
 
 
 @dataclass(frozen=True)
@@ -252,14 +255,14 @@ class DelayModel:
         return out["hidden"], out["text_logits"], audio
 
     def generate(self, rows, *, options: DelaySamplingOptions = DelaySamplingOptions(),
-                 seed: int | None = None, max_new_rows: int = 2000) -> np.ndarray:
+                 seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS) -> np.ndarray:
         """Prompt rows → the new rows [N, 1 + n_vq], up to and including `<|im_end|>`."""
         return np.array(list(self.iter_rows(rows, options=options, seed=seed,
                                             max_new_rows=max_new_rows)),
                         dtype=np.int64).reshape(-1, self.config.n_vq + 1)
 
     def iter_rows(self, rows, *, options: DelaySamplingOptions = DelaySamplingOptions(),
-                  seed: int | None = None, max_new_rows: int = 2000):
+                  seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS):
         """Rows as they are generated (the generator of `generate`)."""
         cfg = self.config
         rows = check_rows(rows, cfg)

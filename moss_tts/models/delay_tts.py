@@ -19,10 +19,8 @@ from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import DelayPromptIds, build_generation_rows
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..tts import Reference
-from .delay import TOKENIZER_KEY, DelayModel
+from .delay import MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
 from .delay_published import is_published_dir, load_published
-
-MAX_NEW_ROWS = 1000   # upstream HF generate's default budget (rows: frames + 33 + text, P25)
 
 
 class FrameAssembler:

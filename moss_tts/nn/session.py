@@ -4,7 +4,6 @@ family's backbone loop (Nano's global and depth transformers, the Qwen3 backbone
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Hashable
 
 import numpy as np
@@ -14,8 +13,6 @@ from ..ggml.backend import Allocator, Backend, NativeResource
 from ..ggml.graph import Graph
 from ..ggml.types import F32, GGMLType
 from .kv_cache import CacheView, KVCache
-
-logger = logging.getLogger(__name__)
 
 # Slot counts are multiples of this: the rows of an f16 mask, and what the allocator places
 # after them, stay 64-byte aligned. It is also the smallest bucket a step attends over.
