@@ -50,19 +50,15 @@ class NanoConfig:
             raise ConfigError(f"Nano: audio pad id {self.audio_pad_token_id} lies inside the "
                               f"codebooks (size {self.audio_vocab_size})")
 
-    IDS = ("vocab_size", "n_vq", "audio_vocab_size", "audio_pad_token_id", "pad_token_id",
-           "im_start_token_id", "im_end_token_id", "audio_start_token_id", "audio_end_token_id",
-           "audio_user_slot_token_id", "audio_assistant_slot_token_id", "sample_rate")
-
     @classmethod
     def from_gguf(cls, meta) -> "NanoConfig":
-        return cls(backbone=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.global"),
-                   local=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.local"),
-                   **{k: int(meta[f"{PREFIX}.{k}"]) for k in cls.IDS})
+        return spec.config_from_gguf(cls, meta, PREFIX,
+                                     backbone=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.global"),
+                                     local=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.local"))
 
     def to_metadata(self) -> dict:
-        meta = {f"{PREFIX}.{k}": int(getattr(self, k)) for k in self.IDS}
-        return (meta | spec.config_to_metadata(self.backbone, f"{PREFIX}.global")
+        return (spec.config_to_metadata(self, PREFIX)
+                | spec.config_to_metadata(self.backbone, f"{PREFIX}.global")
                 | spec.config_to_metadata(self.local, f"{PREFIX}.local"))
 
     def tensor_shapes(self) -> dict[str, tuple]:
