@@ -108,14 +108,28 @@ class DelayTTS(NativeResource):
         return Reference(np.ascontiguousarray(codes.T))
 
     def plan(self, text: str, *, reference: Reference | None = None,
-             prompt: Reference | None = None, normalize: bool = True, **fields) -> np.ndarray:
+             prompt: Reference | None = None, normalize: bool = True,
+             seconds: float | None = None, **fields) -> np.ndarray:
         """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
-        ambient_sound, language). With `prompt` (continuation), `text` holds the prompt
-        audio's transcript followed by the new text."""
+        ambient_sound, language; `seconds` sets `tokens`, the duration in codec frames). With
+        `prompt` (continuation), `text` holds the prompt audio's transcript, then the new text."""
+        if seconds is not None:
+            if fields.get("tokens") is not None or not seconds > 0:
+                raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
+            fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
         refs = None if reference is None else [reference.codes]
         return build_generation_rows(self.tokenizer, self.ids, text, references=refs,
                                      prompt_codes=None if prompt is None else prompt.codes,
                                      normalize=normalize, **fields)
+
+    def forward(self, rows):
+        """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits
+        [n_vq, S, audio_rows]) — the research step, as `DelayModel.forward`."""
+        return self.model.forward(rows)
+
+    def generate(self, rows, **kwargs) -> np.ndarray:
+        """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_rows)."""
+        return self.model.generate(rows, **kwargs)
 
     def stream(self, text: str, *, reference: Reference | None = None,
                prompt: Reference | None = None,

@@ -118,3 +118,22 @@ def test_continuation_stream_continues_the_prompt_audio(tts):
                  what="continuation stream vs offline decode minus the prompt")
     # guard: keeping the prompt's audio would be a different (longer) result
     assert len(full) > len(got)
+
+
+def test_seconds_set_the_tokens_field_at_the_codec_frame_rate(tts):
+    rows = tts.plan("Hi.", seconds=2.0)
+    want = tts.plan("Hi.", tokens=round(2.0 * SAMPLE_RATE / 64))   # 50 frames/s tiny codec
+    np.testing.assert_array_equal(rows, want)
+    assert not np.array_equal(rows, tts.plan("Hi.", tokens=99))
+    with pytest.raises(InputError, match="seconds must be > 0"):
+        tts.plan("Hi.", seconds=1.0, tokens=5)
+    with pytest.raises(InputError, match="seconds must be > 0"):
+        tts.plan("Hi.", seconds=0)
+
+
+def test_research_steps_pass_through_to_the_model(tts):
+    rows = tts.plan("Hi.")
+    hidden, text, audio = tts.forward(rows)
+    assert hidden.shape[0] == text.shape[0] == audio.shape[1] == len(rows)
+    np.testing.assert_array_equal(tts.generate(rows, options=GREEDY, max_new_rows=5),
+                                  tts.model.generate(rows, options=GREEDY, max_new_rows=5))
