@@ -45,7 +45,8 @@ def delay(codes: np.ndarray, pad: int) -> np.ndarray:
 
 
 def user_pieces(text: str, references, fields: dict) -> list:
-    """The user content as text pieces and reference code arrays, in template order."""
+    """The user content as text pieces and reference code arrays, in template order; text
+    between two audio items is one piece, tokenized at once as upstream's string is."""
     head = "<user_inst>\n- Reference(s):\n"
     refs = [(i, r) for i, r in enumerate(references or []) if r is not None]
     if not refs:
@@ -55,7 +56,13 @@ def user_pieces(text: str, references, fields: dict) -> list:
         for j, (i, codes) in enumerate(refs):
             pieces += [("\n" if j else "") + f"[S{i + 1}]:\n", codes]
     tail = "".join(f"\n- {LABELS[f]}:\n{fields.get(f)}" for f in FIELDS)
-    return pieces + [f"{tail}\n- Text:\n{text}\n</user_inst>"]
+    merged = []
+    for piece in pieces + [f"{tail}\n- Text:\n{text}\n</user_inst>"]:
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    return merged
 
 
 def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: str, *,

@@ -115,3 +115,14 @@ def test_continuation_rows_equal_hfs_truncated_assistant_turn(tokenizer, tokeniz
     assert (tail[:, 0] == IDS.gen_slot).all() and got[-len(codes) - 1, 0] == IDS.audio_start
     for k in range(N):
         np.testing.assert_array_equal(tail[k:, k + 1], codes[:len(codes) - k, k])
+
+
+def test_text_between_audio_items_is_one_piece():
+    """Upstream tokenizes the whole string: the head and the first label, and the text after
+    one reference up to the next label, must not be split where BPE could merge across."""
+    from moss_tts.text.delay_prompts import user_pieces
+
+    a, b = np.zeros((1, N), np.int64), np.ones((1, N), np.int64)
+    pieces = user_pieces("Hi", [a, None, b], {})
+    assert [type(p).__name__ for p in pieces] == ["str", "ndarray", "str", "ndarray", "str"]
+    assert pieces[0] == "<user_inst>\n- Reference(s):\n[S1]:\n" and pieces[2] == "\n[S3]:\n"
