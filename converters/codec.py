@@ -17,7 +17,7 @@ import numpy as np
 from moss_tts.codec.config import (FORMAT_VERSION, KIND, PATCH, TRANSFORMER, CodecConfig,
                                    StageConfig, tensor_shapes)
 from moss_tts.codec.tower import LAYER_TENSORS
-from moss_tts.errors import ConfigError, ModelFileError
+from moss_tts.errors import ConfigError
 
 from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
 from .gguf_io import Lazy

@@ -1,14 +1,13 @@
-"""MossTTSDelay's delay staircase and its generation state machine (moss_tts_family.md §2.5-2.6;
-upstream `modeling_moss_tts.py::generate`, `llama_cpp/delay_state.py`): which text token is
-forced or allowed, which codebooks are sampled on a row, and how the state moves on."""
+"""MossTTSDelay's generation state machine and de-delay (moss_tts_family.md §2.5-2.6; upstream
+`modeling_moss_tts.py::generate`, `llama_cpp/delay_state.py`): which text token is forced or
+allowed, which codebooks are sampled on a row, and how the state moves on. The staircase
+itself (`delay`) lives with the prompts (text/delay_prompts.py), which lay audio out in it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import numpy as np
-
-from ..text.delay_prompts import delay  # noqa: F401  (the staircase: prompts use it too)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ from __future__ import annotations
 from ..errors import ShapeError
 from ..ggml import ops
 from ..ggml.graph import Tensor, type_size
+from .kv_cache import CacheView, KVCache
 from .linear import linear
 from .norms import head_rms_norm
-from .kv_cache import CacheView, KVCache
 from .rope import rope
+
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:
     """[H·Dh, T] → [Dh, H, T] (heads are contiguous blocks of Dh, as upstream's view(T, H, Dh))."""

@@ -12,7 +12,7 @@ from fixtures.reference import delay as ref
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.ggml import F16, Weights, get_backend
 from moss_tts.models.delay import DelayModel
-from moss_tts.models.delay_state import delay
+from moss_tts.text.delay_prompts import delay
 from moss_tts.sampling import DelaySamplingOptions
 
 # f32 ggml vs float64 through 2 Qwen3 blocks (bf16-valued weights are exact in f32) and the

@@ -9,7 +9,8 @@ import pytest
 from fixtures.reference import delay as ref
 from moss_tts.models import qwen3
 from moss_tts.models.delay import DelayConfig, audio_seen, next_row
-from moss_tts.models.delay_state import DelayState, audio_segments, de_delay, delay
+from moss_tts.models.delay_state import DelayState, audio_segments, de_delay
+from moss_tts.text.delay_prompts import delay
 from moss_tts.sampling import DelaySamplingOptions
 
 N_VQ, PAD_CODE, VOCAB = 4, 16, 40
