@@ -14,11 +14,10 @@ from ..audio import as_samples, loudness_normalize, resample, to_channels
 from ..codec import Codec
 from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
-from ..ggml.backend import NativeResource
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import DelayPromptIds, build_generation_rows
 from ..text.qwen_tokenizer import QwenTokenizer
-from ..tts import Reference
+from ..tts import CodecTTS, Reference
 from .delay import MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
 from .delay_published import is_published_dir, load_published
 
@@ -41,13 +40,15 @@ class FrameAssembler:
         return frame
 
 
-class DelayTTS(NativeResource):
+class DelayTTS(CodecTTS):
     """MOSS-TTS (MossTTSDelay). `DelayTTS.load("delay.gguf", codec="codec.gguf")`, then
     `synthesize(text, reference=tts.encode_reference(samples, sr))` → (samples [n, 1], 24000).
 
     >>> tts = DelayTTS.load("delay.gguf", codec="codec.gguf")               # doctest: +SKIP
     >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP
     """
+
+    CODEC_NAME = "the MOSS-Audio-Tokenizer GGUF"
 
     def __init__(self, model: DelayModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
@@ -175,22 +176,3 @@ class DelayTTS(NativeResource):
         finally:
             if decoder is not None:
                 decoder.close()
-
-    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
-        """Text → (samples float32 [n, 1], sample_rate). Same options as `stream`."""
-        parts = list(self.stream(text, **kwargs))
-        audio = np.concatenate(parts) if parts else np.zeros((0, 1), np.float32)
-        return audio, self.sample_rate
-
-    def _need_codec(self) -> Codec:
-        if self.codec is None:
-            raise InputError("no codec loaded: pass codec=... (the MOSS-Audio-Tokenizer GGUF)")
-        return self.codec
-
-    def close(self) -> None:
-        if getattr(self, "codec", None) is not None:
-            self.codec.close()
-            self.codec = None
-        if getattr(self, "model", None) is not None:
-            self.model.close()
-            self.model = None
