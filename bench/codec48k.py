@@ -301,7 +301,7 @@ def instrument() -> dict:
                 acc[key] += time.perf_counter() - t0
         setattr(cls, name, wrapped)
 
-    from moss_tts.nn.attention import KVCache
+    from moss_tts.nn import KVCache
     wrap(Graph, "compute", "compute")
     wrap(Graph, "run", "run")
     wrap(codec_mod._TowerRunner, "_build", "build")

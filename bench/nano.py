@@ -93,10 +93,8 @@ class Rec:
 
 
 def _graph_kind(name: str) -> str:
-    if name.startswith("nano.step"):
-        return "global"
-    if name.startswith("nano.prefill"):
-        return "prefill"
+    if name.startswith("nano.global"):   # DecodeSession names: nano.global[variant,rows x slots]
+        return "global" if ",1x" in name else "prefill"
     if name.startswith("nano.depth"):
         return "depth"
     if name.startswith(("decoder", "encoder")):
@@ -213,9 +211,10 @@ def worker_frames(args) -> dict:
         per.append((t - t_prev, dt, dn))
         if len(per) == 3:  # the generator's state: node counts of the replayed graphs
             st = gen.gi_frame.f_locals["state"]
-            nodes = {"global_step_nodes": st.step_graph.n_nodes,
-                     "depth_nodes": [g.n_nodes for g in st.depth_graphs[:3]],
-                     "global_slots": st.cache.capacity}
+            steps = list(st.global_.step_graphs.items())
+            nodes = {"global_step_nodes": steps[-1][1].n_nodes,
+                     "depth_nodes": [g.n_nodes for g in list(st.depth.step_graphs.values())[:3]],
+                     "global_slots": steps[-1][0][1]}
         if len(per) == n:
             break
         t_prev, s_prev = time.perf_counter(), rec.snap()
@@ -272,14 +271,15 @@ def micro_heads(tts, args) -> dict:
     """The depth step's parts as their own graphs (compute only, medians of 200 replays):
     the local layer + ln_f without a head; the 16 audio heads in one graph (÷ 16 = one head);
     a full depth step (as the model builds it)."""
-    from moss_tts.ggml import F16, I32, Graph, ops
+    from moss_tts.ggml import I32, Graph, ops
     from moss_tts.models import gpt2
-    from moss_tts.models.nano import build_depth_step
+    from moss_tts.nn import CacheView
 
     m = tts.model
     w, cfg = m.w, m.config
     state = m.make_state(8)
-    cache = state.local_cache
+    session = state.depth
+    cache = session.cache
     d = cfg.local.n_embd
     rng = np.random.default_rng(0)
 
@@ -293,7 +293,7 @@ def micro_heads(tts, args) -> dict:
             elif name == "depth.pos" or name == "depth.slots":
                 f[name] = np.array([2], np.int32)
             elif name == "depth.mask":
-                f[name] = cache.mask([2], dtype=np.float16)
+                f[name] = cache.mask([2], n_slots=t.ne[0], dtype=np.float16)
             else:
                 f[name] = (0.5 * rng.standard_normal(t.shape)).astype(np.float32)
         return f
@@ -321,11 +321,8 @@ def micro_heads(tts, args) -> dict:
     out = {}
     g = Graph(m.backend, name="micro.nohead")
     x = ops.get_rows(w.audio_embeddings[0], g.input("depth.code", (1,), I32))
-    h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local,
-                     positions=g.input("depth.pos", (1,), I32), cache=cache,
-                     slots=g.input("depth.slots", (1,), I32),
-                     mask=g.input("depth.mask", (1, cache.capacity), F16), n_slots=cache.capacity,
-                     stage="micro")
+    kv = CacheView.inputs(g, cache, 1, cache.capacity, prefix="depth")
+    h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local, kv=kv, stage="micro")
     g.output(h, "h", ndim=1)
     g.build()
     out["micro_local_nohead_ms"], out["micro_local_nohead_run_ms"] = time_graph(g)
@@ -338,10 +335,9 @@ def micro_heads(tts, args) -> dict:
     t16, _ = time_graph(g)
     out["micro_head_ms"] = t16 / cfg.n_vq
     g.close()
-    g = build_depth_step(Graph(m.backend, name="micro.depth"), w, cfg, cache, 2)
+    g = session.step_graph(cache.capacity, 2)
     out["micro_depth_step_ms"], out["micro_depth_step_run_ms"] = time_graph(g)
     out["micro_depth_step_nodes"] = g.n_nodes
-    g.close()
     state.close()
     return out
 

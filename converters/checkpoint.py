@@ -86,6 +86,7 @@ class SafetensorsCheckpoint(NativeResource):
                 raise ModelFileError(f"{model_dir}: no *.safetensors files (a .bin checkpoint "
                                      "must be converted to safetensors first)")
             weight_map = None
+        self._paths: dict[str, Path] = {}
         self._where: dict[str, str] = {}
         for name in files:
             path = model_dir / name
@@ -96,6 +97,7 @@ class SafetensorsCheckpoint(NativeResource):
             except Exception as e:
                 raise ModelFileError(f"{path}: not a readable safetensors file ({e})") from None
             self._handles[name] = h
+            self._paths[name] = path
             for key in h.keys():
                 self._where[key] = name
         if weight_map is not None:
@@ -111,11 +113,25 @@ class SafetensorsCheckpoint(NativeResource):
         return name in self._where
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._handles[self._where[name]].get_tensor(name)
+        h = self._handles[self._where[name]]
+        if h.get_slice(name).get_dtype() == "BF16":   # numpy has no bfloat16: widen to f32
+            return read_bf16(self._paths[self._where[name]], name)
+        return h.get_tensor(name)
 
     def shape(self, name: str) -> tuple:
         """A tensor's shape, read from the header (no data is loaded)."""
         return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+
+
+def read_bf16(path: Path, name: str) -> np.ndarray:
+    """One BF16 tensor of a safetensors file as float32 (bf16 is the top half of an f32),
+    read through a memory map so only this tensor is in memory."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        info = json.loads(f.read(n))[name]
+    a, b = info["data_offsets"]
+    raw = np.memmap(path, dtype=np.uint16, mode="r", offset=8 + n + a, shape=((b - a) // 2,))
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
 
 
 def fuse_weight_norm(g: np.ndarray, v: np.ndarray) -> np.ndarray:

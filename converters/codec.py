@@ -21,9 +21,9 @@ from moss_tts.codec.config import (FORMAT_VERSION, KIND, PATCH, TRANSFORMER, Cod
 from moss_tts.codec.tower import LAYER_TENSORS
 from moss_tts.errors import ConfigError
 
-from .checkpoint import (expected_tensors, fuse_weight_norm, open_checkpoint, read_config,
-                         report_unmapped, resolve_model_dir)
-from .gguf_io import Lazy, write_gguf
+from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
+from .gguf_io import Lazy
+from .registry import finish
 
 logger = logging.getLogger(__name__)
 
@@ -183,15 +183,10 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
     with open_checkpoint(model_dir) as ckpt:
         cfg = codec_config(config, ckpt.keys())
         tensors, unmapped = map_tensors(ckpt, cfg)
-        expected = tensor_shapes(cfg)
-        # well-formed names the architecture has no place for (e.g. a square v1 projection, where
-        # upstream has an Identity) are reported like any other unused tensor, never dropped silently
-        unmapped += sorted(n for n in tensors if n not in expected)
-        report_unmapped(model_dir, unmapped, strict)
-        tensors = expected_tensors(model_dir, tensors, expected)
         meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
-        return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
-                          is_matmul=is_matmul, progress=progress)
+        return finish(model_dir, out, tensors, unmapped, tensor_shapes(cfg), meta, kind=KIND,
+                      version=FORMAT_VERSION, outtype=outtype, strict=strict, is_matmul=is_matmul,
+                      progress=progress)
 
 
 def is_matmul(name: str, spec) -> bool:

@@ -18,10 +18,8 @@ from moss_tts.errors import ConfigError, ModelFileError
 from moss_tts.models import gpt2
 from moss_tts.models.nano import FORMAT_VERSION, KIND, TOKENIZER_KEY, NanoConfig
 
-from .checkpoint import (expected_tensors, open_checkpoint, read_config, report_unmapped,
-                         resolve_model_dir)
-from .gguf_io import Lazy, write_gguf
-
+from .gguf_io import Lazy
+from .registry import convert_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.model", "sentencepiece/mossttsnano_spm_bpe.model")
 # Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
@@ -101,16 +99,7 @@ def is_matmul(name: str, spec) -> bool:
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
             progress=None) -> Path:
-    model_dir = resolve_model_dir(model)
-    config = read_config(model_dir)
-    cfg = nano_config(config)
-    tokenizer = find_tokenizer(model_dir)
-    # closed on every way out: a failed conversion keeps no checkpoint file mapped
-    with open_checkpoint(model_dir) as ckpt:
-        tensors, unmapped = map_tensors(ckpt, cfg)
-        report_unmapped(model_dir, unmapped, strict)
-        expected = cfg.tensor_shapes()
-        meta = cfg.to_metadata() | {TOKENIZER_KEY: tokenizer}
-        tensors = expected_tensors(model_dir, tensors, expected)
-        return write_gguf(out, tensors, meta, kind=KIND, version=FORMAT_VERSION, outtype=outtype,
-                          is_matmul=is_matmul, progress=progress)
+    return convert_checkpoint(model, out, parse_config=nano_config, find_tokenizer=find_tokenizer,
+                              map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
+                              version=FORMAT_VERSION, is_matmul=is_matmul, outtype=outtype,
+                              strict=strict, progress=progress)

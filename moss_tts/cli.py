@@ -182,10 +182,8 @@ def _reconstruct(args) -> int:
 
 
 def _convert(args) -> int:
-    if args.family == "codec":
-        from converters.codec import convert
-    else:
-        from converters.nano import convert
+    from converters.registry import converter
+    convert = converter(args.family)
     with Progress("writing", args.quiet) as bar:
         out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
                       progress=lambda i, n, name: bar(i, n))
@@ -415,9 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--full", action="store_true", help="do not abbreviate long values")
     i.set_defaults(func=_info)
+    from converters.registry import FAMILIES
     c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF")
-    c.add_argument("family", choices=["codec", "nano"],
-                   help="codec: a MOSS-Audio-Tokenizer; nano: MOSS-TTS-Nano")
+    c.add_argument("family", choices=list(FAMILIES),
+                   help="; ".join(f"{k}: {what}" for k, (_, what) in FAMILIES.items()))
     c.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
     c.add_argument("--out", "-o", required=True, help="output .gguf")
     c.add_argument("--outtype", default="f32",

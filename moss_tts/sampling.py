@@ -27,66 +27,140 @@ class SamplingOptions:
         for name in ("text_temperature", "audio_temperature"):
             if self.do_sample and not getattr(self, name) > 0:
                 raise InputError(f"{name} must be > 0 when sampling (use greedy instead of 0)")
-        if isinstance(self.audio_top_k, bool) or not float(self.audio_top_k).is_integer() \
-                or self.audio_top_k < 0:
-            raise InputError(f"audio_top_k must be a whole number ≥ 0 (0 = off), got "
-                             f"{self.audio_top_k}")
-        object.__setattr__(self, "audio_top_k", int(self.audio_top_k))
-        if not 0 < self.audio_top_p <= 1:
-            raise InputError(f"audio_top_p must be in (0, 1], got {self.audio_top_p}")
-        if not self.audio_repetition_penalty > 0:
-            raise InputError("audio_repetition_penalty must be > 0 (1 = off)")
+        _check_filters(self, "audio")
 
 
+def _check_filters(opts, group: str) -> None:
+    """Validate `<group>_top_k` (made an int), `<group>_top_p` and, when the options have
+    one, `<group>_repetition_penalty`; one InputError naming the knob."""
+    k = getattr(opts, f"{group}_top_k")
+    if isinstance(k, bool) or not float(k).is_integer() or k < 0:
+        raise InputError(f"{group}_top_k must be a whole number ≥ 0 (0 = off), got {k}")
+    object.__setattr__(opts, f"{group}_top_k", int(k))
+    p = getattr(opts, f"{group}_top_p")
+    if not 0 < p <= 1:
+        raise InputError(f"{group}_top_p must be in (0, 1], got {p}")
+    if not getattr(opts, f"{group}_repetition_penalty", 1.0) > 0:
+        raise InputError(f"{group}_repetition_penalty must be > 0 (1 = off)")
+
+
+@dataclass(frozen=True)
+class DelaySamplingOptions:
+    """MossTTSDelay's knobs with upstream defaults (moss_tts_family.md §2.7: text 1.5 / 1.0 /
+    50, audio 1.7 / 0.8 / 25 / 1.0); a temperature of 0 makes that channel greedy."""
+
+    text_temperature: float = 1.5
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 1.7
+    audio_top_p: float = 0.8
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        for group in ("text", "audio"):
+            t = getattr(self, f"{group}_temperature")
+            if not t >= 0:
+                raise InputError(f"{group}_temperature must be ≥ 0 (0 = greedy), got {t}")
+            _check_filters(self, group)
+
+
+# -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
-    """For every id already generated (boolean `seen` mask): divide a positive logit by the
-    penalty, multiply a negative one (so both become less likely)."""
+    """For every id already generated (boolean `seen`, broadcast over the rows: one row per
+    head, or one pooled row for all): divide a positive logit by the penalty, multiply a
+    negative one (so both become less likely)."""
     if penalty == 1.0 or not seen.any():
         return logits
-    out = logits.copy()
-    hit = out[seen]
-    out[seen] = np.where(hit < 0, hit * penalty, hit / penalty)
-    return out
+    return np.where(seen, np.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def apply_temperature(scores: np.ndarray, temperature: float) -> np.ndarray:
+    """scores / temperature in float64 (sampling arithmetic is done in double)."""
+    return scores.astype(np.float64) / temperature
 
 
 def top_k_filter(scores: np.ndarray, k: int) -> np.ndarray:
-    """Scores below the k-th largest become −inf (ties at the threshold survive)."""
-    if k <= 0 or k >= scores.size:
+    """Scores below each row's k-th largest become −inf (ties at the threshold survive)."""
+    if k <= 0 or k >= scores.shape[-1]:
         return scores
-    threshold = np.partition(scores, -k)[-k]
+    threshold = np.partition(scores, -k, axis=-1)[..., -k, None]
     return np.where(scores < threshold, -np.inf, scores)
 
 
 def top_p_filter(scores: np.ndarray, p: float) -> np.ndarray:
-    """Keep the smallest top set whose probability reaches p; the top token always stays."""
+    """Keep each row's smallest top set whose probability reaches p; the top token stays."""
     if p >= 1.0:
         return scores
-    order = np.argsort(-scores, kind="stable")
-    probs = softmax(scores[order])
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    probs = softmax(np.take_along_axis(scores, order, axis=-1))
     # drop a token once the mass *before* it already exceeds p (HF: cumsum shifted by one)
-    drop_sorted = (np.cumsum(probs) - probs) > p
-    drop_sorted[0] = False
-    out = scores.copy()
-    out[order[drop_sorted]] = -np.inf
-    return out
+    drop_sorted = (np.cumsum(probs, axis=-1) - probs) > p
+    drop_sorted[..., 0] = False
+    drop = np.empty_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, -np.inf, scores)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - np.max(x))
-    return z / z.sum()
+    z = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def draw_rows(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One categorical draw per row of probs [rows, V] → ids [rows]: the inverse CDF at one
+    uniform per row, exactly as `rng.choice(V, p=row)` draws (same stream, same ids)."""
+    cdf = np.cumsum(probs, axis=-1)
+    cdf /= cdf[:, -1:]
+    u = rng.random(len(probs))
+    return (cdf <= u[:, None]).sum(axis=-1)
+
+
+def sample_rows(logits: np.ndarray, rng: np.random.Generator, *, temperature: float,
+                top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """One draw per row of logits [rows, V] from softmax(top_p(top_k(logits / temperature)))."""
+    scores = top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
+    return draw_rows(softmax(scores), rng)
 
 
 def sample_token(logits: np.ndarray, rng: np.random.Generator, *, temperature: float,
                  top_k: int = 0, top_p: float = 1.0) -> int:
-    """One draw from softmax(top_p(top_k(logits / temperature)))."""
-    scores = top_p_filter(top_k_filter(logits.astype(np.float64) / temperature, top_k), top_p)
-    probs = softmax(scores)
-    return int(rng.choice(probs.size, p=probs))
+    """`sample_rows` for one logit vector [V]."""
+    return int(sample_rows(logits[None], rng, temperature=temperature, top_k=top_k,
+                           top_p=top_p)[0])
 
 
 def greedy_token(logits: np.ndarray) -> int:
     """argmax; the first index wins a tie."""
     return int(np.argmax(logits))
+
+
+# -- seen-sets for the repetition penalty: bool [heads | 1, V] from a history [frames, heads] ---
+def _mark(ids: np.ndarray, vocab: int) -> np.ndarray:
+    """bool [heads, V]: row h marks every id of ids[:, h] inside [0, vocab) (pads outside the
+    vocabulary are ignored)."""
+    frames, heads = ids.shape
+    seen = np.zeros((heads, vocab), dtype=bool)
+    ok = (ids >= 0) & (ids < vocab)
+    seen[np.broadcast_to(np.arange(heads), ids.shape)[ok], ids[ok]] = True
+    return seen
+
+
+def seen_per_head(history: np.ndarray, vocab: int) -> np.ndarray:
+    """Each head's own history (Nano): bool [heads, V]."""
+    return _mark(np.asarray(history).reshape(-1, np.shape(history)[-1]), vocab)
+
+
+def seen_pooled(history: np.ndarray, vocab: int) -> np.ndarray:
+    """The union over every head's history (MossTTSDelay codebooks 1..31, P5): bool [1, V],
+    broadcast over the heads' rows."""
+    return seen_per_head(history, vocab).any(axis=0, keepdims=True)
+
+
+def seen_windowed(history: np.ndarray, vocab: int, window: int) -> np.ndarray:
+    """Each head's last `window` frames only (Realtime): bool [heads, V]."""
+    history = np.asarray(history).reshape(-1, np.shape(history)[-1])
+    return seen_per_head(history[max(0, len(history) - window):], vocab)
 
 
 def sample_audio_code(logits: np.ndarray, seen: np.ndarray, rng: np.random.Generator | None,

@@ -91,3 +91,17 @@ def test_stream_resampler_flush_keeps_the_channel_count():
         r.push(np.ones((5000, 2), np.float32))
         assert r.flush().shape[1] == 2
     assert StreamResampler(8000, 3200).flush().shape == (0, 1)   # nothing pushed
+
+
+@pytest.mark.parametrize("amplitude", [0.01, 0.14, 0.5])
+def test_loudness_normalize_follows_the_clamped_gain_formula(amplitude):
+    """moss_tts_family.md §1.3: gain = clamp(−20 − dBFS, −3, +3) dB; a quiet input gains at most
+    3 dB, a loud one loses at most 3 dB, one near −20 dBFS lands on it."""
+    from moss_tts.audio import loudness_normalize
+
+    x = (amplitude * np.sin(np.linspace(0, 300, 4800))).astype(np.float32)[:, None]
+    dbfs = 10 * np.log10(np.mean(x.astype(np.float64) ** 2) + 1e-9)
+    gain = np.clip(-20 - dbfs, -3, 3)
+    y = loudness_normalize(x)
+    np.testing.assert_allclose(y, x * 10 ** (gain / 20), rtol=1e-6)
+    assert abs(gain) == 3 or abs(10 * np.log10(np.mean(y.astype(np.float64) ** 2)) + 20) < 1e-4

@@ -11,9 +11,15 @@ from moss_tts.sampling import (
     SamplingOptions,
     apply_repetition_penalty,
     decide_continue,
+    draw_rows,
     greedy_token,
     sample_audio_code,
+    sample_rows,
     sample_token,
+    seen_per_head,
+    seen_pooled,
+    seen_windowed,
+    softmax,
     top_k_filter,
     top_p_filter,
 )
@@ -207,3 +213,65 @@ def test_sampling_options_reject_invalid_values(kwargs, match):
 def test_greedy_options_accept_zero_temperatures():
     o = SamplingOptions(do_sample=False, text_temperature=0.0, audio_temperature=0.0)
     assert o.do_sample is False
+
+
+# --- row-wise filters and seen-sets -------------------------------------------------------------
+
+
+def test_row_wise_filters_equal_the_reference_applied_to_each_row(rng):
+    """[rows, V] at once == the 1-D reference row by row (each row its own k-th value, its own
+    nucleus, its own seen-set)."""
+    logits = rng.standard_normal((6, 40)) * 2.0
+    logits[2, :5] = 1.5                              # ties at a top-k threshold
+    seen = rng.random((6, 40)) < 0.2
+    got_pen = apply_repetition_penalty(logits, seen, 1.3)
+    got_k = top_k_filter(logits, 7)
+    got_p = top_p_filter(logits, 0.6)
+    for r in range(6):
+        np.testing.assert_array_equal(
+            got_pen[r], ref.apply_repetition_penalty(logits[r], np.flatnonzero(seen[r]), 1.3))
+        np.testing.assert_array_equal(got_k[r], ref.top_k_filter(logits[r], 7))
+        np.testing.assert_array_equal(got_p[r], ref.top_p_filter(logits[r], 0.6))
+    # guard: a filter over the whole matrix (one threshold for all rows) is not row-wise
+    flat = ref.top_k_filter(logits.reshape(-1), 7).reshape(logits.shape)
+    assert not np.array_equal(np.isfinite(got_k), np.isfinite(flat))
+
+
+def test_draw_rows_draws_what_rng_choice_draws_from_the_same_stream(rng):
+    probs = softmax(rng.standard_normal((300, 25)) * 3)
+    got = draw_rows(probs, np.random.default_rng(5))
+    rng_b = np.random.default_rng(5)
+    want = [rng_b.choice(25, p=row) for row in probs]
+    np.testing.assert_array_equal(got, want)
+    assert len(set(got.tolist())) > 5
+
+
+def test_sample_rows_draws_each_row_from_its_own_distribution():
+    logits = np.stack([LOGITS, LOGITS[::-1]])
+    rng = np.random.default_rng(8)
+    draws = np.array([sample_rows(logits, rng, temperature=0.8, top_k=6, top_p=0.9)
+                      for _ in range(DRAWS // 2)])
+    for r, row in enumerate(logits):
+        counts = np.bincount(draws[:, r], minlength=LOGITS.size).astype(float)
+        probs = ref.sampling_probs(row, temperature=0.8, top_k=6, top_p=0.9)
+        assert tv(counts, probs) <= 1.5 * TV_BOUND   # half the draws: √2 the spread
+    assert tv(np.bincount(draws[:, 1], minlength=12).astype(float),
+              ref.sampling_probs(LOGITS, temperature=0.8, top_k=6, top_p=0.9)) > 3 * TV_BOUND
+
+
+def test_seen_sets_per_head_pooled_and_windowed():
+    history = np.array([[1, 5, 1024], [3, 5, 2], [0, 7, 9]])   # [frames, heads], 1024 = pad
+    vocab = 10
+    per = seen_per_head(history, vocab)
+    assert per.shape == (3, 10)
+    assert [np.flatnonzero(r).tolist() for r in per] == [[0, 1, 3], [5, 7], [2, 9]]
+    pooled = seen_pooled(history[:, 1:], vocab)
+    assert pooled.shape == (1, 10) and np.flatnonzero(pooled[0]).tolist() == [2, 5, 7, 9]
+    window = seen_windowed(history, vocab, 2)
+    assert [np.flatnonzero(r).tolist() for r in window] == [[0, 3], [5, 7], [2, 9]]
+    last = seen_windowed(history, vocab, 1)
+    assert [np.flatnonzero(r).tolist() for r in last] == [[0], [7], [9]]
+    # a pooled seen-set penalizes an id for every head, a per-head one only for its own
+    logits = np.full((2, vocab), 2.0)
+    assert (apply_repetition_penalty(logits, pooled, 2.0)[:, 5] == 1.0).all()
+    assert apply_repetition_penalty(logits, per[1:], 2.0)[1, 5] == 2.0

@@ -326,10 +326,11 @@ class Weights(NativeResource):
 
 
 class TensorStore(NativeResource):
-    """Persistent tensors made from numpy arrays (tables derived at load time), uploaded once
-    to the backend; `store["name"]` is a Tensor like a weight's."""
+    """Persistent tensors uploaded once to the backend; `store["name"]` is a Tensor like a
+    weight's. A value is a numpy array (a table derived at load time), or `(numpy shape,
+    GGMLType)` for a zero-filled tensor written later inside graphs (a KV cache)."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], backend: "Backend | str | None" = None):
+    def __init__(self, arrays: dict, backend: "Backend | str | None" = None):
         from .types import NUMPY_DTYPES
         self.backend = get_backend(backend)
         L = self.lib = self.backend.lib
@@ -339,16 +340,22 @@ class TensorStore(NativeResource):
         self._tensors: dict[str, Tensor] = {}
         prepared = {}
         for name, arr in arrays.items():
-            arr = np.ascontiguousarray(arr)
-            if arr.dtype not in by_dtype or not 1 <= arr.ndim <= 4:
-                raise ModelFileError(f"TensorStore: {name!r} has dtype {arr.dtype} / {arr.ndim} axes")
-            ne = (ctypes.c_int64 * arr.ndim)(*reversed(arr.shape))
-            p = L.ggml_new_tensor(self._ctx, int(by_dtype[arr.dtype]), arr.ndim, ne)
+            if isinstance(arr, tuple):
+                shape, type_ = tuple(arr[0]), GGMLType(arr[1])
+            else:
+                arr = prepared[name] = np.ascontiguousarray(arr)
+                shape, type_ = arr.shape, by_dtype.get(arr.dtype)
+            if type_ is None or not 1 <= len(shape) <= 4:
+                raise ModelFileError(f"TensorStore: {name!r} has dtype {getattr(arr, 'dtype', arr)}"
+                                     f" / {len(shape)} axes")
+            ne = (ctypes.c_int64 * len(shape))(*reversed(shape))
+            p = L.ggml_new_tensor(self._ctx, int(type_), len(shape), ne)
             L.ggml_set_name(p, name.encode()[:63])
             self._tensors[name] = Tensor.from_ptr(p, None, self)
-            prepared[name] = arr
         self.buffer = Buffer(L, L.ggml_backend_alloc_ctx_tensors(self._ctx, self.backend.ptr),
                              usage=1) if arrays else None
+        if len(prepared) < len(arrays):
+            self.buffer.clear(0)
         for name, arr in prepared.items():
             L.ggml_backend_tensor_set(self._tensors[name].ptr, arr.ctypes.data, 0, arr.nbytes)
 

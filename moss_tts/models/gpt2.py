@@ -7,26 +7,18 @@ split q|k|v; RoPE on interleaved pairs over the full head dim; K cached after Ro
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 
-from ..errors import ConfigError
 import numpy as np
 
-from ..ggml import F16, F32, I32, ops
+from ..errors import ConfigError
+from ..ggml import ops
 from ..ggml.graph import Graph, Tensor
-from ..nn import KVCache, cached_self_attention, layer_norm, linear, mlp
+from ..nn import CacheView, KVCache, cached_attention, fused_heads, layer_norm, linear, mlp
+from . import spec
 
-# Tensor names below a layer prefix `<prefix>.h.<i>.`, upstream spelling (design §4).
-LAYER_TENSORS = (
-    "ln_1.weight", "ln_1.bias",
-    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_2.weight", "ln_2.bias",
-    "mlp.fc_in.weight", "mlp.fc_in.bias", "mlp.fc_out.weight", "mlp.fc_out.bias",
-)
 # far beyond any real backbone, far below what a corrupt file could make the loader loop over
 MAX_WIDTH, MAX_LAYERS = 1 << 16, 1 << 10
-# GGUFFile typed read per config field type (a wrong type is a ModelFileError, not a TypeError)
-_READERS = {"int": "integer", "int | None": "integer", "float": "real", "str": "text"}
 
 
 @dataclass(frozen=True)
@@ -62,22 +54,23 @@ class GPT2Config:
     @classmethod
     def from_gguf(cls, meta, prefix: str) -> "GPT2Config":
         """Read `<prefix>.<field>` for every field; absent optional fields keep their default."""
-        values = {}
-        for f in fields(cls):
-            key = f"{prefix}.{f.name}"
-            if key in meta or f.default is MISSING:   # a missing required key: ModelFileError
-                values[f.name] = getattr(meta, _READERS[f.type])(key)
-        return cls(**values)
+        return spec.config_from_gguf(cls, meta, prefix)
+
+    def layer_spec(self) -> tuple[spec.TensorSpec, ...]:
+        """One block's tensors below `<prefix>.h.<i>.`, upstream spelling (design §4); Linear
+        weights (out, in)."""
+        d, f = self.n_embd, self.ffn_dim
+        T = spec.TensorSpec
+        return (T("ln_1.weight", (d,)), T("ln_1.bias", (d,)),
+                T("attn.c_attn.weight", (3 * d, d)), T("attn.c_attn.bias", (3 * d,)),
+                T("attn.c_proj.weight", (d, d)), T("attn.c_proj.bias", (d,)),
+                T("ln_2.weight", (d,)), T("ln_2.bias", (d,)),
+                T("mlp.fc_in.weight", (f, d)), T("mlp.fc_in.bias", (f,)),
+                T("mlp.fc_out.weight", (d, f)), T("mlp.fc_out.bias", (d,)))
 
     def layer_shapes(self) -> dict[str, tuple]:
-        """numpy shapes of one block's tensors (Linear weights are (out, in))."""
-        d, f = self.n_embd, self.ffn_dim
-        return {"ln_1.weight": (d,), "ln_1.bias": (d,),
-                "attn.c_attn.weight": (3 * d, d), "attn.c_attn.bias": (3 * d,),
-                "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
-                "ln_2.weight": (d,), "ln_2.bias": (d,),
-                "mlp.fc_in.weight": (f, d), "mlp.fc_in.bias": (f,),
-                "mlp.fc_out.weight": (d, f), "mlp.fc_out.bias": (d,)}
+        """numpy shapes of one block's tensors by name."""
+        return spec.shapes(self.layer_spec())
 
 
 @dataclass(frozen=True)
@@ -98,33 +91,28 @@ class GPT2Layer:
     mlp_fc_out_bias: Tensor
 
     @classmethod
-    def from_tensors(cls, tensors: dict, prefix: str) -> "GPT2Layer":
-        return cls(**{n.replace(".", "_"): tensors[f"{prefix}{n}"] for n in LAYER_TENSORS})
+    def from_tensors(cls, tensors, prefix: str, cfg: GPT2Config) -> "GPT2Layer":
+        return spec.fill_record(cls, tensors, prefix, cfg.layer_spec())
 
 
-def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, positions: Tensor,
-                   cache: KVCache, slots: Tensor, mask: Tensor, n_slots: int,
-                   stage: str, flash: bool = True) -> Tensor:
-    """x [D, T] → attention output [D, T], writing this step's K/V into `cache` layer il.
-
-    positions I32 [T]; slots I32 [T] (from cache.reserve); mask [n_slots, T] from cache.mask —
-    F16 for the fused flash-attention path (the default: no V-cache transpose per step), F32
-    for the softmax path.
-    """
+def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, kv: CacheView,
+                   stage: str) -> Tensor:
+    """x [D, T] → attention output [D, T], writing this graph's K/V into layer il of kv.cache
+    (kv.mask F16 for the fused flash-attention path, the default: no V transpose per step)."""
     qkv = linear(x, layer.attn_c_attn_weight, layer.attn_c_attn_bias)      # [3D, T]
+    q, k, v = fused_heads(qkv, n_head=cfg.n_head)
     # RoPE on interleaved pairs over the full head dim (nano.md §2.3)
-    o = cached_self_attention(qkv, cache, il, n_heads=cfg.n_head, positions=positions,
-                              slots=slots, mask=mask, n_slots=n_slots, rope_mode="normal",
-                              rope_base=cfg.rope_base, flash=flash)
+    o = cached_attention(q, k, v, kv, il, rope_mode="normal", rope_base=cfg.rope_base)
     ops.name(o, f"{stage}.{il}.attn_out")
     return linear(o, layer.attn_c_proj_weight, layer.attn_c_proj_bias)
 
 
-def block(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, stage: str, **attn) -> Tensor:
+def block(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, kv: CacheView,
+          stage: str) -> Tensor:
     """One pre-LN GPT-2 block, x [D, T] → [D, T]."""
     eps = cfg.layer_norm_epsilon
     h = layer_norm(x, layer.ln_1_weight, layer.ln_1_bias, eps=eps)
-    x = x + self_attention(h, layer, cfg, il=il, stage=stage, **attn)
+    x = x + self_attention(h, layer, cfg, il=il, kv=kv, stage=stage)
     h = layer_norm(x, layer.ln_2_weight, layer.ln_2_bias, eps=eps)
     x = x + mlp(h, layer.mlp_fc_in_weight, layer.mlp_fc_out_weight, activation="gelu_tanh",
                 b_in=layer.mlp_fc_in_bias, b_out=layer.mlp_fc_out_bias)
@@ -132,27 +120,23 @@ def block(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, stage: str, 
 
 
 def forward(x: Tensor, layers: list[GPT2Layer], ln_f: tuple[Tensor, Tensor], cfg: GPT2Config, *,
-            positions: Tensor, cache: KVCache, slots: Tensor, mask: Tensor, n_slots: int,
-            stage: str = "backbone", flash: bool = True) -> Tensor:
+            kv: CacheView, stage: str = "backbone") -> Tensor:
     """Embedded rows x [D, T] through every block and ln_f → hidden [D, T]."""
     for il, layer in enumerate(layers):
-        x = block(x, layer, cfg, il=il, stage=stage, positions=positions, cache=cache,
-                  slots=slots, mask=mask, n_slots=n_slots, flash=flash)
+        x = block(x, layer, cfg, il=il, kv=kv, stage=stage)
     x = layer_norm(x, ln_f[0], ln_f[1], eps=cfg.layer_norm_epsilon)
     return ops.name(x, f"{stage}.hidden")
 
 
 def build_cached_graph(g: Graph, weights, cfg: GPT2Config, cache: KVCache, n_rows: int,
                        n_slots: int, *, flash: bool = True) -> Graph:
-    """The backbone on its own as a graph: inputs "x" (n_rows, D) embedded rows, "pos", "slots",
-    "mask" (see `cached_feed`); output "hidden" (n_rows, D). Tensor names `h.<i>.*`, `ln_f.*`."""
+    """The backbone on its own as a graph: inputs "x" (n_rows, D) embedded rows and the cache
+    inputs "kv.*" (see `cached_feed`); output "hidden" (n_rows, D). Tensor names `h.<i>.*`,
+    `ln_f.*`."""
     x = g.input("x", (n_rows, cfg.n_embd))
-    pos = g.input("pos", (n_rows,), I32)
-    slots = g.input("slots", (n_rows,), I32)
-    mask = g.input("mask", (n_rows, n_slots), F16 if flash else F32)
-    layers = [GPT2Layer.from_tensors(weights, f"h.{i}.") for i in range(cfg.n_layer)]
-    h = forward(x, layers, (weights["ln_f.weight"], weights["ln_f.bias"]), cfg, positions=pos,
-                cache=cache, slots=slots, mask=mask, n_slots=n_slots, flash=flash)
+    kv = CacheView.inputs(g, cache, n_rows, n_slots, flash=flash)
+    layers = [GPT2Layer.from_tensors(weights, f"h.{i}.", cfg) for i in range(cfg.n_layer)]
+    h = forward(x, layers, (weights["ln_f.weight"], weights["ln_f.bias"]), cfg, kv=kv)
     g.output(h, "hidden", ndim=2)
     return g.build()
 
@@ -160,6 +144,4 @@ def build_cached_graph(g: Graph, weights, cfg: GPT2Config, cache: KVCache, n_row
 def cached_feed(cache: KVCache, x: np.ndarray, positions, n_slots: int, *,
                 flash: bool = True) -> dict[str, np.ndarray]:
     """Host inputs of `build_cached_graph` for rows x at `positions` (reserves their slots)."""
-    return {"x": x, "pos": np.asarray(positions, np.int32), "slots": cache.reserve(positions),
-            "mask": cache.mask(positions, n_slots=n_slots,
-                               dtype=np.float16 if flash else np.float32)}
+    return {"x": x} | cache.feed(positions, n_slots, flash=flash)

@@ -13,11 +13,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from ..ggml import F16, I32, Graph, Weights, ops
+from ..ggml import I32, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
-from ..nn import KVCache, masked_embedding_sum
-from . import gpt2
+from ..nn import CacheView, last_row, masked_embedding_sum
+from ..nn.session import DecodeSession
+from . import gpt2, spec
 
 KIND = "nano"
 FORMAT_VERSION = 1
@@ -44,7 +45,8 @@ class NanoConfig:
     sample_rate: int = 48000
 
     def __post_init__(self):
-        if not 1 <= self.n_vq <= 1024 or not all(0 <= getattr(self, k) < 1 << 24 for k in self.IDS):
+        ids = [f.name for f in fields(self) if f.type == "int"]   # token ids and sizes
+        if not 1 <= self.n_vq <= 1024 or not all(0 <= getattr(self, k) < 1 << 24 for k in ids):
             raise ConfigError(f"Nano: n_vq {self.n_vq} or a token id / size is out of range "
                               "(a corrupt file?)")
         if self.local.n_embd != self.backbone.n_embd:
@@ -53,24 +55,16 @@ class NanoConfig:
             raise ConfigError(f"Nano: audio pad id {self.audio_pad_token_id} lies inside the "
                               f"codebooks (size {self.audio_vocab_size})")
 
-    IDS = ("vocab_size", "n_vq", "audio_vocab_size", "audio_pad_token_id", "pad_token_id",
-           "im_start_token_id", "im_end_token_id", "audio_start_token_id", "audio_end_token_id",
-           "audio_user_slot_token_id", "audio_assistant_slot_token_id", "sample_rate")
-
     @classmethod
     def from_gguf(cls, meta) -> "NanoConfig":
-        return cls(backbone=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.global"),
-                   local=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.local"),
-                   **{k: meta.integer(f"{PREFIX}.{k}") for k in cls.IDS})
+        return spec.config_from_gguf(cls, meta, PREFIX,
+                                     backbone=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.global"),
+                                     local=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.local"))
 
     def to_metadata(self) -> dict:
-        meta = {f"{PREFIX}.{k}": int(getattr(self, k)) for k in self.IDS}
-        for name, c in (("global", self.backbone), ("local", self.local)):
-            for f in fields(c):
-                value = getattr(c, f.name)
-                if value is not None:
-                    meta[f"{PREFIX}.{name}.{f.name}"] = value
-        return meta
+        return (spec.config_to_metadata(self, PREFIX)
+                | spec.config_to_metadata(self.backbone, f"{PREFIX}.global")
+                | spec.config_to_metadata(self.local, f"{PREFIX}.local"))
 
     def tensor_shapes(self) -> dict[str, tuple]:
         d = self.backbone.n_embd
@@ -79,7 +73,7 @@ class NanoConfig:
                   f"{LOCAL}.ln_f.bias": (d,)}
         for prefix, c in ((GLOBAL, self.backbone), (LOCAL, self.local)):
             for i in range(c.n_layer):
-                shapes.update({f"{prefix}.h.{i}.{n}": s for n, s in c.layer_shapes().items()})
+                shapes |= spec.shapes(c.layer_spec(), f"{prefix}.h.{i}.")
         shapes.update({f"audio_embeddings.{c}.weight": (self.audio_vocab_size, d)
                        for c in range(self.n_vq)})
         return shapes
@@ -98,10 +92,10 @@ class NanoWeights:
     def from_weights(cls, w: Weights, cfg: NanoConfig) -> "NanoWeights":
         t = w.require(cfg.tensor_shapes(), floats=True)
         return cls(wte=t[f"{GLOBAL}.wte.weight"],
-                   layers=[gpt2.GPT2Layer.from_tensors(t, f"{GLOBAL}.h.{i}.")
+                   layers=[gpt2.GPT2Layer.from_tensors(t, f"{GLOBAL}.h.{i}.", cfg.backbone)
                            for i in range(cfg.backbone.n_layer)],
                    ln_f=(t[f"{GLOBAL}.ln_f.weight"], t[f"{GLOBAL}.ln_f.bias"]),
-                   local_layers=[gpt2.GPT2Layer.from_tensors(t, f"{LOCAL}.h.{i}.")
+                   local_layers=[gpt2.GPT2Layer.from_tensors(t, f"{LOCAL}.h.{i}.", cfg.local)
                                  for i in range(cfg.local.n_layer)],
                    local_ln_f=(t[f"{LOCAL}.ln_f.weight"], t[f"{LOCAL}.ln_f.bias"]),
                    audio_embeddings=[t[f"audio_embeddings.{c}.weight"] for c in range(cfg.n_vq)])
@@ -139,21 +133,15 @@ def embed_rows(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int) -> Tensor
     return ops.add(ops.get_rows(w.wte, text), masked_embedding_sum(w.audio_embeddings, ids, masks))
 
 
-def build_global_step(g: Graph, w: NanoWeights, cfg: NanoConfig, cache: KVCache, n_rows: int,
-                      n_slots: int) -> Graph:
+def build_global_step(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int,
+                      kv: CacheView) -> None:
     """Rows → the hidden state of the last row ("global.hidden" [D]), caching every row's K/V."""
     x = embed_rows(g, w, cfg, n_rows)
-    pos = g.input("global.pos", (n_rows,), I32)
-    slots = g.input("global.slots", (n_rows,), I32)
-    mask = g.input("global.mask", (n_rows, n_slots), F16)
-    h = gpt2.forward(x, w.layers, w.ln_f, cfg.backbone, positions=pos, cache=cache, slots=slots,
-                     mask=mask, n_slots=n_slots, stage="global")
-    last = ops.view(h, (cfg.backbone.n_embd, 1), offset=(n_rows - 1) * h.nb[1])
-    g.output(last, "global.hidden", ndim=1)
-    return g.build()
+    h = gpt2.forward(x, w.layers, w.ln_f, cfg.backbone, kv=kv, stage="global")
+    g.output(last_row(h), "global.hidden", ndim=1)
 
 
-def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, cache: KVCache, p: int) -> Graph:
+def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p: int) -> None:
     """Local position p of a frame (nano.md §3): input h (p = 0), wte[decision] (p = 1) or
     audio_embeddings[p−2][code] (p ≥ 2); output the text decision logits [2] (p = 0: rows
     continue, stop of the tied text head) or audio head p−1's logits [audio_vocab]."""
@@ -164,51 +152,46 @@ def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, cache: KVCache, 
         x = ops.get_rows(w.wte, g.input("depth.token", (1,), I32))
     else:
         x = ops.get_rows(w.audio_embeddings[p - 2], g.input("depth.code", (1,), I32))
-    pos = g.input("depth.pos", (1,), I32)
-    slots = g.input("depth.slots", (1,), I32)
-    mask = g.input("depth.mask", (1, cache.capacity), F16)
-    h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local, positions=pos, cache=cache,
-                     slots=slots, mask=mask, n_slots=cache.capacity, stage="depth")
+    h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local, kv=kv, stage="depth")
     if p == 0:
         # only the continue/stop rows of the text head are ever used: 2 rows, not the vocabulary
         heads = ops.get_rows(w.wte, g.input("depth.decision_ids", (2,), I32))
         g.output(ops.mul_mat(heads, h), "depth.logits", ndim=1)
     else:
         g.output(ops.mul_mat(w.audio_embeddings[p - 1], h), "depth.logits", ndim=1)
-    return g.build()
 
 
 # -- the runtime ------------------------------------------------------------------------------
 class GenerationState:
-    """Per-utterance state owned by the caller (style C16): the global KV cache sized for the
-    prompt plus the frame budget, the per-frame local cache, and their replayed graphs."""
+    """Per-utterance state owned by the caller (style C16): the global decode session sized for
+    the prompt plus the frame budget, and the per-frame depth session (one replayed step graph
+    per local position)."""
 
     def __init__(self, model: "NanoModel", capacity: int):
-        cfg, b = model.config, model.config.backbone
-        self.model = model
+        cfg, b, loc = model.config, model.config.backbone, model.config.local
+        w = model.w
         self.capacity = capacity  # rows this state accepts
-        # the cache holds a multiple of 32 slots: the f16 mask rows, and what follows them,
-        # stay 64-byte aligned (the extra slots are never filled, so always masked)
-        self.cache = KVCache(b.n_layer, b.n_head, b.head_dim, -(-capacity // 32) * 32,
-                             backend=model.backend)
-        self.local_cache = KVCache(cfg.local.n_layer, cfg.local.n_head, cfg.local.head_dim,
-                                   cfg.n_vq + 1, backend=model.backend)
-        self.step_graph: Graph | None = None      # one row, every slot: built once, replayed
-        self.depth_graphs: list[Graph] = []       # one per local position, replayed every frame
-        self.position = 0
+        self.global_ = DecodeSession(
+            lambda g, n, kv, _: build_global_step(g, w, cfg, n, kv), backend=model.backend,
+            n_layer=b.n_layer, n_kv_head=b.n_head, head_dim=b.head_dim, capacity=capacity,
+            prefix="global", name="nano.global")
+        self.depth = DecodeSession(
+            lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
+            n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
+            capacity=cfg.n_vq + 1, prefix="depth", name="nano.depth")
+
+    @property
+    def position(self) -> int:
+        return self.global_.position
 
     def reset(self) -> None:
         """Empty the caches for a new utterance; the built graphs stay valid (same caches)."""
-        self.cache.reset()
-        self.local_cache.reset()
-        self.position = 0
+        self.global_.reset()
+        self.depth.reset()
 
     def close(self) -> None:
-        for g in [self.step_graph, *self.depth_graphs]:
-            if g is not None:
-                g.close()
-        self.cache.close()
-        self.local_cache.close()
+        self.global_.close()
+        self.depth.close()
 
 
 class NanoModel:
@@ -230,49 +213,28 @@ class NanoModel:
     def prefill(self, state: GenerationState, rows: np.ndarray) -> np.ndarray:
         """Run prompt rows (appended after what the state holds) → hidden of the last row [D]."""
         feed = row_inputs(rows, self.config)
-        n = len(rows)
-        if state.position + n > state.capacity:
-            raise InputError(f"{state.position} + {n} rows exceed the state's capacity of "
-                             f"{state.capacity}; make a larger state")
-        if n == 1:
-            if state.step_graph is None:
-                state.step_graph = build_global_step(Graph(self.backend, name="nano.step"), self.w,
-                                                     self.config, state.cache, 1, state.cache.capacity)
-            g, n_slots = state.step_graph, state.cache.capacity
-        else:
-            n_slots = state.position + n
-            g = build_global_step(Graph(self.backend, name=f"nano.prefill[{n}]"), self.w,
-                                  self.config, state.cache, n, n_slots)
-        pos = np.arange(state.position, state.position + n)
-        feed |= {"global.pos": pos.astype(np.int32), "global.slots": state.cache.reserve(pos),
-                 "global.mask": state.cache.mask(pos, n_slots=n_slots, dtype=np.float16)}
-        hidden = g.run(feed)["global.hidden"]
-        if g is not state.step_graph:
-            g.close()
-        state.position += n
-        return hidden
+        if state.position + len(rows) > state.capacity:
+            raise InputError(f"{state.position} + {len(rows)} rows exceed the state's capacity "
+                             f"of {state.capacity}; make a larger state")
+        return state.global_.run(feed, len(rows))["global.hidden"]
 
     def depth_logits(self, state: GenerationState, p: int, value) -> np.ndarray:
         """Local position p of the current frame: value is h (p = 0), the decision token (p = 1)
         or the previous channel's code (p ≥ 2). Returns that position's head logits."""
         if not 0 <= p <= self.config.n_vq:
             raise InputError(f"local position {p} is outside 0..{self.config.n_vq}")
-        if not state.depth_graphs:
-            state.depth_graphs = [build_depth_step(Graph(self.backend, name=f"nano.depth[{i}]"),
-                                                   self.w, self.config, state.local_cache, i)
-                                  for i in range(self.config.n_vq + 1)]
         if p == 0:
-            state.local_cache.reset()  # every frame is a fresh local sequence (positions from 0)
+            state.depth.reset()  # every frame is a fresh local sequence (positions from 0)
             feed = {"depth.h": np.asarray(value, np.float32).reshape(1, -1),
                     "depth.decision_ids": self.decision_ids}
         elif p == 1:
             feed = {"depth.token": np.array([value], np.int32)}
         else:
             feed = {"depth.code": np.array([value], np.int32)}
-        feed |= {"depth.pos": np.array([p], np.int32),
-                 "depth.slots": state.local_cache.reserve([p]),
-                 "depth.mask": state.local_cache.mask([p], dtype=np.float16)}
-        return state.depth_graphs[p].run(feed)["depth.logits"]
+        if state.depth.position != p:
+            raise InputError(f"local position {p} follows position {state.depth.position - 1}; "
+                             "a frame's positions run 0, 1, 2, … in order")
+        return state.depth.run(feed, 1, variant=p)["depth.logits"]
 
     def frame(self, state: GenerationState, h: np.ndarray, choose_code, decide) -> np.ndarray | None:
         """One frame from the global hidden h: the continue/stop decision, then the n_vq codes

@@ -109,3 +109,45 @@ def generation_state(model, capacity):
 def seeded_codes(frames, *, seed):
     """Random codes [frames, N_VQ] inside the codebooks (never all equal)."""
     return np.random.default_rng(seed).integers(0, AUDIO_VOCAB, size=(frames, N_VQ))
+
+
+@pytest.fixture(scope="session")
+def delay_files(tmp_path_factory):
+    """gen_bias → the tiny MossTTSDelay checkpoint (fixtures.make_delay, seed 0), its
+    upstream-named float state (bf16 values), config.json dict, and its GGUF through the real
+    converter with --strict; each made once."""
+    from converters.delay import convert as convert_delay
+    from fixtures.make_delay import make_state, make_tiny_delay_checkpoint, tiny_config
+
+    made = {}
+
+    def get(gen_bias=0.0):
+        if gen_bias not in made:
+            root = tmp_path_factory.mktemp(f"delay_bias{gen_bias:g}")
+            ckpt = make_tiny_delay_checkpoint(root / "hf", seed=0, gen_bias=gen_bias)
+            gguf = convert_delay(str(ckpt), root / "delay.gguf", strict=True)
+            made[gen_bias] = (ckpt, make_state(tiny_config(), 0, gen_bias), tiny_config(), gguf)
+        return made[gen_bias]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def delay_model(delay_files):
+    """(gen_bias, KV type) → DelayModel, loaded once; an f32 KV cache by default, so parity
+    tests see f32 rounding only."""
+    from moss_tts.ggml import F32
+    from moss_tts.models.delay import DelayModel
+
+    made = {}
+
+    def get(gen_bias=0.0, kv_type=F32):
+        key = (gen_bias, int(kv_type))
+        if key not in made:
+            made[key] = DelayModel(Weights.load(delay_files(gen_bias)[3],
+                                                get_backend(None, THREADS)), kv_type=kv_type)
+        return made[key]
+
+    yield get
+    for model in made.values():
+        model.close()

@@ -85,7 +85,7 @@ def prefill_chunks(model, rows, chunks, capacity=ROWS + 4):
         for n in chunks:
             h = model.prefill(state, rows[start:start + n])
             start += n
-        assert state.position == len(rows) and state.cache.n_filled == len(rows)
+        assert state.position == len(rows) and state.global_.cache.n_filled == len(rows)
     return h
 
 
@@ -113,15 +113,14 @@ def test_chunked_prefill_matches_one_shot(nano_model, rows, want, chunks):
 
 def test_cached_decode_matches_full_recompute(nano_model, rows, want):
     """Prefill n rows, then one row at a time: row k's hidden equals the reference recompute of
-    rows[:k+1], for every k; the one-row graph is built once and replayed."""
+    rows[:k+1], for every k; the one-row graph (one bucket: ≤ 32 slots) is built once and
+    replayed."""
     with generation_state(nano_model, ROWS) as state:
         nano_model.prefill(state, rows[:SPLIT])
-        graph = None
         for k in range(SPLIT, ROWS):
             got = nano_model.prefill(state, rows[k:k + 1])
             assert_close(got, want[k], atol=HIDDEN_ATOL, what=f"decode step at row {k}")
-            graph = graph or state.step_graph
-            assert state.step_graph is graph, "the one-row graph was rebuilt"
+        assert list(state.global_.step_graphs) == [(None, 32)], "the one-row graph was rebuilt"
         assert state.position == ROWS
 
 
@@ -129,7 +128,7 @@ def test_decode_step_at_wrong_position_is_detected(nano_model, rows, want):
     """Guard: RoPE only sees relative positions, so shift one row, not the whole prompt."""
     with generation_state(nano_model, ROWS + 1) as state:
         nano_model.prefill(state, rows[:-1])
-        state.position += 1  # the last row rotated as if one position later
+        state.global_.position += 1  # the last row rotated as if one position later
         wrong = nano_model.prefill(state, rows[-1:])
     assert_differs(wrong, want[-1], atol=HIDDEN_ATOL, what="decode row at position n+1")
 

@@ -1,11 +1,14 @@
 """Parity of moss_tts/nn/attention.py (attention, causal_mask, split/merge_heads) with the
 numpy reference: MHA and GQA, causal and sliding-window masks, softmax and flash paths."""
 
+import functools
+
 import numpy as np
 import pytest
 
 from fixtures.compare import assert_close, assert_differs
 from fixtures.reference import ops as ref
+from fixtures.reference import transformer as ref_transformer
 from moss_tts import nn
 from moss_tts.errors import ShapeError
 from moss_tts.ggml import F16, F32, Graph
@@ -152,3 +155,97 @@ def test_attention_rejects_incompatible_heads():
         nn.attention(q, g.input("k8", (2, 2, 8)), g.input("v8", (2, 2, 8)), None, scale=1.0)
     with pytest.raises(ShapeError):
         nn.split_heads(g.input("x", (2, 30)), 4)
+
+
+# --- split-head attention over a KV cache (project_heads + cached_attention) --------------------
+# (D, Hq, Hkv, Dh): GQA 4:1 (a 32/8-like grouping) with Dh ≠ D/Hq, MHA, multi-query with Dh > D/Hq
+SPLIT_SHAPES = [(48, 8, 2, 16), (32, 4, 4, 8), (24, 4, 1, 12)]
+# (rope mode, theta): Qwen3's NEOX halves at 1e6, the interleaved pairs of GPT-2/GPT-J at 1e4
+ROPES = [("neox", 1e6), ("normal", 1e4)]
+# f32 against float64 at positions ~3000: ggml computes each RoPE angle p·θ^(−2i/Dh) in f32,
+# so the low pairs rotate by up to ~3000·2^-24 ≈ 2e-4 rad off; measured ≤ 1.2e-4 on outputs
+# |o| ≲ 3 (the projections and softmax alone are good to ~1e-6)
+SPLIT_ATOL = 5e-4
+PROMPT_ROWS = 7
+
+
+def _split_weights(rng, d, hq, hkv, dh, qk_norm):
+    w = {"q": rng.standard_normal((hq * dh, d)) * 0.4, "k": rng.standard_normal((hkv * dh, d)) * 0.4,
+         "v": rng.standard_normal((hkv * dh, d)) * d ** -0.5}
+    if qk_norm:
+        w |= {"q_norm": rng.uniform(0.5, 2.0, dh), "k_norm": rng.uniform(0.5, 2.0, dh)}
+    return {n: a.astype(np.float32) for n, a in w.items()}
+
+
+def _split_attention(cache, w, a, positions, *, hq, hkv, dh, rope_mode, rope_base, flash):
+    """ggml: rows a (T, D) at positions → attention output (T, Hq·Dh) through the cache
+    (attending over every filled slot)."""
+    t, d = a.shape
+    n_slots = cache.n_filled + t
+    g = Graph(name="split_attention")
+    x = g.input("a", (t, d))
+    ws = {n: g.input(n, arr.shape) for n, arr in w.items()}
+    kv = nn.CacheView.inputs(g, cache, t, n_slots, flash=flash)
+    q, k, v = nn.project_heads(x, ws["q"], ws["k"], ws["v"], n_head=hq, n_kv_head=hkv, head_dim=dh)
+    o = nn.cached_attention(q, k, v, kv, 0, rope_mode=rope_mode, rope_base=rope_base,
+                            q_norm=ws.get("q_norm"), k_norm=ws.get("k_norm"))
+    g.output(o, "o", ndim=2)
+    try:
+        return g.run({"a": a, **w, **cache.feed(positions, n_slots, flash=flash)})["o"]
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["softmax", "flash"])
+@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk_norm", "no_qk_norm"])
+@pytest.mark.parametrize("rope_cfg", ROPES, ids=lambda r: f"{r[0]}_{r[1]:g}")
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "d{}_hq{}_hkv{}_dh{}".format(*s))
+def test_split_head_attention_matches_reference(rng, shape, rope_cfg, qk_norm, flash):
+    """Prefill PROMPT_ROWS rows, then one decode row, against the float64 reference over the
+    whole sequence; guards: the other RoPE mode, and dropping the q/k norm, move the result."""
+    d, hq, hkv, dh = shape
+    mode, base = rope_cfg
+    w = _split_weights(rng, d, hq, hkv, dh, qk_norm)
+    a = rng.standard_normal((PROMPT_ROWS + 1, d)).astype(np.float32)
+    # positions far from 0, where θ = 1e6 and 1e4 rotate the low pairs very differently
+    pos = np.arange(PROMPT_ROWS + 1) + 3000
+    want, _, _ = ref_transformer.split_head_attention_cached(
+        a, pos, w, n_head=hq, n_kv_head=hkv, head_dim=dh, rope_mode=mode, rope_base=base)
+    cache = nn.KVCache(1, hkv, dh, 32, dtype=F32)
+    try:
+        run = functools.partial(_split_attention, cache, w, hq=hq, hkv=hkv, dh=dh,
+                                rope_mode=mode, rope_base=base, flash=flash)
+        prefill = run(a[:PROMPT_ROWS], pos[:PROMPT_ROWS])
+        decode = run(a[PROMPT_ROWS:], pos[PROMPT_ROWS:])
+    finally:
+        cache.close()
+    assert_close(prefill, want[:PROMPT_ROWS], atol=SPLIT_ATOL, what="prefill")
+    assert_close(decode, want[PROMPT_ROWS:], atol=SPLIT_ATOL, what="decode row")
+    other = "normal" if mode == "neox" else "neox"
+    wrong_mode, _, _ = ref_transformer.split_head_attention_cached(
+        a, pos, w, n_head=hq, n_kv_head=hkv, head_dim=dh, rope_mode=other, rope_base=base)
+    assert_differs(prefill, wrong_mode[:PROMPT_ROWS], atol=SPLIT_ATOL, what=f"RoPE {other}")
+    if qk_norm:
+        plain = {n: w[n] for n in ("q", "k", "v")}
+        no_norm, _, _ = ref_transformer.split_head_attention_cached(
+            a, pos, plain, n_head=hq, n_kv_head=hkv, head_dim=dh, rope_mode=mode, rope_base=base)
+        assert_differs(prefill, no_norm[:PROMPT_ROWS], atol=SPLIT_ATOL, what="no q/k norm")
+
+
+def test_fused_heads_adapter_equals_split_projections(rng):
+    """The fused-QKV form is an adapter: one [3D, D] matrix == q, k, v projections stacked."""
+    d, h, t = 32, 4, 5
+    w = _split_weights(rng, d, h, h, d // h, False)
+    fused = np.concatenate([w["q"], w["k"], w["v"]])
+    a = rng.standard_normal((t, d)).astype(np.float32)
+    g = Graph(name="fused")
+    x = g.input("a", (t, d))
+    parts = nn.fused_heads(nn.linear(x, g.input("w", fused.shape)), n_head=h)
+    for name, part in zip("qkv", parts):
+        g.output(part, name, ndim=3)
+    got = g.run({"a": a, "w": fused})
+    for name in "qkv":
+        want = (a.astype(np.float64) @ w[name].T.astype(np.float64)).reshape(t, h, d // h)
+        assert_close(got[name], want, atol=SPLIT_ATOL, what=f"fused {name}")
+    with pytest.raises(ShapeError):
+        nn.fused_heads(x, n_head=5)       # 32 rows are not 3 × 5 heads

@@ -1,0 +1,96 @@
+"""MossTTSDelay checkpoint (MOSS-TTS, MOSS-TTS-v1.5) → one GGUF holding the weights, the config
+and the tokenizer.json text (design §4; moss_tts_family.md §2.1-2.2).
+
+    python -m moss_tts convert delay --model DIR_OR_REPO --out delay.gguf [--outtype q8_0]
+
+Sharded bf16 safetensors are read one tensor at a time. The backbone takes llama.cpp's Qwen3
+names (as upstream's own llama.cpp converter does), the audio tables keep upstream names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from moss_tts.errors import ConfigError, ModelFileError
+from moss_tts.models.delay import (AUDIO_HEADS, FORMAT_VERSION, KIND, TEXT_HEAD, TOKENIZER_KEY,
+                                   DelayConfig)
+from moss_tts.models.qwen3 import Qwen3Config
+
+from .gguf_io import Lazy
+from .registry import convert_checkpoint
+
+BACKBONE = "language_model."
+# Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
+IGNORED = {"language_model.rotary_emb.inv_freq": "RoPE frequencies are recomputed"}
+
+
+def delay_config(config: dict) -> DelayConfig:
+    if config.get("model_type") not in (None, "moss_tts_delay"):
+        raise ConfigError(f"model_type {config.get('model_type')!r} is not moss_tts_delay")
+    if "local_num_layers" in config or "gpt2_config" in config:   # P26: V2 / V2b say the same
+        raise ConfigError("this checkpoint has a local transformer (MOSS-TTS-Local), not the "
+                          "MossTTSDelay layout")
+    try:
+        lc = config["language_config"]
+        language = Qwen3Config(
+            hidden_size=int(lc["hidden_size"]), num_hidden_layers=int(lc["num_hidden_layers"]),
+            num_attention_heads=int(lc["num_attention_heads"]),
+            num_key_value_heads=int(lc["num_key_value_heads"]), head_dim=int(lc["head_dim"]),
+            intermediate_size=int(lc["intermediate_size"]), rope_theta=float(lc["rope_theta"]),
+            rms_norm_eps=float(lc.get("rms_norm_eps", 1e-6)))
+        ids = {k: int(config[k]) for k in DelayConfig.__dataclass_fields__
+               if k not in ("language_config", "vocab_size") and k in config}
+        return DelayConfig(language, vocab_size=int(lc["vocab_size"]), **ids)
+    except KeyError as e:
+        raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
+
+
+def find_tokenizer(model_dir: Path) -> str:
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise ModelFileError(f"{model_dir}: no tokenizer.json (the Qwen BPE tokenizer is "
+                             "embedded in the GGUF)")
+    return path.read_text(encoding="utf-8")
+
+
+def source_names(cfg: DelayConfig) -> dict[str, str]:
+    """{checkpoint name: GGUF name} of every tensor but the audio heads."""
+    names = cfg.language_config.source_names(BACKBONE)
+    names |= {f"{BACKBONE}embed_tokens.weight": "token_embd.weight",
+              "lm_heads.0.weight": TEXT_HEAD}     # llama.cpp's `output`, as upstream converts it
+    return names | {f"emb_ext.{k}.weight": f"emb_ext.{k}.weight" for k in range(cfg.n_vq)}
+
+
+def map_tensors(ckpt, cfg: DelayConfig) -> tuple[dict[str, Lazy], list[str]]:
+    """Checkpoint → GGUF tensors, loaded only when written. Returns (tensors, unmapped keys)."""
+    names = source_names(cfg)
+    heads = [f"lm_heads.{k + 1}.weight" for k in range(cfg.n_vq)]
+    out, unmapped = {}, []
+    for name in ckpt.keys():
+        if name in names:
+            out[names[name]] = Lazy(ckpt.shape(name), np.float32,
+                                    lambda n=name: ckpt[n].astype(np.float32, copy=False))
+        elif name not in heads and name not in IGNORED:
+            unmapped.append(name)
+    if all(h in ckpt for h in heads):
+        # the n_vq audio heads stacked into one matrix: one matmul per step (design §3)
+        shapes = {ckpt.shape(h) for h in heads}
+        rows, d = shapes.pop() if len(shapes) == 1 else (0, 0)
+        out[AUDIO_HEADS] = Lazy((len(heads) * rows, d), np.float32, lambda: np.concatenate(
+            [ckpt[h].astype(np.float32, copy=False) for h in heads]))
+    return out, unmapped
+
+
+def is_matmul(name: str, spec) -> bool:
+    """Block linears and the heads may be quantized; embeddings and norms stay f32."""
+    return spec.ndim == 2 and (name.startswith("blk.") or name in (TEXT_HEAD, AUDIO_HEADS))
+
+
+def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
+            progress=None) -> Path:
+    return convert_checkpoint(model, out, parse_config=delay_config, find_tokenizer=find_tokenizer,
+                              map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
+                              version=FORMAT_VERSION, is_matmul=is_matmul, outtype=outtype,
+                              strict=strict, progress=progress)

@@ -1,0 +1,61 @@
+"""`python -m moss_tts convert <family>`: the one registry of converters, and the finish step
+they share (unused checkpoint keys, `--strict`, shape checks, atomic write)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from moss_tts.errors import ModelFileError
+
+# family → (module with `convert(model, out, *, outtype, strict, progress)`, what it converts)
+FAMILIES = {
+    "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
+    "nano": ("converters.nano", "MOSS-TTS-Nano"),
+    "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
+}
+
+
+def converter(family: str):
+    """The `convert` function of a family."""
+    try:
+        module, _ = FAMILIES[family]
+    except KeyError:
+        raise ModelFileError(f"unknown model family {family!r}; known: "
+                             f"{', '.join(FAMILIES)}") from None
+    return importlib.import_module(module).convert
+
+
+def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[str, tuple],
+           meta: dict, *, kind: str, version: int, outtype: str, strict: bool, is_matmul,
+           progress=None) -> Path:
+    """Report every checkpoint tensor not used (fail with `strict`), check each expected
+    tensor is there with its declared shape (all problems in one error), then write the GGUF
+    atomically with the tensors in declaration order."""
+    from .checkpoint import expected_tensors, report_unmapped
+    from .gguf_io import write_gguf   # the gguf package is needed only when writing
+
+    # well-formed names the architecture has no place for are reported like any other unused
+    # tensor, never dropped silently (C21)
+    report_unmapped(model_dir, list(unmapped) + sorted(n for n in tensors if n not in expected),
+                    strict)
+    return write_gguf(out, expected_tensors(model_dir, tensors, expected), meta, kind=kind,
+                      version=version, outtype=outtype, is_matmul=is_matmul, progress=progress)
+
+
+def convert_checkpoint(model: str, out, *, parse_config, find_tokenizer, map_tensors,
+                       tokenizer_key: str, kind: str, version: int, is_matmul, outtype: str,
+                       strict: bool, progress=None) -> Path:
+    """The common route of a TTS converter: resolve the checkpoint, parse its config.json,
+    embed its tokenizer, map its tensors lazily, then `finish`."""
+    from .checkpoint import open_checkpoint, read_config, resolve_model_dir
+
+    model_dir = resolve_model_dir(model)
+    cfg = parse_config(read_config(model_dir))
+    meta = cfg.to_metadata() | {tokenizer_key: find_tokenizer(model_dir)}
+    # closed on every way out: a failed conversion keeps no checkpoint file mapped
+    with open_checkpoint(model_dir) as ckpt:
+        tensors, unmapped = map_tensors(ckpt, cfg)
+        return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(), meta, kind=kind,
+                      version=version, outtype=outtype, strict=strict, is_matmul=is_matmul,
+                      progress=progress)

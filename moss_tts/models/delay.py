@@ -1,0 +1,292 @@
+"""MossTTSDelay (MOSS-TTS 8B, v1.0 and v1.5): a Qwen3 backbone over rows of 1 text + n_vq
+audio channels, a text head and n_vq audio heads in parallel, the delay staircase
+(upstream `moss_tts_delay/modeling_moss_tts.py`; moss_tts_family.md §2).
+
+A row [text, code_0 … code_{N−1}] embeds as token_embd[text] + Σ_k emb_ext.k[code_k]; the
+pad code's row is a learned vector and is added like any other (P1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from ..ggml import F16, I32, GGMLType, Graph, TensorStore, Weights, ops
+from ..ggml.graph import Tensor
+from ..nn import CacheView, last_row
+from ..nn.session import DecodeSession
+from ..sampling import (DelaySamplingOptions, apply_repetition_penalty, sample_rows,
+                        seen_per_head, seen_pooled)
+from . import qwen3, spec
+from .delay_state import (DelayIds, DelayState, advance, audio_channels, forced_text,
+                          text_allowed)
+
+KIND = "delay"
+FORMAT_VERSION = 1
+PREFIX = "moss.delay"
+TOKENIZER_KEY = "moss.tokenizer.json"
+TEXT_HEAD = "output.weight"            # lm_heads.0 under its llama.cpp name
+AUDIO_HEADS = "audio_heads.weight"     # lm_heads.1..N stacked: one matmul per step
+# Generation budget in rows (frames + n_vq + 1 staircase rows + text, P25): the default of
+# upstream's llama.cpp pipeline
+MAX_NEW_ROWS = 2000
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    """Field names and defaults of upstream `MossTTSDelayConfig`."""
+
+    language_config: qwen3.Qwen3Config
+    vocab_size: int
+    n_vq: int = 32
+    audio_vocab_size: int = 1024
+    pad_token_id: int = 151643
+    im_start_token_id: int = 151644
+    im_end_token_id: int = 151645
+    audio_user_slot_token_id: int = 151654
+    audio_assistant_gen_slot_token_id: int = 151656
+    audio_assistant_delay_slot_token_id: int = 151662
+    audio_start_token_id: int = 151652
+    audio_end_token_id: int = 151653
+    audio_pad_code: int = 1024
+    sampling_rate: int = 24000
+
+    def __post_init__(self):
+        if not 0 <= self.audio_pad_code <= self.audio_vocab_size:
+            raise ConfigError(f"Delay: audio_pad_code {self.audio_pad_code} is outside the "
+                              f"{self.audio_vocab_size + 1} rows of each audio table")
+        top = max(self.pad_token_id, self.im_start_token_id, self.im_end_token_id,
+                  self.audio_user_slot_token_id, self.audio_assistant_gen_slot_token_id,
+                  self.audio_assistant_delay_slot_token_id, self.audio_start_token_id,
+                  self.audio_end_token_id)
+        if top >= self.vocab_size:
+            raise ConfigError(f"Delay: special id {top} lies outside the text vocabulary of "
+                              f"{self.vocab_size}")
+
+    @property
+    def audio_rows(self) -> int:
+        """Rows of each audio table and head: the codebook plus the pad code."""
+        return self.audio_vocab_size + 1
+
+    @property
+    def ids(self) -> DelayIds:
+        return DelayIds(self.n_vq, self.pad_token_id, self.im_end_token_id,
+                        self.audio_start_token_id, self.audio_end_token_id,
+                        self.audio_assistant_gen_slot_token_id,
+                        self.audio_assistant_delay_slot_token_id, self.audio_pad_code)
+
+    @classmethod
+    def from_gguf(cls, meta) -> "DelayConfig":
+        return spec.config_from_gguf(cls, meta, PREFIX,
+                                     language_config=qwen3.Qwen3Config.from_gguf(meta))
+
+    def to_metadata(self) -> dict:
+        return spec.config_to_metadata(self, PREFIX) | self.language_config.to_metadata()
+
+    def backbone_shapes(self) -> dict[str, tuple]:
+        """The tensors of a llama.cpp Qwen3 GGUF: text embedding, blocks, norm, text head."""
+        d = self.language_config.hidden_size
+        return {"token_embd.weight": (self.vocab_size, d), TEXT_HEAD: (self.vocab_size, d)} \
+            | self.language_config.tensor_shapes()
+
+    def audio_shapes(self) -> dict[str, tuple]:
+        """The audio tables and the stacked audio heads."""
+        d = self.language_config.hidden_size
+        return {f"emb_ext.{k}.weight": (self.audio_rows, d) for k in range(self.n_vq)} \
+            | {AUDIO_HEADS: (self.n_vq * self.audio_rows, d)}
+
+    def tensor_shapes(self) -> dict[str, tuple]:
+        return self.backbone_shapes() | self.audio_shapes()
+
+
+@dataclass(frozen=True)
+class DelayWeights:
+    token_embd: Tensor
+    emb_ext: list[Tensor]
+    layers: list[qwen3.Qwen3Layer]
+    output_norm: Tensor
+    text_head: Tensor
+    audio_heads: Tensor                # [D, n_vq · audio_rows]
+
+    @classmethod
+    def from_tensors(cls, t: dict, cfg: DelayConfig) -> "DelayWeights":
+        return cls(t["token_embd.weight"], [t[f"emb_ext.{k}.weight"] for k in range(cfg.n_vq)],
+                   qwen3.layers_from_tensors(t, cfg.language_config), t["output_norm.weight"],
+                   t[TEXT_HEAD], t[AUDIO_HEADS])
+
+
+# -- host-side row inputs -----------------------------------------------------------------------
+def check_rows(rows, cfg: DelayConfig) -> np.ndarray:
+    """rows int [S, 1 + n_vq] with text ids in the vocabulary and codes in the tables."""
+    rows = np.asarray(rows)
+    if rows.dtype.kind not in "iu":
+        raise InputError(f"rows must be integers, got dtype {rows.dtype}")
+    if rows.ndim != 2 or rows.shape[1] != cfg.n_vq + 1 or rows.shape[0] == 0:
+        raise InputError(f"rows must have shape [S, {cfg.n_vq + 1}], got {rows.shape}")
+    if rows[:, 0].min() < 0 or rows[:, 0].max() >= cfg.vocab_size:
+        raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
+    if rows[:, 1:].min() < 0 or rows[:, 1:].max() >= cfg.audio_rows:
+        raise InputError(f"audio codes must lie in [0, {cfg.audio_rows}) (the pad code "
+                         f"{cfg.audio_pad_code} included)")
+    return rows
+
+
+def row_feed(rows: np.ndarray) -> dict[str, np.ndarray]:
+    rows = rows.astype(np.int32)
+    return {"rows.text": rows[:, 0]} | {f"rows.code.{k}": rows[:, k + 1]
+                                        for k in range(rows.shape[1] - 1)}
+
+
+# -- graph builders ---------------------------------------------------------------------------
+def embed_rows(g: Graph, w: DelayWeights, cfg: DelayConfig, n_rows: int) -> Tensor:
+    """[D, n_rows]: token_embd[text] + Σ_k emb_ext.k[code_k], pad rows included (P1)."""
+    x = ops.get_rows(w.token_embd, g.input("rows.text", (n_rows,), I32))
+    for k in range(cfg.n_vq):
+        x = x + ops.get_rows(w.emb_ext[k], g.input(f"rows.code.{k}", (n_rows,), I32))
+    return x
+
+
+def build_rows(g: Graph, w: DelayWeights, cfg: DelayConfig, n_rows: int, kv: CacheView,
+               last_only: bool) -> None:
+    """Rows → "hidden" [D, R], "text_logits" [V, R], "audio_logits" [audio_rows, n_vq, R] for
+    R = 1 (the last row: what generation samples from) or every row."""
+    h = qwen3.forward(embed_rows(g, w, cfg, n_rows), w.layers, w.output_norm, cfg.language_config,
+                      kv=kv)
+    if last_only:
+        h = last_row(h)
+    r = h.ne[1]
+    g.output(h, "hidden", ndim=2)
+    g.output(ops.mul_mat(w.text_head, h), "text_logits", ndim=2)
+    audio = ops.reshape(ops.mul_mat(w.audio_heads, h), cfg.audio_rows, cfg.n_vq, r)
+    g.output(audio, "audio_logits", ndim=3)
+
+
+# -- one row of generation --------------------------------------------------------------------
+def pick(scores: np.ndarray, rng, *, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Greedy (argmax, first of ties) when the temperature is 0, else one draw per row."""
+    if temperature == 0:
+        return np.argmax(scores, axis=-1)
+    return sample_rows(scores, rng, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def audio_seen(history: np.ndarray, cfg: DelayConfig) -> np.ndarray:
+    """bool [2, audio_rows]: codebook 0's own history, and the union over codebooks 1..N−1
+    (HF samples those as one batch, so their repetition history is pooled, P5)."""
+    return np.vstack([seen_per_head(history[:, :1], cfg.audio_rows),
+                      seen_pooled(history[:, 1:], cfg.audio_rows)])
+
+
+def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray,
+             seen: np.ndarray, cfg: DelayConfig, opts: DelaySamplingOptions, rng):
+    """The next row [1 + n_vq] and the state after it (§2.6): the text token forced or sampled
+    under the masks, then the codebooks this row samples (pad elsewhere)."""
+    ids = cfg.ids
+    token = forced_text(state, ids)
+    if token is None:
+        scores = np.where(text_allowed(state, ids, len(text_logits)), text_logits, -np.inf)
+        token = int(pick(scores[None], rng, temperature=opts.text_temperature,
+                         top_k=opts.text_top_k, top_p=opts.text_top_p)[0])
+    row = np.full(1 + cfg.n_vq, cfg.audio_pad_code, dtype=np.int64)
+    row[0] = token
+    on = audio_channels(state, ids)
+    if on.any():
+        scores = audio_logits[on].astype(np.float64)
+        scores[:, cfg.audio_pad_code] = -np.inf              # heads never emit the pad
+        channel_seen = seen[np.minimum(np.flatnonzero(on), 1)]
+        scores = apply_repetition_penalty(scores, channel_seen, opts.audio_repetition_penalty)
+        row[1:][on] = pick(scores, rng, temperature=opts.audio_temperature,
+                           top_k=opts.audio_top_k, top_p=opts.audio_top_p)
+    return row, advance(state, token, ids)
+
+
+# -- the runtime ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PublishedParts:
+    """What a llama.cpp Qwen3 GGUF lacks, read from beside it (models/delay_published.py)."""
+
+    config: DelayConfig
+    audio: TensorStore               # emb_ext.* and the stacked audio heads
+    tokenizer_json: str
+
+
+class DelayModel:
+    """MossTTSDelay on a backend; stateless after load (style C16). `weights` is a moss-tts
+    Delay GGUF, or with `published` the backbone GGUF of upstream's llama.cpp layout.
+    `kv_type` F16 (upstream llama.cpp's default) halves the KV cache: 144 MB per 1024 rows
+    on the 8B shape; F32 keeps the attention exact to f32 rounding."""
+
+    def __init__(self, weights: Weights, *, published: PublishedParts | None = None,
+                 kv_type: GGMLType = F16):
+        self.weights = weights
+        self.backend = weights.backend
+        self.kv_type = GGMLType(kv_type)
+        self.audio = None
+        if published is None:
+            weights.file.check_kind(KIND, version=FORMAT_VERSION)
+            self.config = DelayConfig.from_gguf(weights.file)
+            tensors = weights.require(self.config.tensor_shapes())
+            self.tokenizer_json = weights.file.get(TOKENIZER_KEY)
+        else:
+            self.config, self.audio = published.config, published.audio
+            self.tokenizer_json = published.tokenizer_json
+            tensors = weights.require(self.config.backbone_shapes()) | {
+                n: self.audio[n] for n in self.config.audio_shapes()}
+        self.w = DelayWeights.from_tensors(tensors, self.config)
+
+    def make_session(self, capacity: int) -> DecodeSession:
+        """A decode session for `capacity` rows; variant True = heads on the last row only."""
+        lc = self.config.language_config
+        return DecodeSession(
+            lambda g, n, kv, last: build_rows(g, self.w, self.config, n, kv, last),
+            backend=self.backend, n_layer=lc.num_hidden_layers,
+            n_kv_head=lc.num_key_value_heads, head_dim=lc.head_dim, capacity=capacity,
+            prefix="backbone", name="delay", dtype=self.kv_type)
+
+    def forward(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits
+        [n_vq, S, audio_rows]) with the audio pad column at −inf, as upstream's forward."""
+        rows = check_rows(rows, self.config)
+        with self.make_session(len(rows)) as session:
+            out = session.run(row_feed(rows), len(rows), variant=False)
+        audio = np.ascontiguousarray(out["audio_logits"].transpose(1, 0, 2))
+        audio[:, :, self.config.audio_pad_code] = -np.inf
+        return out["hidden"], out["text_logits"], audio
+
+    def generate(self, rows, *, options: DelaySamplingOptions = DelaySamplingOptions(),
+                 seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS) -> np.ndarray:
+        """Prompt rows → the new rows [N, 1 + n_vq], up to and including `<|im_end|>`."""
+        return np.array(list(self.iter_rows(rows, options=options, seed=seed,
+                                            max_new_rows=max_new_rows)),
+                        dtype=np.int64).reshape(-1, self.config.n_vq + 1)
+
+    def iter_rows(self, rows, *, options: DelaySamplingOptions = DelaySamplingOptions(),
+                  seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS):
+        """Rows as they are generated (the generator of `generate`)."""
+        cfg = self.config
+        rows = check_rows(rows, cfg)
+        if max_new_rows < 1:
+            raise InputError(f"max_new_rows must be at least 1, got {max_new_rows}")
+        rng = np.random.default_rng(seed)
+        state = DelayState.from_prompt(rows[:, 0], cfg.ids)
+        seen = audio_seen(rows[:, 1:], cfg)      # the history includes the prompt (P5)
+        with self.make_session(len(rows) + max_new_rows) as session:
+            feed = rows
+            for _ in range(max_new_rows):
+                out = session.run(row_feed(feed), len(feed), variant=True)
+                row, state = next_row(state, out["text_logits"][0], out["audio_logits"][0],
+                                      seen, cfg, options, rng)
+                seen |= audio_seen(row[None, 1:], cfg)
+                yield row
+                if state.stopping:
+                    return
+                feed = row[None]
+
+    def close(self) -> None:
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None
+        if self.audio is not None:
+            self.audio.close()
+            self.audio = None

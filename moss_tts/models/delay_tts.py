@@ -1,0 +1,178 @@
+"""`DelayTTS`: text → 24 kHz speech with MossTTSDelay and the MOSS-Audio-Tokenizer codec
+(moss_tts_family.md §2.4-2.8). Frames are decoded as soon as the staircase completes them
+(a rolling buffer of n_vq rows, P20), through the codec's exact streaming decoder, so streamed
+audio equals `synthesize()` for the same seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+import numpy as np
+
+from ..audio import as_samples, loudness_normalize, resample, to_channels
+from ..codec import Codec
+from ..errors import InputError, ModelFileError
+from ..ggml import F16, GGMLType, Weights, get_backend
+from ..sampling import DelaySamplingOptions
+from ..text.delay_prompts import DelayPromptIds, build_generation_rows
+from ..text.qwen_tokenizer import QwenTokenizer
+from ..tts import CodecTTS, Reference
+from .delay import MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
+from .delay_published import is_published_dir, load_published
+
+
+class FrameAssembler:
+    """Generated rows' audio channels in, complete frames out: frame t is whole once row
+    t + n_vq − 1 arrived (codebook k of frame t sits on row t + k, §2.5); n_vq rows are kept."""
+
+    def __init__(self, n_vq: int):
+        self.n_vq = n_vq
+        self.rows: list[np.ndarray] = []
+
+    def push(self, codes: np.ndarray) -> np.ndarray | None:
+        """One row's codes [n_vq] → the frame it completes [n_vq], or None."""
+        self.rows.append(np.asarray(codes))
+        if len(self.rows) < self.n_vq:
+            return None
+        frame = np.array([self.rows[k][k] for k in range(self.n_vq)])
+        self.rows.pop(0)
+        return frame
+
+
+class DelayTTS(CodecTTS):
+    """MOSS-TTS (MossTTSDelay). `DelayTTS.load("delay.gguf", codec="codec.gguf")`, then
+    `synthesize(text, reference=tts.encode_reference(samples, sr))` → (samples [n, 1], 24000).
+
+    >>> tts = DelayTTS.load("delay.gguf", codec="codec.gguf")               # doctest: +SKIP
+    >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP
+    """
+
+    CODEC_NAME = "the MOSS-Audio-Tokenizer GGUF"
+
+    def __init__(self, model: DelayModel, codec: Codec | None):
+        self.model, self.config, self.codec = model, model.config, codec
+        f = model.weights.file
+        if model.tokenizer_json is None:
+            raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
+                                 "re-convert with `moss_tts convert delay`")
+        self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
+        c = self.config
+        self.ids = DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
+                                  c.audio_start_token_id, c.audio_end_token_id,
+                                  c.audio_user_slot_token_id, c.audio_assistant_gen_slot_token_id,
+                                  c.audio_pad_code)
+        if codec is not None:
+            self._check_codec(codec)
+
+    @classmethod
+    def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
+             kv_type: GGMLType = F16) -> "DelayTTS":
+        """model: a Delay GGUF or upstream's published llama.cpp directory."""
+        b = get_backend(backend, threads)
+        m = load_published(model, b, kv_type=kv_type) if is_published_dir(model) \
+            else DelayModel(Weights.load(model, b), kv_type=kv_type)
+        if codec is not None and not isinstance(codec, Codec):
+            codec = Codec.load(codec, backend=b)
+        return cls(m, codec)
+
+    def _check_codec(self, codec: Codec) -> None:
+        c = self.config
+        problems = []
+        if codec.channels != 1 or codec.sample_rate != c.sampling_rate:
+            problems.append(f"it is {codec.sample_rate} Hz x {codec.channels} channel(s), the "
+                            f"model needs {c.sampling_rate} Hz mono")
+        if codec.n_quantizers < c.n_vq or codec.config.codebook_size != c.audio_vocab_size:
+            problems.append(f"it has {codec.n_quantizers} codebooks of "
+                            f"{codec.config.codebook_size}, the model needs {c.n_vq} of "
+                            f"{c.audio_vocab_size}")
+        if problems:
+            raise ModelFileError("mismatched codec: " + "; ".join(problems) +
+                                 " — pass the MOSS-Audio-Tokenizer (24 kHz) GGUF")
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sampling_rate
+
+    @property
+    def channels(self) -> int:
+        return 1
+
+    def encode_reference(self, samples, sample_rate: int) -> Reference:
+        """Reference speech → codes [frames, n_vq]: mono mix, the codec's rate, loudness
+        normalization (§1.3), then the codec."""
+        codec = self._need_codec()
+        x = resample(to_channels(as_samples(samples, what="reference audio"), 1),
+                     int(sample_rate), codec.sample_rate)
+        codes = codec.encode(loudness_normalize(x), codec.sample_rate,
+                             n_quantizers=self.config.n_vq)
+        return Reference(np.ascontiguousarray(codes.T))
+
+    def plan(self, text: str, *, reference: Reference | None = None,
+             prompt: Reference | None = None, normalize: bool = True,
+             seconds: float | None = None, **fields) -> np.ndarray:
+        """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
+        ambient_sound, language; `seconds` sets `tokens`, the duration in codec frames). With
+        `prompt` (continuation), `text` holds the prompt audio's transcript, then the new text."""
+        if seconds is not None:
+            if fields.get("tokens") is not None or not seconds > 0:
+                raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
+            fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
+        refs = None if reference is None else [reference.codes]
+        return build_generation_rows(self.tokenizer, self.ids, text, references=refs,
+                                     prompt_codes=None if prompt is None else prompt.codes,
+                                     normalize=normalize, **fields)
+
+    def forward(self, rows):
+        """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits
+        [n_vq, S, audio_rows]) — the research step, as `DelayModel.forward`."""
+        return self.model.forward(rows)
+
+    def generate(self, rows, **kwargs) -> np.ndarray:
+        """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_rows)."""
+        return self.model.generate(rows, **kwargs)
+
+    def stream(self, text: str, *, reference: Reference | None = None,
+               prompt: Reference | None = None,
+               options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
+               max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
+               **fields) -> Iterator[np.ndarray]:
+        """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
+        segment (upstream decodes each segment on its own, §2.8): the next starts a new codec
+        stream. A continuation's prompt frames go through the codec first (their audio is
+        dropped, as upstream cuts it), so the output continues the prompt audio."""
+        rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
+        frames = FrameAssembler(self.config.n_vq)
+        skip = 0
+        if prompt is not None:   # the prompt's (cut) staircase: its last rows start the buffer
+            skip = len(prompt.codes)
+            staircase = rows[len(rows) - skip:, 1:]
+            pending = [f for f in map(frames.push, staircase) if f is not None]
+        else:
+            pending = []
+        generated = (row[1:] for row in self.model.iter_rows(
+            rows, options=options, seed=seed, max_new_rows=max_new_rows))
+        yield from self._decode(pending, (frames.push(codes) for codes in generated), skip)
+
+    def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:
+        """Frames (None: not complete yet) through codec streams, one per audio segment; the
+        audio of the first `skip` frames is dropped."""
+        codec, pad, n_vq = self._need_codec(), self.config.audio_pad_code, self.config.n_vq
+        decoder, index = None, 0
+        try:
+            for frame in itertools.chain(first, frames):
+                if frame is None:
+                    continue
+                if (frame == pad).any():
+                    if decoder is not None:
+                        decoder.close()
+                        decoder = None
+                    continue
+                decoder = decoder or codec.stream_decoder(n_quantizers=n_vq)
+                audio = decoder.push(frame[:, None])
+                index += 1
+                if index > skip:
+                    yield audio
+        finally:
+            if decoder is not None:
+                decoder.close()

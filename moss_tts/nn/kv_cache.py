@@ -1,0 +1,220 @@
+"""A backend-resident KV cache (slots assigned on the host, rows written inside graphs), the
+host-built additive masks over its slots, and the per-graph view that attention layers take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ggml import ops
+from ..ggml.backend import Backend, NativeResource, get_backend
+from ..ggml.graph import Graph, Tensor, type_size
+from ..ggml.types import F16, F32, I32, GGMLType
+from ..ggml.weights import TensorStore
+
+
+def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
+                dtype=np.float32) -> np.ndarray:
+    """Additive mask (Tq, Tk) for the host: 0 where key k may be seen from query q, −inf elsewhere.
+
+    Allowed iff k_pos ≤ q_pos, and q_pos − k_pos < window (a window of exactly `window` keys,
+    itself included), and valid[k]. Slots with k_pos < 0 (an empty cache slot) are never seen.
+    """
+    # int32 positions and one difference matrix: this runs on the host for every chunk of every
+    # stage (16 M entries at 400 Hz with 10 s chunks), so it is kept to a few passes
+    q = np.asarray(q_pos, dtype=np.int32)[:, None]
+    k = np.asarray(k_pos, dtype=np.int32)[None, :]
+    d = q - k
+    ok = d >= 0
+    ok &= k >= 0
+    if window is not None:
+        ok &= d < window
+    if valid is not None:
+        ok &= np.asarray(valid, dtype=bool)[None, :]
+    dtype = np.dtype(dtype).type
+    return np.where(ok, dtype(0), dtype(-np.inf))
+
+
+class KVCache(NativeResource):
+    """Per-layer K and V rows on the backend, `capacity` slots each, written inside the graph.
+
+    Slots are assigned on the host (`reserve`), so the same cache serves a growing prefix and a
+    ring buffer over a sliding window (keys are stored after RoPE, so a slot's age never changes
+    its rotation; the mask, built from the slot → position map, does the rest). Writes go
+    through `ggml_set_rows` with the slot indices as a graph input, so a fixed-capacity decode
+    graph can be built once and replayed.
+
+    `v_trans` stores V transposed (a row of `capacity` slots per channel, as llama.cpp does
+    without flash attention) so the softmax path multiplies by it in place. Worth it where
+    few query rows meet many keys (streaming codec pushes): ggml's CPU flash attention only
+    tiles from 64 query rows and below that runs one scalar exp and dot per key.
+    """
+
+    def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, *,
+                 backend: "Backend | str | None" = None, dtype: GGMLType = F32,
+                 v_trans: bool = False):
+        if min(n_layer, n_kv_head, head_dim, capacity) < 1:
+            raise ShapeError("KVCache: layers, heads, head_dim and capacity must be positive")
+        if dtype not in (F32, F16):
+            raise ShapeError(f"KVCache: dtype must be F32 or F16, got {GGMLType(dtype).name}")
+        self.backend = get_backend(backend)
+        self.n_layer, self.n_kv_head, self.head_dim = n_layer, n_kv_head, head_dim
+        self.capacity, self.dtype, self.v_trans = capacity, GGMLType(dtype), bool(v_trans)
+        # one row of Dh·Hkv values per slot: set_rows writes rows, views split heads for reading;
+        # a transposed V holds a row of `capacity` slots per channel (numpy shapes below)
+        rows = (capacity, head_dim * n_kv_head)
+        specs = {}
+        for il in range(n_layer):
+            specs[f"cache.{il}.k"] = (rows, self.dtype)
+            specs[f"cache.{il}.v"] = (rows[::-1] if v_trans else rows, self.dtype)
+        self._store = TensorStore(specs, self.backend)
+        self._k = [self._store[f"cache.{il}.k"] for il in range(n_layer)]
+        self._v = [self._store[f"cache.{il}.v"] for il in range(n_layer)]
+        self.positions = np.full(capacity, -1, dtype=np.int64)  # slot → absolute position
+        self.evicted_max = -1  # newest position a ring overwrite has dropped
+        self.reset()
+
+    @property
+    def nbytes(self) -> int:
+        return self._store.nbytes
+
+    def reset(self) -> None:
+        """Forget every row (the memory is zeroed, the slot map emptied)."""
+        self._store.buffer.clear(0)
+        self.positions[:] = -1
+        self.evicted_max = -1
+
+    @property
+    def n_filled(self) -> int:
+        return int((self.positions >= 0).sum())
+
+    def reserve(self, positions, *, ring: bool = False) -> np.ndarray:
+        """Assign slots to new absolute positions; returns I32 slot indices for `store`.
+
+        Linear mode fills slots in order and fails when full; ring mode puts position p in
+        slot p % capacity, overwriting the oldest row (a sliding window of `capacity` keys).
+        """
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if ring:
+            if len(pos) > self.capacity:
+                raise ShapeError(f"KVCache: {len(pos)} new rows exceed the ring of {self.capacity}")
+            slots = pos % self.capacity
+            dropped = self.positions[slots]
+            if (dropped >= 0).any():
+                self.evicted_max = max(self.evicted_max, int(dropped.max()))
+        else:
+            start = self.n_filled
+            if start + len(pos) > self.capacity:
+                raise ShapeError(f"KVCache: {start} + {len(pos)} rows exceed capacity "
+                                 f"{self.capacity}; make a larger cache")
+            slots = np.arange(start, start + len(pos))
+        self.positions[slots] = pos
+        return slots.astype(np.int32)
+
+    def mask(self, q_positions, *, window: int | None = None, n_slots: int | None = None,
+             dtype=np.float32) -> np.ndarray:
+        """Additive (Tq, n_slots) mask over the first n_slots slots (default all).
+
+        Fails, rather than silently attending to fewer keys, when a ring overwrite already
+        dropped a key some query still needs (capacity must be ≥ window + chunk − 1).
+        """
+        n = self.capacity if n_slots is None else n_slots
+        oldest_needed = max(0, int(np.min(q_positions)) - window + 1) if window is not None else 0
+        if self.evicted_max >= oldest_needed:
+            raise ShapeError(
+                f"KVCache: the ring of {self.capacity} slots already dropped position "
+                f"{self.evicted_max}, which a query still needs (window {window}); use a "
+                f"capacity of at least window + chunk − 1")
+        return causal_mask(q_positions, self.positions[:n], window=window, dtype=dtype)
+
+    def feed(self, positions, n_slots: int, *, flash: bool = True,
+             prefix: str = "kv") -> dict[str, np.ndarray]:
+        """Host inputs of a `CacheView` for new rows at `positions` (reserves their slots)."""
+        pos = np.asarray(positions, dtype=np.int32)
+        return {f"{prefix}.pos": pos, f"{prefix}.slots": self.reserve(pos),
+                f"{prefix}.mask": self.mask(pos, n_slots=n_slots,
+                                            dtype=np.float16 if flash else np.float32)}
+
+    def store(self, il: int, k: Tensor, v: Tensor, slots: Tensor) -> None:
+        """Write k, v of layer il into the slots given by I32 `slots` [T]. Each is [Dh, Hkv, T]
+        (a strided view is fine while each row's heads are packed) or [Dh·Hkv, T]."""
+        n = slots.ne[0]
+        ops.set_rows(self._k[il], self._rows(k, n), slots)
+        v = self._rows(v, n)
+        if not self.v_trans:
+            ops.set_rows(self._v[il], v, slots)
+            return
+        # transposed: each channel is a row of slots, so write one-element rows,
+        # [1, capacity, C] ← [1, T, C], the slot indices broadcast over the channels
+        cache, width = self._v[il], v.ne[0]
+        dst = ops.view(cache, (1, self.capacity, width), (cache.nb[0], cache.nb[1]), graph=v.graph)
+        ops.set_rows(dst, ops.view(v, (1, n, width), (v.nb[1], type_size(v.type)[0])), slots)
+
+    def _rows(self, t: Tensor, n: int) -> Tensor:
+        """t as [Dh·Hkv, n] with contiguous rows, by a view where the strides allow it."""
+        width, dh = self.head_dim * self.n_kv_head, self.head_dim
+        size = type_size(t.type)[0]
+        if t.ne == (width, n, 1, 1):
+            rows = t
+        elif t.ne == (dh, self.n_kv_head, n, 1):
+            rows = (ops.view(t, (width, n), (t.nb[2],)) if t.nb[1] == dh * size
+                    else ops.reshape(ops.cont(t), width, n))
+        else:
+            raise ShapeError(f"KVCache.store: got {list(t.ne)}, expected [{dh}, "
+                             f"{self.n_kv_head}, {n}] or [{width}, {n}]")
+        return rows if rows.nb[0] == size else ops.cont(rows)
+
+    def keys(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
+        """View [Dh, Hkv, n_slots] of layer il's K rows in graph g (default: every slot)."""
+        return self._view(g, self._k[il], n_slots)
+
+    def values(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
+        """As keys(); with `v_trans` the view is [n_slots, Dh, Hkv] (slots fastest)."""
+        if not self.v_trans:
+            return self._view(g, self._v[il], n_slots)
+        n = self._n_slots(n_slots)
+        cache = self._v[il]
+        return ops.view(cache, (n, self.head_dim, self.n_kv_head),
+                        (cache.nb[1], self.head_dim * cache.nb[1]), graph=g)
+
+    def _n_slots(self, n_slots: int | None) -> int:
+        n = self.capacity if n_slots is None else n_slots
+        if not 1 <= n <= self.capacity:
+            raise ShapeError(f"KVCache: {n} slots requested of {self.capacity}")
+        return n
+
+    def _view(self, g: Graph, cache: Tensor, n_slots: int | None) -> Tensor:
+        n = self._n_slots(n_slots)
+        dh_bytes = self.head_dim * type_size(cache.type)[0]
+        return ops.view(cache, (self.head_dim, self.n_kv_head, n), (dh_bytes, cache.nb[1]),
+                        graph=g)
+
+    def close(self) -> None:
+        if getattr(self, "_store", None) is not None:
+            self._store.close()
+            self._store = None
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """What one graph's attention layers need of a cache: the cache, the graph inputs that
+    place this graph's rows (I32 positions [T], I32 slots [T], additive mask [n_slots, T]) and
+    how many leading slots the graph attends over (a bucket of the filled prefix)."""
+
+    cache: KVCache
+    positions: Tensor
+    slots: Tensor
+    mask: Tensor
+    n_slots: int
+    flash: bool = True
+
+    @classmethod
+    def inputs(cls, g: Graph, cache: KVCache, n_rows: int, n_slots: int, *, flash: bool = True,
+               prefix: str = "kv") -> "CacheView":
+        """Declare the inputs `<prefix>.pos`, `.slots`, `.mask` (F16 for flash) in graph g."""
+        return cls(cache, g.input(f"{prefix}.pos", (n_rows,), I32),
+                   g.input(f"{prefix}.slots", (n_rows,), I32),
+                   g.input(f"{prefix}.mask", (n_rows, n_slots), F16 if flash else F32),
+                   n_slots, flash)

@@ -1,0 +1,122 @@
+"""MossTTSDelay prompts built by ids (moss_tts_family.md §2.4; upstream
+`processing_moss_tts.py`, `llama_cpp/processor.py`): the user template with its fields, the
+references' audio blocks with their delayed codes, the chat wrapping without a system prompt,
+and the AUDIO_START row the llama.cpp pipeline appends so generation starts in audio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moss_tts.errors import InputError
+from moss_tts.text.normalize import normalize_tts_text
+from moss_tts.text.qwen_tokenizer import QwenTokenizer
+
+# Field order of the user template; a field left as None is written as the word None.
+FIELDS = ("instruction", "tokens", "quality", "sound_event", "ambient_sound", "language")
+LABELS = {"instruction": "Instruction", "tokens": "Tokens", "quality": "Quality",
+          "sound_event": "Sound Event", "ambient_sound": "Ambient Sound", "language": "Language"}
+
+
+@dataclass(frozen=True)
+class DelayPromptIds:
+    """The ids a prompt is made of (§1.2); the model config provides them."""
+
+    n_vq: int
+    im_start: int
+    im_end: int
+    audio_start: int
+    audio_end: int
+    user_slot: int
+    gen_slot: int
+    audio_pad: int
+
+
+def delay(codes: np.ndarray, pad: int) -> np.ndarray:
+    """codes [T, N] → the staircase [T + N − 1, N] with grid[t + k, k] = codes[t, k], pad
+    elsewhere (§2.5): the layout of audio in prompts and in generated rows alike."""
+    t, n = codes.shape
+    grid = np.full((t + n - 1, n), pad, dtype=codes.dtype)
+    for k in range(n):
+        grid[k:k + t, k] = codes[:, k]
+    return grid
+
+
+def user_pieces(text: str, references, fields: dict) -> list:
+    """The user content as text pieces and reference code arrays, in template order; text
+    between two audio items is one piece, tokenized at once as upstream's string is."""
+    head = "<user_inst>\n- Reference(s):\n"
+    refs = [(i, r) for i, r in enumerate(references or []) if r is not None]
+    if not refs:
+        pieces = [head + "None"]
+    else:      # numbering counts references left as None too
+        pieces = [head]
+        for j, (i, codes) in enumerate(refs):
+            pieces += [("\n" if j else "") + f"[S{i + 1}]:\n", codes]
+    tail = "".join(f"\n- {LABELS[f]}:\n{fields.get(f)}" for f in FIELDS)
+    merged = []
+    for piece in pieces + [f"{tail}\n- Text:\n{text}\n</user_inst>"]:
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    return merged
+
+
+def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: str, *,
+                          references=None, prompt_codes=None, normalize: bool = True,
+                          start_audio: bool = True, **fields) -> np.ndarray:
+    """The prompt rows [S, 1 + n_vq] of one request: `<|im_start|>user\\n{content}<|im_end|>\\n
+    <|im_start|>assistant\\n`, then (start_audio) the AUDIO_START row. references: a list of
+    codes [T, n_vq] (or None entries); fields: instruction, tokens, quality, sound_event,
+    ambient_sound, language.
+
+    Continuation (P28, `prompt_codes` [T, n_vq], the text then holding the prompt's transcript
+    and the new text): the assistant turn carries that audio and is cut after its T-th GEN
+    row, so the staircase is incomplete — generation re-samples its tail."""
+    unknown = set(fields) - set(FIELDS)
+    if unknown:
+        raise InputError(f"unknown prompt field(s) {', '.join(sorted(unknown))}; known: "
+                         f"{', '.join(FIELDS)}")
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("text is empty")
+    if normalize:   # upstream's HF build_user_message normalizes the text field only (§7)
+        text = normalize_tts_text(text)
+    n = ids.n_vq
+    text_ids, blocks = [ids.im_start], []
+    pieces = user_pieces(text, references, fields)
+    pieces[0] = "user\n" + pieces[0]
+    for piece in pieces:
+        if isinstance(piece, str):
+            text_ids += tokenizer.encode(piece)
+            continue
+        codes = _check_codes(piece, n)
+        text_ids.append(ids.audio_start)
+        blocks.append((len(text_ids), codes))      # the staircase starts after AUDIO_START
+        text_ids += [ids.user_slot] * (len(codes) + n - 1 if len(codes) else 0)
+        text_ids.append(ids.audio_end)
+    text_ids += [ids.im_end] + tokenizer.encode("\n") + [ids.im_start] + \
+        tokenizer.encode("assistant\n")
+    if prompt_codes is not None:
+        prompt_codes = _check_codes(prompt_codes, n)
+        text_ids.append(ids.audio_start)
+        blocks.append((len(text_ids), prompt_codes))
+        text_ids += [ids.gen_slot] * len(prompt_codes)
+    elif start_audio:
+        text_ids.append(ids.audio_start)
+    rows = np.full((len(text_ids), 1 + n), ids.audio_pad, dtype=np.int64)
+    rows[:, 0] = text_ids
+    for at, codes in blocks:
+        staircase = delay(codes, ids.audio_pad)[:len(rows) - at]   # continuation: cut (P28)
+        rows[at:at + len(staircase), 1:] = staircase
+    return rows
+
+
+def _check_codes(codes, n: int) -> np.ndarray:
+    codes = np.asarray(codes)
+    if codes.ndim != 2 or codes.shape[1] != n or codes.dtype.kind not in "iu":
+        raise InputError(f"audio codes must be integers [frames, {n}], got "
+                         f"{codes.dtype} {codes.shape}")
+    return codes

@@ -1,0 +1,69 @@
+"""The protocol every TTS family offers (the CLI and the server use only this): its output
+format, references encoded once and reused, and speech as a whole or as it is made."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .errors import InputError
+from .ggml.backend import NativeResource
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A voice: the codec codes [frames, n_vq] of reference speech."""
+
+    codes: np.ndarray
+
+
+@runtime_checkable
+class TTS(Protocol):
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def channels(self) -> int: ...
+
+    def encode_reference(self, samples, sample_rate: int):
+        """Reference speech → the family's reference object (its codec codes)."""
+
+    def synthesize(self, text: str, **options) -> tuple[np.ndarray, int]:
+        """Text → (float32 samples [n, channels], sample_rate)."""
+
+    def stream(self, text: str, **options) -> Iterator[np.ndarray]:
+        """Text → float32 chunks [m, channels] as they are generated; concatenated they equal
+        `synthesize` for the same options and seed."""
+
+
+class CodecTTS(NativeResource):
+    """What every family's TTS object shares around its `stream`: `synthesize` as the
+    concatenated stream, the codec check, and closing the model and the codec it owns."""
+
+    CODEC_NAME = "codec"      # what `_need_codec` asks for, e.g. "the MOSS-Audio-Tokenizer GGUF"
+    model = codec = None
+
+    def stream(self, text: str, **options) -> Iterator[np.ndarray]:
+        raise NotImplementedError
+
+    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
+        """Text → (samples float32 [n, channels], sample_rate). Same options as `stream`."""
+        parts = list(self.stream(text, **kwargs))
+        audio = np.concatenate(parts) if parts else np.zeros((0, self.channels), np.float32)
+        return audio, self.sample_rate
+
+    def _need_codec(self):
+        if self.codec is None:
+            raise InputError(f"no codec loaded: pass codec=... ({self.CODEC_NAME})")
+        return self.codec
+
+    def close(self) -> None:
+        if self.codec is not None:
+            self.codec.close()
+            self.codec = None
+        if self.model is not None:
+            self.model.close()
+            self.model = None

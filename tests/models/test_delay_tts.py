@@ -1,0 +1,139 @@
+"""DelayTTS (models/delay_tts.py) with the tiny Delay model and the tiny 24 kHz-style (v1)
+codec: streamed audio == synthesize() == the offline route (de-delay the generated rows, split
+into segments, codec.decode each); voice cloning through the codec; bad input."""
+
+import numpy as np
+import pytest
+
+from converters.codec import convert as convert_codec
+from fixtures.compare import assert_close
+from fixtures.make_codec import make_tiny_v1_checkpoint
+from fixtures.make_delay import N_VQ, SAMPLE_RATE
+from moss_tts.errors import InputError, ModelFileError
+from moss_tts.models.delay_state import audio_segments, de_delay
+from moss_tts.models.delay_tts import DelayTTS, FrameAssembler
+from moss_tts.sampling import DelaySamplingOptions
+from moss_tts.tts import TTS, Reference
+
+from .conftest import THREADS
+
+# the codec's streaming decoder equals its offline decode up to f32 kernel order (codecs tests)
+DECODE_ATOL = 1e-5
+GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+
+
+@pytest.fixture(scope="module")
+def v1_codec(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v1_codec_delay")
+    return convert_codec(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
+
+
+@pytest.fixture(scope="module")
+def tts(delay_files, v1_codec):
+    t = DelayTTS.load(delay_files(4.0)[3], codec=v1_codec, threads=THREADS)
+    yield t
+    t.close()
+
+
+def offline(tts, text, **kw):
+    """The offline route of §2.8 from the same generated rows."""
+    rows = tts.model.generate(tts.plan(text), **kw)
+    segments = audio_segments(de_delay(rows[:, 1:]), tts.config.audio_pad_code)
+    return np.concatenate([tts.codec.decode(s.T) for s in segments]), len(segments)
+
+
+@pytest.mark.parametrize("options, seed", [(GREEDY, None), (DelaySamplingOptions(), 7)],
+                         ids=["greedy", "sampled"])
+def test_stream_equals_synthesize_equals_offline_decode(tts, options, seed):
+    text = "Hello there."
+    chunks = list(tts.stream(text, options=options, seed=seed, max_new_rows=24))
+    audio, sr = tts.synthesize(text, options=options, seed=seed, max_new_rows=24)
+    assert sr == SAMPLE_RATE and audio.shape[1] == 1 and len(chunks) > 2
+    np.testing.assert_array_equal(np.concatenate(chunks), audio)
+    want, n_segments = offline(tts, text, options=options, seed=seed, max_new_rows=24)
+    assert n_segments >= 1
+    assert_close(audio, want, atol=DECODE_ATOL, what="streamed vs offline decode")
+
+
+def test_frames_complete_along_the_staircase():
+    rows = np.arange(1, 25).reshape(6, 4)          # generated rows' codes, 4 codebooks
+    asm = FrameAssembler(4)
+    frames = [f for f in (asm.push(r) for r in rows) if f is not None]
+    np.testing.assert_array_equal(frames, de_delay(rows))
+    assert len(frames) == 6 - 4 + 1
+
+
+def test_voice_clone_reference_goes_through_the_codec_into_the_prompt(tts):
+    t = np.arange(SAMPLE_RATE // 2) / SAMPLE_RATE
+    voice = tts.encode_reference(0.3 * np.sin(2 * np.pi * 220 * t), SAMPLE_RATE)
+    assert voice.codes.shape == (len(t) // 64, N_VQ) and voice.codes.max() < 64
+    rows = tts.plan("Hi.", reference=voice)
+    assert (rows[:, 0] == tts.config.audio_user_slot_token_id).sum() == len(voice.codes) + N_VQ - 1
+    audio, _ = tts.synthesize("Hi.", reference=voice, options=GREEDY, max_new_rows=12)
+    assert audio.size and np.isfinite(audio).all()
+    # guard: the reference changes what is generated
+    plain, _ = tts.synthesize("Hi.", options=GREEDY, max_new_rows=12)
+    assert plain.shape != audio.shape or not np.array_equal(plain, audio)
+
+
+def test_delay_tts_offers_the_tts_protocol(tts):
+    assert isinstance(tts, TTS) and tts.channels == 1 and tts.sample_rate == SAMPLE_RATE
+    assert isinstance(tts.encode_reference(np.ones(640) * 0.1, SAMPLE_RATE), Reference)
+
+
+def test_mismatched_codec_raises_model_file_error(delay_files, codec_gguf):
+    with pytest.raises(ModelFileError, match="mismatched codec: it is 1600 Hz x 2 channel"):
+        DelayTTS.load(delay_files()[3], codec=codec_gguf, threads=THREADS)
+
+
+@pytest.mark.parametrize("text, match", [("", "text is empty"),
+                                         ("Say <|endoftext|>", "control token spelling")])
+def test_bad_text_raises_input_error(tts, text, match):
+    with pytest.raises(InputError, match=match):
+        tts.synthesize(text)
+
+
+def test_synthesis_without_codec_raises_input_error(delay_files):
+    with DelayTTS.load(delay_files()[3], threads=THREADS) as t:
+        with pytest.raises(InputError, match="no codec loaded"):
+            t.synthesize("Hi.")
+
+
+def test_continuation_stream_continues_the_prompt_audio(tts):
+    """The prompt frames (their staircase cut, P28) go through the codec first and their audio
+    is dropped: the stream equals the offline decode of prompt + generated frames with the
+    prompt's T frames of samples cut, as upstream trims the first segment."""
+    prompt = Reference(np.random.default_rng(9).integers(0, 64, size=(6, N_VQ)))
+    kw = dict(options=GREEDY, max_new_rows=20)
+    got = np.concatenate(list(tts.stream("Prompt words. New words.", prompt=prompt, **kw)))
+    rows = tts.plan("Prompt words. New words.", prompt=prompt)
+    generated = tts.model.generate(rows, **kw)
+    staircase = np.vstack([rows[-len(prompt.codes):, 1:], generated[:, 1:]])
+    codes = de_delay(staircase)
+    np.testing.assert_array_equal(codes[:3], prompt.codes[:3])   # complete prompt frames kept
+    segments = audio_segments(codes, tts.config.audio_pad_code)
+    full = np.concatenate([tts.codec.decode(s.T) for s in segments])
+    hop = len(full) // sum(len(s) for s in segments)
+    assert_close(got, full[len(prompt.codes) * hop:], atol=DECODE_ATOL,
+                 what="continuation stream vs offline decode minus the prompt")
+    # guard: keeping the prompt's audio would be a different (longer) result
+    assert len(full) > len(got)
+
+
+def test_seconds_set_the_tokens_field_at_the_codec_frame_rate(tts):
+    rows = tts.plan("Hi.", seconds=2.0)
+    want = tts.plan("Hi.", tokens=round(2.0 * SAMPLE_RATE / 64))   # 50 frames/s tiny codec
+    np.testing.assert_array_equal(rows, want)
+    assert not np.array_equal(rows, tts.plan("Hi.", tokens=99))
+    with pytest.raises(InputError, match="seconds must be > 0"):
+        tts.plan("Hi.", seconds=1.0, tokens=5)
+    with pytest.raises(InputError, match="seconds must be > 0"):
+        tts.plan("Hi.", seconds=0)
+
+
+def test_research_steps_pass_through_to_the_model(tts):
+    rows = tts.plan("Hi.")
+    hidden, text, audio = tts.forward(rows)
+    assert hidden.shape[0] == text.shape[0] == audio.shape[1] == len(rows)
+    np.testing.assert_array_equal(tts.generate(rows, options=GREEDY, max_new_rows=5),
+                                  tts.model.generate(rows, options=GREEDY, max_new_rows=5))

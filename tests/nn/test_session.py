@@ -1,0 +1,115 @@
+"""DecodeSession (moss_tts/nn/session.py): prefill + replayed one-row steps over a KV cache equal
+a full recompute by the numpy reference, and a step attends over its bucket of the filled
+prefix, not the whole capacity."""
+
+import numpy as np
+import pytest
+
+from fixtures.compare import assert_close, assert_differs
+from moss_tts.errors import InputError
+from moss_tts.ggml import TensorStore, get_backend
+from moss_tts.models import gpt2
+from moss_tts.nn.session import SLOT_ALIGN, DecodeSession, bucket
+from tests.models.test_gpt2 import CFG, random_tensors
+from tests.models.test_gpt2 import reference as gpt2_reference
+
+CAPACITY = 200          # rounded up to 224 slots: buckets 32, 64, 128, 224
+PROMPT = 10
+# f32 through two blocks against float64 (|x| ≲ 5, ≤ 96-term dots): measured ≤ 3e-6
+F32_ATOL = 5e-5
+
+
+@pytest.fixture(scope="module")
+def weights():
+    arrays = random_tensors(11)
+    store = TensorStore(arrays, get_backend(None, 1))
+    yield store, arrays
+    store.close()
+
+
+def reference(arrays, x):
+    return gpt2_reference(arrays, x, np.arange(len(x)))
+
+
+def make_session(store):
+    layers = [gpt2.GPT2Layer.from_tensors(store, f"h.{i}.", CFG) for i in range(CFG.n_layer)]
+
+    def build(g, n_rows, kv, variant):
+        x = g.input("x", (n_rows, CFG.n_embd))
+        h = gpt2.forward(x, layers, (store["ln_f.weight"], store["ln_f.bias"]), CFG, kv=kv)
+        g.output(h, "hidden", ndim=2)
+
+    return DecodeSession(build, backend=get_backend(None, 1), n_layer=CFG.n_layer,
+                         n_kv_head=CFG.n_head, head_dim=CFG.head_dim, capacity=CAPACITY,
+                         prefix="kv", name="test.session")
+
+
+def test_bucket_rounds_the_filled_prefix_up_to_a_power_of_two_within_capacity():
+    assert [bucket(n, 224) for n in (1, 11, 32, 33, 64, 65, 129, 224)] == \
+        [32, 32, 32, 64, 64, 128, 224, 224]
+    assert bucket(3, 17) == 17
+
+
+def test_cached_steps_match_full_recompute_and_use_small_buckets(weights):
+    store, arrays = weights
+    n = 70
+    x = np.random.default_rng(3).standard_normal((n, CFG.n_embd)).astype(np.float32)
+    want = reference(arrays, x)
+    with make_session(store) as s:
+        assert s.capacity == 224 and s.capacity % SLOT_ALIGN == 0
+        s.reserve(PROMPT)
+        got = [s.run({"x": x[:PROMPT]}, PROMPT)["hidden"]]
+        graphs = {}
+        for k in range(PROMPT, n):
+            got.append(s.run({"x": x[k:k + 1]}, 1)["hidden"])
+            graphs.setdefault(k, list(s.step_graphs.values())[-1])
+        assert_close(np.concatenate(got), want, atol=F32_ATOL, what="prefill + steps")
+        # the step at position 10 attends over 32 slots (its mask and the K views), not 224
+        assert graphs[PROMPT].inputs["kv.mask"].ne[:2] == (32, 1)
+        assert graphs[40].inputs["kv.mask"].ne[:2] == (64, 1)
+        assert graphs[69].inputs["kv.mask"].ne[:2] == (128, 1)
+        # one graph per bucket, replayed for every other step in it
+        assert sorted(s.step_graphs) == [(None, 32), (None, 64), (None, 128)]
+        assert graphs[PROMPT] is graphs[31] and graphs[32] is graphs[63]
+
+
+def test_step_at_the_wrong_position_or_prefix_is_detected(weights):
+    store, arrays = weights
+    x = np.random.default_rng(4).standard_normal((PROMPT + 1, CFG.n_embd)).astype(np.float32)
+    want = reference(arrays, x)[-1:]
+    with make_session(store) as s:
+        s.run({"x": x[:PROMPT]}, PROMPT)
+        s.position += 1
+        shifted = s.run({"x": x[PROMPT:]}, 1)["hidden"]
+        s.reset()
+        other = x.copy()
+        other[2] = other[5]            # one cached row replaced by another
+        s.run({"x": other[:PROMPT]}, PROMPT)
+        wrong_prefix = s.run({"x": x[PROMPT:]}, 1)["hidden"]
+        s.reset()
+        s.run({"x": x[:PROMPT]}, PROMPT)
+        assert_close(s.run({"x": x[PROMPT:]}, 1)["hidden"], want, atol=F32_ATOL,
+                     what="after reset")
+    assert_differs(shifted, want, atol=F32_ATOL, what="step one position late")
+    assert_differs(wrong_prefix, want, atol=F32_ATOL, what="one cached row changed")
+
+
+def test_rows_past_the_capacity_raise_input_error(weights):
+    store, _ = weights
+    with make_session(store) as s:
+        s.run({"x": np.zeros((220, CFG.n_embd), np.float32) + 0.1}, 220)
+        with pytest.raises(InputError, match="capacity of 224"):
+            s.run({"x": np.zeros((5, CFG.n_embd), np.float32)}, 5)
+
+
+def test_reserve_sizes_the_prefill_allocator_for_the_worst_case_up_front(weights):
+    """reserve(n) allocates for n rows over the whole cache; prefills up to n rows then
+    never grow the buffer."""
+    store, _ = weights
+    x = np.random.default_rng(5).standard_normal((40, CFG.n_embd)).astype(np.float32)
+    with make_session(store) as s:
+        size = s.reserve(40)
+        assert size > 0 and s.prefill_allocator.buffer_size == size
+        s.run({"x": x[:25]}, 25)
+        s.run({"x": x[25:]}, 15)
+        assert s.prefill_allocator.buffer_size == size
