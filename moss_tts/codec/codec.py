@@ -146,7 +146,7 @@ class Codec(NativeResource):
         partial frame is dropped (upstream reports floor(n / downsample_rate) frames)."""
         n_q = self._n_q(n_quantizers)
         x = to_channels(as_samples(samples), self.channels)
-        x = resample(x, int(sample_rate), self.sample_rate)
+        x = resample(x, sample_rate, self.sample_rate)
         n_frames = x.shape[0] // self.downsample_rate
         if n_frames == 0:
             raise InputError(f"audio is shorter than one code frame ({self.downsample_rate} "
