@@ -95,10 +95,8 @@ def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int, 
     import soundfile as sf
 
     path = Path(path)
-    fmt = WRITE_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise InputError(f"{path}: unsupported output format {path.suffix!r}; use .wav or .flac")
-    data, subtype = file_samples(samples, sample_format, fmt)
+    fmt = container_of(path, sample_format)
+    data, subtype = file_samples(samples, sample_format)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
@@ -120,15 +118,25 @@ def quantize(samples, sample_format: str) -> np.ndarray:
     x = np.asarray(samples, dtype=np.float32)
     if sample_format == "f32":
         return x
-    q = np.round(np.clip(x, -1.0, 1.0) * _FULL_SCALE[sample_format])
+    # in float64: a float32 product has 24 mantissa bits, too few to round to 24-bit steps
+    q = np.round(np.clip(x, -1.0, 1.0).astype(np.float64) * _FULL_SCALE[sample_format])
     return q.astype(np.int16 if sample_format == "s16" else np.int32)
 
 
-def file_samples(samples, sample_format: str, container: str) -> tuple[np.ndarray, str]:
+def container_of(path: str | os.PathLike, sample_format: str) -> str:
+    """The soundfile format of an output path (by its suffix) that can hold `sample_format`."""
+    path = Path(path)
+    fmt = WRITE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(f"{path}: unsupported output format {path.suffix!r}; use .wav or .flac")
+    if fmt == "FLAC" and sample_format == "f32":
+        raise InputError(f"{path}: FLAC stores integer samples; use sample format s16 or s24, or "
+                         "a .wav file for f32")
+    return fmt
+
+
+def file_samples(samples, sample_format: str) -> tuple[np.ndarray, str]:
     """(array for soundfile, subtype) so that a file holds exactly the bytes `pcm_bytes` streams."""
-    if container == "FLAC" and sample_format == "f32":
-        raise InputError("FLAC stores integer samples: use sample format s16 or s24, or a .wav "
-                         "file for f32")
     q = quantize(samples, sample_format)
     if sample_format == "s24":
         q = q << 8  # libsndfile scales int32 data to 24 bits by dropping the low byte

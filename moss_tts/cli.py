@@ -163,6 +163,15 @@ def _load_codec(args):
                                                if args.chunk_seconds is not None else {}))
 
 
+def _check_audio_output(args, *, stdout_ok: bool = False) -> None:
+    """Everything about `-o` that can be known before the work: the place and the format."""
+    from .audio import container_of
+
+    check_output(args.out, AUDIO_SUFFIXES + (("-",) if stdout_ok else ()))
+    if args.out != "-":
+        container_of(args.out, args.sample_format)
+
+
 def _write_audio(args, audio, sample_rate: int) -> None:
     from .audio import write_audio
 
@@ -187,7 +196,7 @@ def _encode(args) -> int:
 def _decode(args) -> int:
     from .codec.io import load_codes
 
-    check_output(args.out, AUDIO_SUFFIXES)
+    _check_audio_output(args)
     codes = load_codes(args.input)
     with _load_codec(args) as codec:
         with Progress("decoding", args.quiet) as bar:
@@ -201,7 +210,7 @@ def _decode(args) -> int:
 def _reconstruct(args) -> int:
     from .audio import read_audio
 
-    check_output(args.out, AUDIO_SUFFIXES)
+    _check_audio_output(args)
     samples, sr = read_audio(args.input)
     with _load_codec(args) as codec:
         with Progress("encoding", args.quiet) as bar:
@@ -299,7 +308,7 @@ def _tts_nano(args) -> int:
         do_sample=not args.greedy, text_temperature=args.text_temperature,
         audio_temperature=args.temperature, audio_top_k=args.top_k, audio_top_p=args.top_p,
         audio_repetition_penalty=args.repetition_penalty)
-    check_output(args.out, AUDIO_SUFFIXES + ("-",))
+    _check_audio_output(args, stdout_ok=True)
     if args.out != "-" and args.format != "wav":
         raise InputError("--format raw is for -o - (stdout); a file's format follows its name")
     model = _resolve(args.model, "nano", "--model")
