@@ -13,8 +13,6 @@ from ..ggml.backend import Backend, Buffer, NativeResource, get_backend
 from ..ggml.graph import Graph, Tensor, type_size
 from ..ggml.types import F16, F32, GGMLType
 
-NEG_INF = np.float32(-np.inf)
-
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:
     """[H·Dh, T] → [Dh, H, T] (heads are contiguous blocks of Dh, as upstream's view(T, H, Dh))."""
