@@ -92,16 +92,13 @@ def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int, 
                 sample_format: str = DEFAULT_SAMPLE_FORMAT) -> Path:
     """Write [n, channels] float32 to .wav or .flac atomically, as `sample_format` (SAMPLE_FORMATS;
     FLAC holds integers only)."""
-    import soundfile as sf
-
     path = Path(path)
-    fmt = container_of(path, sample_format)
-    data, subtype = file_samples(samples, sample_format)
+    encoded = encode_file(samples, sample_rate, container_of(path, sample_format), sample_format)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
     try:
-        sf.write(tmp, data, int(sample_rate), subtype=subtype, format=fmt)
+        Path(tmp).write_bytes(encoded)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -141,6 +138,20 @@ def file_samples(samples, sample_format: str) -> tuple[np.ndarray, str]:
     if sample_format == "s24":
         q = q << 8  # libsndfile scales int32 data to 24 bits by dropping the low byte
     return q, SAMPLE_FORMATS[sample_format]
+
+
+def encode_file(samples, sample_rate: int, container: str, sample_format: str) -> bytes:
+    """The whole WAV/FLAC file in memory. Encoding to memory and writing the bytes with Python
+    makes a full disk an OSError: libsndfile's FLAC encoder ignores failed writes (a 16 KiB
+    tmpfs kept a truncated FLAC and reported success)."""
+    import io
+
+    import soundfile as sf
+
+    data, subtype = file_samples(samples, sample_format)
+    buf = io.BytesIO()
+    sf.write(buf, data, int(sample_rate), subtype=subtype, format=container)
+    return buf.getvalue()
 
 
 def pcm_bytes(samples, sample_format: str) -> bytes:

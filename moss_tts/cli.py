@@ -309,8 +309,7 @@ def _tts_nano(args) -> int:
         audio_temperature=args.temperature, audio_top_k=args.top_k, audio_top_p=args.top_p,
         audio_repetition_penalty=args.repetition_penalty)
     _check_audio_output(args, stdout_ok=True)
-    if args.out != "-" and args.format != "wav":
-        raise InputError("--format raw is for -o - (stdout); a file's format follows its name")
+    _check_tts_flags(args)
     model = _resolve(args.model, "nano", "--model")
     codec = _resolve(args.codec, "codec", "--codec")
     with NanoTTS.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
@@ -334,6 +333,18 @@ def _tts_nano(args) -> int:
         _write_audio(args, audio, tts.sample_rate)
         _say(args, f"{args.out}: {len(audio) / tts.sample_rate:.2f} s at {tts.sample_rate} Hz, stereo")
     return 0
+
+
+def _check_tts_flags(args) -> None:
+    """Flag combinations the model would refuse only after loading, in the flags' own words."""
+    if args.out != "-" and args.format != "wav":
+        raise InputError("--format raw is for -o - (stdout); a file's format follows its name")
+    if (args.prompt_text is None) != (args.prompt_audio is None):
+        raise InputError("--prompt-text and --prompt-audio go together: continuation needs the "
+                         "recording and its transcript")
+    if args.prompt_audio is not None and (args.reference or args.voice):
+        raise InputError("--prompt-audio continues a recording and --reference/--voice clone a "
+                         "voice: use one of the two")
 
 
 def _stream_to_stdout(args, chunks, sample_rate: int, bar) -> None:

@@ -41,14 +41,6 @@ def writing(out: str):
     except OSError as e:
         raise InputError(f"{_name(out)}: cannot write ({e.strerror or e}); free space or choose "
                          "another destination") from None
-    except RuntimeError as e:
-        import soundfile
-
-        if not isinstance(e, soundfile.SoundFileError):
-            raise
-        # libsndfile reports a failed write(2) as "System error." without the errno
-        raise InputError(f"{_name(out)}: cannot write (libsndfile: {e}); is the disk full? Free "
-                         "space or choose another destination") from None
 
 
 def _name(out: str) -> str:

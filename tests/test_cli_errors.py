@@ -100,6 +100,20 @@ def test_non_utf8_stdin_is_one_line(pair, tmp_path):
     assert "stdin" in one_line_error(r) and not (tmp_path / "o.wav").exists()
 
 
+@pytest.mark.parametrize("extra,names", [
+    (("--prompt-text", "hello"), "--prompt-audio"),
+    (("--prompt-audio", "REF"), "--prompt-text"),
+    (("--prompt-audio", "REF", "--prompt-text", "yo", "--reference", "REF"), "--reference"),
+    (("--format", "raw"), "--format raw")])
+def test_flag_combinations_are_refused_before_loading_in_flag_words(tmp_path, wav, extra, names):
+    missing = _missing_model(tmp_path)
+    extra = [wav if a == "REF" else a for a in extra]
+    r = cli("tts-nano", "--model", missing, "--codec", missing, "--text", "hi", "-o",
+            tmp_path / "o.wav", *extra)
+    err = one_line_error(r)
+    assert names in err and str(missing) not in err
+
+
 def test_threads_beyond_the_usable_cores_are_capped_with_a_warning(codec_gguf, wav, tmp_path):
     r = cli("encode", wav, "--codec", codec_gguf, "-o", tmp_path / "c.npy", "--threads", 1000)
     assert r.returncode == 0, r.stderr
@@ -164,18 +178,27 @@ def _file_size_limit(limit):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
-@pytest.mark.parametrize("command", ["decode", "reconstruct", "encode"])
+@pytest.mark.parametrize("case", ["decode", "reconstruct", "reconstruct_flac", "encode", "convert"])
 def test_a_write_that_runs_out_of_space_is_one_line_and_leaves_nothing(codec_gguf, wav, tmp_path,
-                                                                      command):
+                                                                      case):
+    """reconstruct_flac: libsndfile's FLAC encoder drops failed writes, so this one used to
+    report success and leave a truncated file."""
     codes = tmp_path / "c.npy"
     np.save(codes, np.arange(8 * 400, dtype=np.int32).reshape(8, 400) % 64)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    out = out_dir / ("o.npy" if command == "encode" else "o.wav")
-    source = codes if command == "decode" else wav
-    extra = () if command == "encode" else ("--sample-format", "f32")
-    r = cli(command, source, "--codec", codec_gguf, "-o", out, *extra,
-            preexec_fn=_file_size_limit(64 if command == "encode" else 1024))
+    ckpt = make_tiny_v1_checkpoint(tmp_path / "ckpt", seed=3)
+    out = out_dir / {"encode": "o.npy", "convert": "o.gguf", "reconstruct_flac": "o.flac"}.get(
+        case, "o.wav")
+    args, limit = {
+        "decode": (("decode", codes, "--codec", codec_gguf), 1024),
+        "reconstruct": (("reconstruct", wav, "--codec", codec_gguf, "--sample-format", "f32"),
+                        1024),
+        "reconstruct_flac": (("reconstruct", wav, "--codec", codec_gguf), 1024),
+        "encode": (("encode", wav, "--codec", codec_gguf), 64),
+        "convert": (("convert", "codec", "--model", ckpt), 4096),
+    }[case]
+    r = cli(*args, "-o", out, preexec_fn=_file_size_limit(limit))
     assert str(out) in one_line_error(r) and "cannot write" in r.stderr
     assert list(out_dir.iterdir()) == []
 
