@@ -16,12 +16,13 @@ from pathlib import Path
 
 from . import __version__
 from .audio import DEFAULT_SAMPLE_FORMAT, SAMPLE_FORMATS
-from .cli_args import (check_output, non_negative_int, port, positive_float, positive_int,
-                       probability, writing)
+from .cli_args import (check_output, closed_pipe_error, non_negative_int, port, positive_float,
+                       positive_int, probability, writing)
 from .errors import InputError, MossTTSError
 
 AUDIO_SUFFIXES = (".wav", ".flac")
-TINY_MODELS_COMMAND = "python -m fixtures.make_tiny_pair DIR (see the README)"
+# fixtures/ ships with a checkout, not in the wheel (pyproject includes moss_tts and converters)
+TINY_MODELS_COMMAND = "python -m fixtures.make_tiny_pair DIR in a checkout"
 
 
 def _doctor(args) -> int:
@@ -151,8 +152,8 @@ def _resolve(spec: str, family: str, flag: str):
     try:
         return resolve_gguf(spec, family)
     except MossTTSError as e:
-        raise type(e)(f"{flag} {e} ({flag} also takes a local .gguf or checkpoint directory; "
-                      f"tiny offline models: {TINY_MODELS_COMMAND})") from None
+        raise type(e)(f"{flag} {e}; {flag} also takes a local .gguf or checkpoint directory "
+                      f"(tiny models for a first run offline: {TINY_MODELS_COMMAND})") from None
 
 
 def _load_codec(args):
@@ -546,6 +547,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run(args) -> int:
+    try:
+        status = args.func(args)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return status
+    except BrokenPipeError:  # any command's printing (doctor, voice list) into `| head`
+        raise closed_pipe_error() from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -555,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return args.func(args)
+        return _run(args)
     except MossTTSError as e:
         if args.debug:
             raise

@@ -35,9 +35,7 @@ def writing(out: str):
         if out in ("-", "stdout") and sys.stdout is not None:
             sys.stdout.flush()  # a pipe error must surface here, not in the exit-time flush
     except BrokenPipeError:
-        _detach_stdout()
-        raise InputError(f"{_name(out)}: the reader closed the pipe before the output was "
-                         "complete") from None
+        raise closed_pipe_error() from None
     except OSError as e:
         raise InputError(f"{_name(out)}: cannot write ({e.strerror or e}); free space or choose "
                          "another destination") from None
@@ -47,15 +45,16 @@ def _name(out: str) -> str:
     return "stdout" if out in ("-", "stdout") else out
 
 
-def _detach_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's final flush of the data still buffered for
-    the closed pipe does not print a second error."""
+def closed_pipe_error() -> InputError:
+    """The error for a stdout whose reader went away (`| head`). Points stdout at /dev/null first,
+    so the interpreter's exit-time flush of what is still buffered cannot print a second error."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (AttributeError, OSError, ValueError):  # stdout replaced or already closed
         pass
+    return InputError("stdout: the reader closed the pipe before the output was complete")
 
 
 def positive_int(text: str) -> int:

@@ -222,7 +222,8 @@ def _closed_pipe_run(args):
         os.close(write_end)
 
 
-def test_broken_pipe_is_one_line_for_tts_and_info(pair):
-    for args in (tts_args(pair, "-"), ("info", pair[1], "--json")):
+def test_broken_pipe_is_one_line_for_every_printing_command(pair):
+    for args in (tts_args(pair, "-"), ("info", pair[1], "--json"), ("info", pair[1]),
+                 ("doctor",)):
         err = one_line_error(_closed_pipe_run(args))
         assert "reader closed the pipe" in err
