@@ -103,9 +103,9 @@ def test_tiny_pair_command_gives_a_working_first_run(tmp_path):
     assert made.returncode == 0, made.stderr
     command = shlex.split(made.stdout.strip())
     assert command[:4] == ["python", "-m", "moss_tts", "tts-nano"] and command[-1] == "out.wav"
-    r = subprocess.run([sys.executable, *command[1:-1], str(tmp_path / "out.wav")],
-                       capture_output=True, text=True, env={**os.environ,
-                                                            **offline_env(tmp_path)})
+    seeded = [sys.executable, *command[1:-1], str(tmp_path / "out.wav"), "--seed", "1"]
+    r = subprocess.run(seeded, capture_output=True, text=True,
+                       env={**os.environ, **offline_env(tmp_path)})
     assert r.returncode == 0, r.stderr
     audio, sr = sf.read(tmp_path / "out.wav")
     assert sr == 1600 and audio.shape[1] == 2 and len(audio) > 0.5 * sr and np.abs(audio).max() > 0
