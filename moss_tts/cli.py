@@ -16,8 +16,8 @@ from pathlib import Path
 
 from . import __version__
 from .audio import DEFAULT_SAMPLE_FORMAT, SAMPLE_FORMATS
-from .cli_args import (check_output, closed_pipe_error, non_negative_int, port, positive_float,
-                       positive_int, probability, writing)
+from .cli_args import (check_output, non_negative_int, port, positive_float, positive_int,
+                       probability, writing)
 from .errors import InputError, MossTTSError
 
 AUDIO_SUFFIXES = (".wav", ".flac")
@@ -26,6 +26,11 @@ TINY_MODELS_COMMAND = "python -m fixtures.make_tiny_pair DIR in a checkout"
 
 
 def _doctor(args) -> int:
+    with writing("stdout"):  # the report into a closed pipe or a full device: one line
+        return _print_doctor()
+
+
+def _print_doctor() -> int:
     from .ggml import backend, lib
 
     print(f"moss-tts {__version__} (python {platform.python_version()}, {platform.machine()})")
@@ -547,16 +552,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run(args) -> int:
-    try:
-        status = args.func(args)
-        if sys.stdout is not None:
-            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
-        return status
-    except BrokenPipeError:  # any command's printing (doctor, voice list) into `| head`
-        raise closed_pipe_error() from None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -566,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return _run(args)
+        return args.func(args)
     except MossTTSError as e:
         if args.debug:
             raise

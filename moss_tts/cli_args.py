@@ -35,7 +35,7 @@ def writing(out: str):
         if out in ("-", "stdout") and sys.stdout is not None:
             sys.stdout.flush()  # a pipe error must surface here, not in the exit-time flush
     except BrokenPipeError:
-        raise closed_pipe_error() from None
+        raise _closed_pipe_error() from None
     except OSError as e:
         raise InputError(f"{_name(out)}: cannot write ({e.strerror or e}); free space or choose "
                          "another destination") from None
@@ -45,7 +45,7 @@ def _name(out: str) -> str:
     return "stdout" if out in ("-", "stdout") else out
 
 
-def closed_pipe_error() -> InputError:
+def _closed_pipe_error() -> InputError:
     """The error for a stdout whose reader went away (`| head`). Points stdout at /dev/null first,
     so the interpreter's exit-time flush of what is still buffered cannot print a second error."""
     try:

@@ -211,6 +211,14 @@ def test_streaming_to_a_full_device_is_one_line(pair):
     assert "stdout: cannot write (No space left on device)" in one_line_error(r)
 
 
+def test_printing_commands_into_a_full_device_are_one_line(pair):
+    for args in (("doctor",), ("info", pair[1]), ("info", pair[1], "--json")):
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run([sys.executable, "-m", "moss_tts", *map(str, args)], stdout=full,
+                               stderr=subprocess.PIPE, text=True)
+        assert "stdout: cannot write (No space left on device)" in one_line_error(r)
+
+
 def _closed_pipe_run(args):
     """Run with stdout a pipe whose reader is already gone (as `| head` after it has read)."""
     read_end, write_end = os.pipe()
