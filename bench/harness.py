@@ -250,7 +250,7 @@ class Driver:
 
 
 def upstream_source(path: str | None) -> Path:
-    """The upstream codec checkout: `path` (a --upstream-src flag), else $MOSS_TTS_UPSTREAM_CODEC."""
+    """The upstream codec checkout: `path` (from --upstream-src), else $MOSS_TTS_UPSTREAM_CODEC."""
     value = path or os.environ.get(UPSTREAM_ENV)
     if not value:
         raise SystemExit(f"no upstream source: pass --upstream-src DIR or set {UPSTREAM_ENV}=DIR, "

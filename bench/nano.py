@@ -12,9 +12,10 @@ time goes: 1 vs 2 threads, graph build per utterance, a cProfile of the frame lo
 First run: writes the random checkpoint (fixtures.make_nano, stop_bias −50 so the model never
 stops) into bench/results/nano_real/ (gitignored) and converts it once per type with
 converters.nano.convert; the real-dims Nano codec for first audio is built the same way (into
-bench/results/codec48k/, shared with bench/codec48k.py) when missing. Every measurement runs in a fresh subprocess (`--worker ...`) after
-waiting for a quiet machine (no other bench/ process, other CPU use ≤ 15 %; see
-bench/codec48k.py `Quiet`), so peak RSS is its own and the "other load" is reported.
+bench/results/codec48k/, shared with bench/codec48k.py) when missing. Every measurement runs in
+a fresh subprocess (`--worker ...`) after waiting for a quiet machine (no other bench/ process,
+other CPU use ≤ 15 %; see bench/codec48k.py `Quiet`), so peak RSS is its own and the "other
+load" is reported.
 """
 
 from __future__ import annotations

@@ -412,7 +412,8 @@ def _add_tts_nano(sub, common) -> None:
     p.add_argument("--repetition-penalty", type=positive_float, default=1.2,
                    help="per-channel audio repetition penalty (1.2; 1 = off)")
     p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
-                   default=1000, help="hard cap of frames per text chunk (80 ms each; default 1000)")
+                   default=1000,
+                   help="hard cap of frames per text chunk (80 ms each; default 1000)")
     p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=75,
                    help="text tokens per chunk when cloning a voice (75)")
     _add_runtime_flags(p)

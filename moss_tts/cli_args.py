@@ -15,6 +15,9 @@ from pathlib import Path
 from .errors import InputError
 
 
+# --- argparse type= functions: a bad value is one line naming the flag, before any work --------
+
+
 def _number(text: str, kind):
     try:
         value = kind(text)
@@ -24,37 +27,6 @@ def _number(text: str, kind):
     if kind is float and not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
     return value
-
-
-@contextmanager
-def writing(out: str):
-    """Turn a failed write of `out` (full disk, a reader that closed the pipe, a directory that
-    vanished) into one line; the writers remove their partial files themselves."""
-    try:
-        yield
-        if out in ("-", "stdout") and sys.stdout is not None:
-            sys.stdout.flush()  # a pipe error must surface here, not in the exit-time flush
-    except BrokenPipeError:
-        raise _closed_pipe_error() from None
-    except OSError as e:
-        raise InputError(f"{_name(out)}: cannot write ({e.strerror or e}); free space or choose "
-                         "another destination") from None
-
-
-def _name(out: str) -> str:
-    return "stdout" if out in ("-", "stdout") else out
-
-
-def _closed_pipe_error() -> InputError:
-    """The error for a stdout whose reader went away (`| head`). Points stdout at /dev/null first,
-    so the interpreter's exit-time flush of what is still buffered cannot print a second error."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (AttributeError, OSError, ValueError):  # stdout replaced or already closed
-        pass
-    return InputError("stdout: the reader closed the pipe before the output was complete")
 
 
 def positive_int(text: str) -> int:
@@ -96,6 +68,9 @@ def port(text: str) -> int:
     return value
 
 
+# --- the output ---------------------------------------------------------------------------------
+
+
 def check_output(out: str, suffixes: tuple[str, ...]) -> None:
     """Fail now, before any model work, if `out` cannot receive the output: "-" needs an open
     stdout that is not a terminal; a path needs one of `suffixes`, must not be a directory or a
@@ -105,8 +80,8 @@ def check_output(out: str, suffixes: tuple[str, ...]) -> None:
         if sys.stdout is None:
             raise InputError("-o -: stdout is closed; pass a file name instead")
         if sys.stdout.isatty():
-            raise InputError("-o -: stdout is a terminal; redirect or pipe it (> out.wav, | player),"
-                             " or pass a file name")
+            raise InputError("-o -: stdout is a terminal; redirect or pipe it (> out.wav, "
+                             "| player), or pass a file name")
         return
     path = Path(out)
     if path.is_dir():
@@ -135,3 +110,34 @@ def _existing_parent(path: Path) -> Path:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     return parent
+
+
+@contextmanager
+def writing(out: str):
+    """Turn a failed write of `out` (full disk, a reader that closed the pipe, a directory that
+    vanished) into one line; the writers remove their partial files themselves."""
+    try:
+        yield
+        if out in ("-", "stdout") and sys.stdout is not None:
+            sys.stdout.flush()  # a pipe error must surface here, not in the exit-time flush
+    except BrokenPipeError:
+        raise _closed_pipe_error() from None
+    except OSError as e:
+        raise InputError(f"{_name(out)}: cannot write ({e.strerror or e}); free space or choose "
+                         "another destination") from None
+
+
+def _name(out: str) -> str:
+    return "stdout" if out in ("-", "stdout") else out
+
+
+def _closed_pipe_error() -> InputError:
+    """The error for a stdout whose reader went away (`| head`). Points stdout at /dev/null first,
+    so the interpreter's exit-time flush of what is still buffered cannot print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # stdout replaced or already closed
+        pass
+    return InputError("stdout: the reader closed the pipe before the output was complete")
