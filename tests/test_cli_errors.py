@@ -65,20 +65,37 @@ BAD_TTS_VALUES = [("--seed", "-1"), ("--seed", "x"), ("--temperature", "inf"),
                   ("--sample-format", "s8")]
 
 
+def in_process(*args, capsys):
+    """main() in this process (argparse stops before any model work, so this is the CLI's whole
+    behaviour for a bad value, without a subprocess per case) → (exit code, stderr)."""
+    from moss_tts.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([str(a) for a in args])
+    return stop.value.code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag,value", BAD_TTS_VALUES)
-def test_bad_tts_option_value_is_one_line_naming_the_flag(pair, tmp_path, flag, value):
-    r = cli(*tts_args(pair, tmp_path / "o.wav", flag, value))
-    assert flag in one_line_error(r, code=2)
+def test_bad_tts_option_value_is_one_line_naming_the_flag(pair, tmp_path, capsys, flag, value):
+    code, err = in_process(*tts_args(pair, tmp_path / "o.wav", flag, value), capsys=capsys)
+    assert code == 2 and err.startswith("error: argument " + flag) and err.count("\n") == 1, err
     assert not (tmp_path / "o.wav").exists()
+
+
+def test_bad_option_value_from_the_real_command_line(pair, tmp_path):
+    r = cli(*tts_args(pair, tmp_path / "o.wav", "--seed", "-1"))
+    assert "--seed: '-1' must be 0 or more" in one_line_error(r, code=2)
 
 
 @pytest.mark.parametrize("command", ["encode", "decode", "reconstruct"])
 @pytest.mark.parametrize("value", ["nan", "0", "-1", "inf"])
-def test_bad_chunk_seconds_is_rejected_by_every_codec_command(codec_gguf, wav, tmp_path,
+def test_bad_chunk_seconds_is_rejected_by_every_codec_command(codec_gguf, wav, tmp_path, capsys,
                                                               command, value):
     out = tmp_path / ("o.npy" if command == "encode" else "o.wav")
-    r = cli(command, wav, "--codec", codec_gguf, "-o", out, "--chunk-seconds", value)
-    assert "--chunk-seconds" in one_line_error(r, code=2) and not out.exists()
+    code, err = in_process(command, wav, "--codec", codec_gguf, "-o", out, "--chunk-seconds",
+                           value, capsys=capsys)
+    assert code == 2 and err.startswith("error: argument --chunk-seconds")
+    assert err.count("\n") == 1 and not out.exists()
 
 
 def test_non_utf8_text_file_is_one_line(pair, tmp_path):
