@@ -4,7 +4,11 @@ streaming decode cost per frame, a chunk_seconds sweep — and, side by side, up
 (f32) on the same weights, with a real-dimension parity check (codes and decoded audio).
 
     python bench/codec.py [--upstream /tmp/torchvenv/bin/python] [--types f32,f16,q8_0]
-                          [--chunks 1,2,5,10] [--runs 3] [--threads 2]
+                          [--chunks 1,2,5,10] [--runs 3] [--threads 2] [--upstream-src DIR]
+
+The real config.json (first run) and, with --upstream, the upstream modeling code come from a
+checkout of the upstream codec: --upstream-src DIR or $MOSS_TTS_UPSTREAM_CODEC (a clone of
+GitHub OpenMOSS/MOSS-Audio-Tokenizer, or the Hugging Face repo's files without the weights).
 
 First run: writes a random ~7 GB f32 checkpoint (the upstream key layout: v1 names, weight-norm
 pairs for the quantizer projections, identity projections absent) into bench/results/codec_real/
@@ -45,17 +49,19 @@ sys.path.insert(0, str(ROOT))
 from bench.common import table
 from bench.harness import (
     RETRY_FOREIGN,
+    UPSTREAM_ENV,
     Contention,
     fmt,
     median,
     peak_rss_gb,
     run_worker,
     timed_runs,
+    upstream_file,
+    upstream_source,
 )
 
 WORK = ROOT / "bench" / "results" / "codec_real"
 CKPT = WORK / "checkpoint"
-MIRROR = Path("/work/.mirror/OpenMOSS+MOSS-Audio-Tokenizer/repo")
 INDEX_FILE = "model.safetensors.index.json"
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
 SHARD_BYTES = 1 << 30          # ≤ 1 GiB of f32 per shard: generation memory stays bounded
@@ -69,15 +75,13 @@ TARGETS = {"f32": 2.4, "f16": 1.3}   # s for 10 s, encode and decode each
 # --- the real config and a random checkpoint with its exact key layout --------------------------
 
 
-def real_config() -> dict:
-    """config.json of OpenMOSS/MOSS-Audio-Tokenizer (from the local mirror; cached beside the
-    checkpoint so later runs do not need the mirror)."""
+def real_config(upstream_src: str | None = None) -> dict:
+    """config.json of OpenMOSS/MOSS-Audio-Tokenizer, from the upstream source (--upstream-src or
+    $MOSS_TTS_UPSTREAM_CODEC; cached beside the checkpoint so later runs do not need it)."""
     cached = CKPT / "config.json"
     if cached.exists():
         return json.loads(cached.read_text())
-    text = subprocess.run(["git", "-C", str(MIRROR), "show", "HEAD:config.json"], check=True,
-                          capture_output=True, text=True).stdout
-    return json.loads(text)
+    return json.loads(upstream_file(upstream_source(upstream_src), "config.json"))
 
 
 def checkpoint_plan(config: dict) -> list[tuple[str, tuple, str, int]]:
@@ -627,6 +631,9 @@ class Driver:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", help="python of a venv with torch + transformers")
+    ap.add_argument("--upstream-src", default=None,
+                    help=f"upstream MOSS-Audio-Tokenizer checkout (default ${UPSTREAM_ENV}): its "
+                         "config.json on the first run, its modeling code for --upstream")
     ap.add_argument("--types", default="f32,f16,q8_0")
     ap.add_argument("--chunks", default="1,2,5,10", help="chunk_seconds values to sweep")
     ap.add_argument("--chunk", type=float, default=None,
@@ -671,7 +678,7 @@ def drive(args) -> int:
             d.say(f"only {free / 1e9:.0f} GB free: need ~7 GB checkpoint + ~13 GB of GGUFs")
             return 1
         d.say(f"writing the random real-size checkpoint into {CKPT} ...")
-        make_real_checkpoint(CKPT, log=d.say)
+        make_real_checkpoint(CKPT, config=real_config(args.upstream_src), log=d.say)
     ckpt_gb = sum(p.stat().st_size for p in CKPT.glob("*.safetensors")) / 1e9
     conv = {}
     for t in types:
@@ -709,6 +716,8 @@ def drive(args) -> int:
                 cmd = [args.upstream, script, "--mode", what, "--ckpt", str(CKPT.relative_to(ROOT)),
                        "--work", str(WORK.relative_to(ROOT)), "--threads", str(args.threads),
                        "--runs", str(args.runs)]
+                if args.upstream_src:
+                    cmd += ["--upstream-src", args.upstream_src]
                 if chunk:
                     cmd += ["--chunk-duration", f"{chunk:g}"]
                 up[(chunk, what)] = d.run(cmd)

@@ -184,6 +184,19 @@ def gguf_path(variant: str, outtype: str) -> Path:
     return WORK / f"{variant}-{outtype}.gguf"
 
 
+def ensure_gguf(variant: str, outtype: str, *, log=print) -> Path:
+    """The real-dims GGUF of `variant`, built (checkpoint, then convert) when missing, so another
+    driver that needs it (bench/nano.py's first audio) does not depend on this one having run."""
+    path = gguf_path(variant, outtype)
+    if not path.exists():
+        from converters.codec import convert
+
+        make_checkpoint(variant, log=log)
+        log(f"  converting the {variant} codec checkpoint to {path.name} ...")
+        convert(str(ckpt_dir(variant)), path, outtype=outtype)
+    return path
+
+
 def make_checkpoint(variant: str, *, seed: int = 0, log=print) -> Path:
     """config.json + safetensors at the real dims. Nano: fixtures' make_tiny_nano_state on the
     real config (22 M params, one file). v2: tensor by tensor (bench/codec.py's seeded init) into

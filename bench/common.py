@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +14,6 @@ CACHE = Path(__file__).resolve().parent / "results" / "models"
 
 def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
-
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0
 
 
 def random_model(name: str, shapes: dict[str, tuple], outtype: str, *, seed: int = 0) -> Path:

@@ -1,7 +1,7 @@
 """The measuring harness shared by the bench drivers: subprocess workers with their JSON result,
 the CPU share other processes took meanwhile, waiting for a quiet machine, peak RSS, `perf`
-attribution and the report footer. (bench/upstream_codec.py runs in a torch venv without this
-package and keeps its own timing.)"""
+attribution, the report footer, and where the upstream codec source is. (bench/upstream_codec.py
+runs in a torch venv without this package and keeps its own timing.)"""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RETRY_FOREIGN = 0.10   # re-measure when other processes took more than this share of the CPUs
 RETRIES = 2
+UPSTREAM_ENV = "MOSS_TTS_UPSTREAM_CODEC"
+UPSTREAM_WHAT = ("the upstream MOSS-Audio-Tokenizer code and config.json: a clone of GitHub "
+                 "OpenMOSS/MOSS-Audio-Tokenizer, or the files of the Hugging Face repo "
+                 "OpenMOSS-Team/MOSS-Audio-Tokenizer without the weights")
 
 
 def peak_rss_gb() -> float:
@@ -227,7 +231,7 @@ class Driver:
         line = " ".join(shlex.quote(c) for c in cmd)
         self.commands.append(line)
         out = None
-        for attempt in range(RETRIES + 1):
+        for _ in range(RETRIES + 1):
             if timing:
                 self.quiet.wait()
             again = self._run(cmd, line)
@@ -240,3 +244,38 @@ class Driver:
 
     def _run(self, cmd, line) -> dict:
         return run_worker(cmd, line, self.say)
+
+
+# --- the upstream source (never a fixed path of one machine) --------------------------------------
+
+
+def upstream_source(path: str | None) -> Path:
+    """The upstream codec checkout: `path` (from --upstream-src), else $MOSS_TTS_UPSTREAM_CODEC."""
+    value = path or os.environ.get(UPSTREAM_ENV)
+    if not value:
+        raise SystemExit(f"no upstream source: pass --upstream-src DIR or set {UPSTREAM_ENV}=DIR, "
+                         f"DIR holding {UPSTREAM_WHAT}")
+    src = Path(value).expanduser()
+    if not src.is_dir():
+        raise SystemExit(f"{src}: not a directory; it should hold {UPSTREAM_WHAT}")
+    return src
+
+
+def upstream_file(src: Path, name: str) -> str:
+    """`name` from the checkout's files, else from its git HEAD (a bare mirror has no files)."""
+    if (src / name).is_file():
+        return (src / name).read_text()
+    try:
+        return subprocess.run(["git", "-C", str(src), "show", f"HEAD:{name}"], check=True,
+                              capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit(f"{src}: no {name}; the directory should hold {UPSTREAM_WHAT}") from None
+
+
+def upstream_commit(src: Path) -> str:
+    """The checkout's git commit, or "?" for plain files."""
+    try:
+        return subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"

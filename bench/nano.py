@@ -11,9 +11,11 @@ time goes: 1 vs 2 threads, graph build per utterance, a cProfile of the frame lo
 
 First run: writes the random checkpoint (fixtures.make_nano, stop_bias −50 so the model never
 stops) into bench/results/nano_real/ (gitignored) and converts it once per type with
-converters.nano.convert. Every measurement runs in a fresh subprocess (`--worker ...`) after
-waiting for a quiet machine (no other bench/ process, other CPU use ≤ 15 %; see
-bench/codec48k.py `Quiet`), so peak RSS is its own and the "other load" is reported.
+converters.nano.convert; the real-dims Nano codec for first audio is built the same way (into
+bench/results/codec48k/, shared with bench/codec48k.py) when missing. Every measurement runs in
+a fresh subprocess (`--worker ...`) after waiting for a quiet machine (no other bench/ process,
+other CPU use ≤ 15 %; see bench/codec48k.py `Quiet`), so peak RSS is its own and the "other
+load" is reported.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.codec48k import ensure_gguf as ensure_codec_gguf
 from bench.codec48k import gguf_path as codec_gguf_path
 from bench.common import table
 from bench.harness import Contention, Driver, peak_rss_gb, perf_top, report_footer
@@ -424,7 +427,7 @@ def worker_first_audio(args) -> dict:
     generation state and the codec stream decoder of the previous one are reset and reused)."""
     codec_path = codec_gguf_path("nano", args.codec_type)
     if not codec_path.exists():
-        raise SystemExit(f"{codec_path} missing: run bench/codec48k.py --variants nano first")
+        raise SystemExit(f"{codec_path} missing: bench/nano.py builds it before this worker runs")
     rec = Rec()
     instrument(rec)
     tts, load_s = _load(args, codec=str(codec_path))
@@ -557,6 +560,7 @@ def drive(args) -> int:
         if not gguf_path(t).exists():
             conv[t] = d.worker("convert", timing=False, type=t)
             d.say(f"converted {t}: {json.dumps(conv[t])}")
+    ensure_codec_gguf("nano", args.codec_type, log=d.say)   # first audio decodes with it
     base = {"threads": args.threads, "frames": args.frames, "warmup": args.warmup, "runs": args.runs}
     res = {}
     for t in types:

@@ -6,18 +6,19 @@ numpy); bench/codec.py calls it with `--upstream PY`.
 
     /tmp/torchvenv/bin/python bench/upstream_codec.py --mode encode|decode
         [--ckpt bench/results/codec_real/checkpoint] [--work bench/results/codec_real]
-        [--threads 2] [--runs 3] [--chunk-duration S]
+        [--threads 2] [--runs 3] [--chunk-duration S] [--upstream-src DIR]
 
-The upstream modeling files are copied at run time from the local mirror (git show) into
-bench/results/upstream/ (gitignored), never into the committed tree.
+The upstream modeling files are copied at run time from the upstream checkout (--upstream-src
+or $MOSS_TTS_UPSTREAM_CODEC: its files, or its git HEAD) into bench/results/upstream/
+(gitignored), never into the committed tree; without a checkout, an earlier copy there is used.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,30 +26,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import Contention, peak_rss_gb  # noqa: E402  (stdlib + numpy: fine in the torch venv)
-MIRROR = Path("/work/.mirror/OpenMOSS+MOSS-Audio-Tokenizer/repo")
+from bench.harness import (  # noqa: E402  (stdlib + numpy: fine in the torch venv)
+    UPSTREAM_ENV,
+    Contention,
+    peak_rss_gb,
+    upstream_commit,
+    upstream_file,
+    upstream_source,
+)
+
 UPSTREAM_DIR = ROOT / "bench" / "results" / "upstream"
 FILES = ("modeling_moss_audio_tokenizer.py", "configuration_moss_audio_tokenizer.py")
 
 
-def fetch_upstream() -> str:
+def fetch_upstream(upstream_src: str | None) -> str:
     """Copy the upstream modeling code into bench/results/upstream/ (a package); returns the
-    mirror commit it came from."""
+    commit it came from ("?" when unknown)."""
     UPSTREAM_DIR.mkdir(parents=True, exist_ok=True)
-    commit = "?"
-    try:
-        commit = subprocess.run(["git", "-C", str(MIRROR), "rev-parse", "HEAD"], check=True,
-                                capture_output=True, text=True).stdout.strip()
-        for f in FILES:
-            text = subprocess.run(["git", "-C", str(MIRROR), "show", f"HEAD:{f}"], check=True,
-                                  capture_output=True, text=True).stdout
-            (UPSTREAM_DIR / f).write_text(text)
-    except (OSError, subprocess.CalledProcessError):
-        if not all((UPSTREAM_DIR / f).exists() for f in FILES):
-            raise SystemExit(f"no upstream code: neither the mirror {MIRROR} nor a copy in "
-                             f"{UPSTREAM_DIR}")
+    copied = all((UPSTREAM_DIR / f).exists() for f in FILES)
+    if copied and not (upstream_src or os.environ.get(UPSTREAM_ENV)):
+        return "?"  # an earlier run's copy, source no longer given
+    src = upstream_source(upstream_src)
+    for f in FILES:
+        (UPSTREAM_DIR / f).write_text(upstream_file(src, f))
     (UPSTREAM_DIR / "__init__.py").touch()
-    return commit
+    return upstream_commit(src)
 
 
 def load_model(ckpt: Path):
@@ -89,13 +91,15 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--chunk-duration", type=float, default=None,
                     help="upstream's own chunked (streaming-cache) mode; default: one pass")
+    ap.add_argument("--upstream-src", default=None,
+                    help=f"upstream MOSS-Audio-Tokenizer checkout (default ${UPSTREAM_ENV})")
     args = ap.parse_args(argv)
 
     import numpy as np
     import torch
 
     torch.set_num_threads(args.threads)
-    commit = fetch_upstream()
+    commit = fetch_upstream(args.upstream_src)
     work = Path(args.work)
     t0 = time.perf_counter()
     model, _ = load_model(Path(args.ckpt))

@@ -21,6 +21,13 @@ WRITE_FORMATS = {".wav": "WAV", ".flac": "FLAC"}
 # and ships 2.6-17 s voices); encoding more only costs time, and the prompt, attention.
 REFERENCE_MAX_SECONDS = 30.0
 BLOCK_SECONDS = 10.0  # read_audio_blocks: audio per block
+# Output sample formats, the same bytes in a file and on stdout. 16-bit PCM by default: every
+# player, browser and speech tool reads it, and its noise floor (-96 dBFS) lies far below the
+# codec's own error. s24 and s16 clip to [-1, 1]; f32 is the model output unchanged (unclipped).
+SAMPLE_FORMATS = {"s16": "PCM_16", "s24": "PCM_24", "f32": "FLOAT"}
+DEFAULT_SAMPLE_FORMAT = "s16"
+_FULL_SCALE = {"s16": 32767, "s24": 8388607}
+STREAM_SIZE = 0xFFFFFFFF  # a streamed WAV's RIFF and data sizes: "unknown, read to the end"
 
 
 def read_audio(path: str | os.PathLike, *, max_seconds: float | None = None
@@ -107,15 +114,24 @@ def as_samples(samples, *, what: str = "audio") -> np.ndarray:
     return x
 
 
+def as_sample_rate(value) -> int:
+    """A sample rate as a positive whole number of Hz; 16000.5 is a mistake to report, not a
+    rate to truncate."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise InputError(f"sample rate must be a number of Hz, got {value!r}")
+    if not (np.isfinite(value) and value > 0 and float(value).is_integer()):
+        raise InputError(f"sample rate must be a positive whole number of Hz, got {value!r}")
+    return int(value)
+
+
 def resample(x: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:
     """Polyphase resampling along time (scipy.signal.resample_poly); x [n, channels]."""
+    sr_from, sr_to = as_sample_rate(sr_from), as_sample_rate(sr_to)
     if sr_from == sr_to:
         return x
-    if sr_from <= 0 or sr_to <= 0:
-        raise InputError(f"sample rate must be positive, got {sr_from} → {sr_to}")
     from scipy.signal import resample_poly
 
-    g = gcd(int(sr_from), int(sr_to))
+    g = gcd(sr_from, sr_to)
     return resample_poly(x, sr_to // g, sr_from // g, axis=0).astype(np.float32)
 
 
@@ -127,10 +143,8 @@ class StreamResampler:
     kept; block edges fall on multiples of `down` inputs, where input and output grids align."""
 
     def __init__(self, sr_from: int, sr_to: int):
-        if sr_from <= 0 or sr_to <= 0:
-            raise InputError(f"sample rate must be positive, got {sr_from} → {sr_to}")
-        g = gcd(int(sr_from), int(sr_to))
-        self.sr_from, self.sr_to = int(sr_from), int(sr_to)
+        self.sr_from, self.sr_to = as_sample_rate(sr_from), as_sample_rate(sr_to)
+        g = gcd(self.sr_from, self.sr_to)
         self.up, self.down = self.sr_to // g, self.sr_from // g
         # resample_poly's default filter reaches 10·max(up, down) upsampled samples each side
         reach = -(-10 * max(self.up, self.down) // self.up) + 1
@@ -186,55 +200,147 @@ def to_channels(x: np.ndarray, channels: int) -> np.ndarray:
     raise InputError(f"audio has {have} channels; this codec takes {channels} (or mono)")
 
 
-def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int) -> Path:
-    """Write [n, channels] float32 to .wav (float32) or .flac (24-bit) atomically."""
-    import soundfile as sf
+def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int, *,
+                sample_format: str = DEFAULT_SAMPLE_FORMAT) -> Path:
+    """Write [n, channels] float32 to .wav or .flac atomically, as `sample_format` (SAMPLE_FORMATS;
+    FLAC holds integers only)."""
+    path = Path(path)
+    encoded = encode_file(samples, sample_rate, container_of(path, sample_format), sample_format)
+    with atomic_output(path) as tmp:   # Python writes the bytes: see encode_file
+        tmp.write_bytes(encoded)
+    return path
 
+
+def quantize(samples, sample_format: str) -> np.ndarray:
+    """float samples → the values `sample_format` stores: int16, int32 holding 24-bit values (both
+    clipped to [-1, 1] and rounded), or float32 unchanged."""
+    if sample_format not in SAMPLE_FORMATS:
+        raise InputError(f"unknown sample format {sample_format!r}; use one of "
+                         f"{', '.join(SAMPLE_FORMATS)}")
+    x = np.asarray(samples, dtype=np.float32)
+    if sample_format == "f32":
+        return x
+    # in float64: a float32 product has 24 mantissa bits, too few to round to 24-bit steps
+    q = np.round(np.clip(x, -1.0, 1.0).astype(np.float64) * _FULL_SCALE[sample_format])
+    return q.astype(np.int16 if sample_format == "s16" else np.int32)
+
+
+def container_of(path: str | os.PathLike, sample_format: str) -> str:
+    """The soundfile format of an output path (by its suffix) that can hold `sample_format`."""
     path = Path(path)
     fmt = WRITE_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise InputError(f"{path}: unsupported output format {path.suffix!r}; use .wav or .flac")
-    subtype = "FLOAT" if fmt == "WAV" else "PCM_24"
-    data = np.asarray(samples, dtype=np.float32)
-    if fmt == "FLAC":
-        data = np.clip(data, -1.0, 1.0)  # FLAC is integer PCM
-    with atomic_output(path) as tmp:
-        sf.write(tmp, data, int(sample_rate), subtype=subtype, format=fmt)
-    return path
+    if fmt == "FLAC" and sample_format == "f32":
+        raise InputError(f"{path}: FLAC stores integer samples; use sample format s16 or s24, or "
+                         "a .wav file for f32")
+    return fmt
+
+
+def file_samples(samples, sample_format: str) -> tuple[np.ndarray, str]:
+    """(array for soundfile, subtype) so that a file holds exactly the bytes `pcm_bytes` streams."""
+    q = quantize(samples, sample_format)
+    if sample_format == "s24":
+        q = q << 8  # libsndfile scales int32 data to 24 bits by dropping the low byte
+    return q, SAMPLE_FORMATS[sample_format]
+
+
+def encode_file(samples, sample_rate: int, container: str, sample_format: str) -> bytes:
+    """The whole WAV/FLAC file in memory. Encoding to memory and writing the bytes with Python
+    makes a full disk an OSError: libsndfile's FLAC encoder ignores failed writes (a 16 KiB
+    tmpfs kept a truncated FLAC and reported success)."""
+    import io
+
+    import soundfile as sf
+
+    data, subtype = file_samples(samples, sample_format)
+    buf = io.BytesIO()
+    sf.write(buf, data, int(sample_rate), subtype=subtype, format=container)
+    return buf.getvalue()
+
+
+def pcm_bytes(samples, sample_format: str) -> bytes:
+    """Interleaved little-endian samples of `sample_format` (s24: 3 bytes each)."""
+    q = quantize(samples, sample_format)
+    if sample_format == "s24":
+        return q.astype("<i4").view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
+    return q.astype(q.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def wav_header(sample_rate: int, channels: int, sample_format: str, data_bytes: int) -> bytes:
+    """The 44-byte canonical WAV header; data_bytes=STREAM_SIZE gives the streaming header (both
+    sizes 0xFFFFFFFF, as ffmpeg writes to a pipe and streaming speech APIs send)."""
+    import struct
+
+    width = {"s16": 2, "s24": 3, "f32": 4}[sample_format]
+    tag = 3 if sample_format == "f32" else 1  # WAVE_FORMAT_IEEE_FLOAT / WAVE_FORMAT_PCM
+    riff = STREAM_SIZE if data_bytes > STREAM_SIZE - 36 else data_bytes + 36
+    block = width * channels
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " +
+            struct.pack("<IHHIIHH", 16, tag, channels, sample_rate, sample_rate * block, block,
+                        8 * width) + b"data" + struct.pack("<I", min(data_bytes, STREAM_SIZE)))
 
 
 class PcmStreamWriter:
-    """Interleaved 16-bit PCM to a binary stream as audio arrives: raw s16le, or a WAV whose
-    header declares the maximum length (the total is unknown while streaming; players read on)."""
+    """Interleaved PCM to a binary stream as audio arrives: raw, or a WAV with the streaming
+    header (`wav_header`). When the stream can seek (stdout redirected to a file), `close`
+    writes the real sizes into the header, so the result is an ordinary WAV file."""
 
-    def __init__(self, stream, sample_rate: int, channels: int, *, fmt: str = "wav"):
+    def __init__(self, stream, sample_rate: int, channels: int, *, fmt: str = "wav",
+                 sample_format: str = DEFAULT_SAMPLE_FORMAT):
         self.stream, self.sample_rate, self.channels, self.fmt = stream, sample_rate, channels, fmt
-        self._header_done = fmt == "raw"
+        self.sample_format = sample_format
+        self._started = False
+        self._header_at = None  # stream offset of the WAV header when it can be patched
+        self._data_bytes = 0
 
-    def _header(self) -> bytes:
-        import struct
-
-        block = 2 * self.channels
-        size = 0xFFFFFFFF - 36
-        return (b"RIFF" + struct.pack("<I", size + 36) + b"WAVEfmt " +
-                struct.pack("<IHHIIHH", 16, 1, self.channels, self.sample_rate,
-                            self.sample_rate * block, block, 16) + b"data" + struct.pack("<I", size))
+    def _start(self) -> None:
+        self._started = True
+        if self.fmt == "wav":
+            self._header_at = _patch_offset(self.stream)
+            self.stream.write(wav_header(self.sample_rate, self.channels, self.sample_format,
+                                         STREAM_SIZE))
 
     def write(self, samples: np.ndarray) -> None:
-        if not self._header_done:
-            self.stream.write(self._header())
-            self._header_done = True
-        pcm = np.round(np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
-        self.stream.write(pcm.tobytes())
+        if not self._started:
+            self._start()
+        data = pcm_bytes(samples, self.sample_format)
+        self.stream.write(data)
+        self._data_bytes += len(data)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if not self._started:  # no audio at all: still a valid, empty WAV
+            self._start()
+        if self._header_at is not None:
+            end = self.stream.tell()
+            self.stream.seek(self._header_at)
+            self.stream.write(wav_header(self.sample_rate, self.channels, self.sample_format,
+                                         self._data_bytes))
+            self.stream.seek(end)
         self.stream.flush()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        if not self._header_done and exc[0] is None:
-            self.stream.write(self._header())
-        self.stream.flush()
+        if exc[0] is None:
+            self.close()
+
+
+def _patch_offset(stream) -> int | None:
+    """Where the header will start if it can be rewritten later: the stream seeks and is not in
+    append mode (where every write lands at the end); else None."""
+    try:
+        if not stream.seekable():
+            return None
+        import fcntl
+
+        if fcntl.fcntl(stream.fileno(), fcntl.F_GETFL) & os.O_APPEND:
+            return None
+        return stream.tell()
+    except (AttributeError, OSError, ValueError, ImportError):  # BytesIO, closed, not POSIX
+        return None
 
 
 def time_stretch(x: np.ndarray, rate: float, sample_rate: int) -> np.ndarray:

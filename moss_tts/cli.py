@@ -15,10 +15,22 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .audio import DEFAULT_SAMPLE_FORMAT, SAMPLE_FORMATS
+from .cli_args import (check_output, non_negative_int, port, positive_float, positive_int,
+                       probability, writing)
 from .errors import InputError, MossTTSError
+
+AUDIO_SUFFIXES = (".wav", ".flac")
+# fixtures/ ships with a checkout, not in the wheel (pyproject includes moss_tts and converters)
+TINY_MODELS_COMMAND = "python -m fixtures.make_tiny_pair DIR in a checkout"
 
 
 def _doctor(args) -> int:
+    with writing("stdout"):  # the report into a closed pipe or a full device: one line
+        return _print_doctor()
+
+
+def _print_doctor() -> int:
     from .ggml import backend, lib
 
     print(f"moss-tts {__version__} (python {platform.python_version()}, {platform.machine()})")
@@ -67,37 +79,42 @@ def _info(args) -> int:
     from .ggml.weights import GGUFFile
 
     with GGUFFile(args.file) as f:
-        meta = {}
-        for key in f.keys():
-            value = f.get(key)
-            if hasattr(value, "tolist"):
-                value = value.tolist()
-            if isinstance(value, list) and len(value) > 8 and not args.full:
-                value = value[:8] + [f"... ({len(value)} items)"]
-            meta[key] = value
+        meta = {key: _plain(f.get(key)) for key in f.keys()}
         tensors = list(f.tensors.values())
-        total = sum(t.nbytes for t in tensors)
-        if args.json:
-            print(json.dumps({"file": str(f.path), "gguf_version": f.version, "metadata": meta,
-                              "tensors": [{"name": t.name, "type": t.type.name.lower(),
-                                           "shape": list(t.shape), "bytes": t.nbytes}
-                                          for t in tensors]}, indent=1, default=str))
-            return 0
-        print(f"{f.path}: GGUF v{f.version}, kind {f.get('moss.kind', '(none)')}, "
-              f"{len(tensors)} tensors, {total / 2**20:.1f} MiB")
-        print("metadata:")
-        for key, value in meta.items():
-            text = repr(value)
-            if len(text) > 160 and not args.full:
-                text = text[:157] + "..."
-            print(f"  {key} = {text}")
-        print("tensors:")
-        shown = tensors if args.full or len(tensors) <= 60 else tensors[:60]
-        for t in shown:
-            print(f"  {t.name:60s} {t.type.name.lower():6s} {str(tuple(t.shape)):20s} {t.nbytes}")
-        if len(shown) < len(tensors):
-            print(f"  ... {len(tensors) - len(shown)} more (--full lists all)")
+        with writing("stdout"):
+            if args.json:   # machine-readable: every value in full, whatever --full says
+                print(json.dumps({"file": str(f.path), "gguf_version": f.version, "metadata": meta,
+                                  "tensors": [{"name": t.name, "type": t.type.name.lower(),
+                                               "shape": list(t.shape), "bytes": t.nbytes}
+                                              for t in tensors]}, indent=1, default=str))
+            else:
+                _print_info(f, meta, tensors, args.full)
     return 0
+
+
+def _plain(value):
+    """GGUF values as JSON-ready Python: arrays become lists (never numpy's abbreviated repr)."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _print_info(f, meta: dict, tensors: list, full: bool) -> None:
+    total = sum(t.nbytes for t in tensors)
+    print(f"{f.path}: GGUF v{f.version}, kind {f.get('moss.kind', '(none)')}, "
+          f"{len(tensors)} tensors, {total / 2**20:.1f} MiB")
+    print("metadata:")
+    for key, value in meta.items():
+        if isinstance(value, list) and len(value) > 8 and not full:
+            value = value[:8] + [f"... ({len(value)} items)"]
+        text = repr(value)
+        if len(text) > 160 and not full:
+            text = text[:157] + "..."
+        print(f"  {key} = {text}")
+    print("tensors:")
+    shown = tensors if full or len(tensors) <= 60 else tensors[:60]
+    for t in shown:
+        print(f"  {t.name:60s} {t.type.name.lower():6s} {str(tuple(t.shape)):20s} {t.nbytes}")
+    if len(shown) < len(tensors):
+        print(f"  ... {len(tensors) - len(shown)} more (--full lists all)")
 
 
 class Progress:
@@ -133,50 +150,81 @@ class Progress:
         self.close()
 
 
+def _resolve(spec: str, family: str, flag: str):
+    """A model flag's value → a GGUF path; a failure names the flag and the offline way out."""
+    from .hub import resolve_gguf
+
+    try:
+        return resolve_gguf(spec, family)
+    except MossTTSError as e:
+        raise type(e)(f"{flag} {e}; {flag} also takes a local .gguf or checkpoint directory "
+                      f"(tiny models for a first run offline: {TINY_MODELS_COMMAND})") from None
+
+
 def _load_codec(args):
     from .codec import Codec
 
-    return Codec.load(args.codec, backend=args.backend, threads=args.threads,
-                      **({"chunk_seconds": args.chunk_seconds} if args.chunk_seconds else {}))
+    return Codec.load(_resolve(args.codec, "codec", "--codec"), backend=args.backend,
+                      threads=args.threads, **({"chunk_seconds": args.chunk_seconds}
+                                               if args.chunk_seconds is not None else {}))
+
+
+def _check_audio_output(args, *, stdout_ok: bool = False) -> None:
+    """Everything about `-o` that can be known before the work: the place and the format."""
+    from .audio import container_of
+
+    check_output(args.out, AUDIO_SUFFIXES + (("-",) if stdout_ok else ()))
+    if args.out != "-":
+        container_of(args.out, args.sample_format)
+
+
+def _write_audio(args, audio, sample_rate: int) -> None:
+    from .audio import write_audio
+
+    with writing(args.out):
+        write_audio(args.out, audio, sample_rate, sample_format=args.sample_format)
 
 
 def _encode(args) -> int:
     from .audio import read_audio_blocks
     from .codec.io import save_codes
 
+    check_output(args.out, (".npy",))
     blocks, sr, total = read_audio_blocks(args.input)   # an hour of audio never sits in memory
     with _load_codec(args) as codec, Progress("encoding", args.quiet) as bar:
         codes = codec.encode_blocks(blocks, sr, n_quantizers=args.n_quantizers, total=total,
                                     progress=bar)
-    save_codes(args.out, codes)
+    with writing(args.out):
+        save_codes(args.out, codes)
     _say(args, f"{args.out}: {codes.shape[0]} codebooks x {codes.shape[1]} frames")
     return 0
 
 
 def _decode(args) -> int:
-    from .audio import write_audio
     from .codec.io import load_codes
 
+    _check_audio_output(args)
     codes = load_codes(args.input)
     with _load_codec(args) as codec:
         with Progress("decoding", args.quiet) as bar:
             audio = codec.decode(codes, n_quantizers=args.n_quantizers, progress=bar)
-        write_audio(args.out, audio, codec.sample_rate)
+        _write_audio(args, audio, codec.sample_rate)
         _say(args, f"{args.out}: {audio.shape[0] / codec.sample_rate:.2f} s at "
                    f"{codec.sample_rate} Hz, {audio.shape[1]} channel(s)")
     return 0
 
 
 def _reconstruct(args) -> int:
-    from .audio import read_audio, write_audio
+    from .audio import read_audio
 
+    _check_audio_output(args)
     samples, sr = read_audio(args.input)
     with _load_codec(args) as codec:
         with Progress("encoding", args.quiet) as bar:
             codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
         with Progress("decoding", args.quiet) as bar:
             audio = codec.decode(codes, progress=bar)
-        write_audio(args.out, audio, codec.sample_rate)
+        _write_audio(args, audio, codec.sample_rate)
         _say(args, f"{args.out}: {codes.shape[1]} frames through {codes.shape[0]} codebooks")
     return 0
 
@@ -184,7 +232,8 @@ def _reconstruct(args) -> int:
 def _convert(args) -> int:
     from converters.registry import converter
     convert = converter(args.family)
-    with Progress("writing", args.quiet) as bar:
+    check_output(args.out, (".gguf",))
+    with Progress("writing", args.quiet) as bar, writing(args.out):
         out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
                       progress=lambda i, n, name: bar(i, n))
     _say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
@@ -198,25 +247,35 @@ def _say(args, message: str) -> None:
 
 def _add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cpu", help="ggml backend: cpu (default), cuda, vulkan, metal")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: usable cores)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads (default and maximum: the usable cores)")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
 
 
-def _add_codec_commands(sub) -> None:
+def _add_sample_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sample-format", choices=list(SAMPLE_FORMATS), default=DEFAULT_SAMPLE_FORMAT,
+                   help="output samples, the same in a file and on stdout: s16 (default; 16-bit "
+                        "PCM), s24, or f32 (32-bit float, unclipped; WAV only)")
+
+
+def _add_codec_commands(sub, common) -> None:
     for name, func, helptext, src, dst in (
             ("encode", _encode, "audio file → codes (.npy, int32 [n_quantizers, frames])",
              "audio file (WAV/FLAC)", "codes .npy"),
             ("decode", _decode, "codes (.npy) → audio file", "codes .npy", "WAV or FLAC file"),
             ("reconstruct", _reconstruct, "audio → codes → audio through a codec",
              "audio file (WAV/FLAC)", "WAV or FLAC file")):
-        p = sub.add_parser(name, help=helptext)
+        p = sub.add_parser(name, help=helptext, parents=[common])
         p.add_argument("input", help=src)
-        p.add_argument("--codec", required=True, help="codec GGUF (python -m moss_tts convert codec ...)")
+        p.add_argument("--codec", required=True,
+                       help="codec GGUF, checkpoint directory or Hugging Face repo id")
         p.add_argument("--out", "-o", required=True, help=dst)
-        p.add_argument("--n-quantizers", type=int, default=None,
+        p.add_argument("--n-quantizers", type=positive_int, default=None,
                        help="use only the first K codebooks (default: all)")
-        p.add_argument("--chunk-seconds", type=float, default=None,
+        p.add_argument("--chunk-seconds", type=positive_float, default=None,
                        help="audio per graph run (memory/speed trade-off; results are identical)")
+        if name != "encode":
+            _add_sample_format(p)
         _add_runtime_flags(p)
         p.set_defaults(func=func)
 
@@ -226,17 +285,25 @@ def _read_text(args) -> str:
         return args.text
     if args.text_file is not None:
         try:
-            return Path(args.text_file).read_text(encoding="utf-8")
+            data = Path(args.text_file).read_bytes()
         except OSError as e:
             raise InputError(f"{args.text_file}: cannot read ({e.strerror})") from None
+        return _utf8(data, args.text_file)
     if sys.stdin is None or sys.stdin.isatty():
         raise InputError("no text: pass --text, --text-file, or pipe text on stdin")
-    return sys.stdin.read()
+    return _utf8(sys.stdin.buffer.read(), "stdin")
+
+
+def _utf8(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{source}: not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}"
+                         "); convert it, e.g. iconv -t UTF-8") from None
 
 
 def _tts_nano(args) -> int:
-    from .audio import REFERENCE_MAX_SECONDS, read_audio, write_audio
-    from .hub import resolve_gguf
+    from .audio import REFERENCE_MAX_SECONDS, read_audio
     from .models.nano_tts import NanoTTS, Reference
     from .sampling import SamplingOptions
     from .voices import load_voice
@@ -246,10 +313,10 @@ def _tts_nano(args) -> int:
         do_sample=not args.greedy, text_temperature=args.text_temperature,
         audio_temperature=args.temperature, audio_top_k=args.top_k, audio_top_p=args.top_p,
         audio_repetition_penalty=args.repetition_penalty)
-    if args.out != "-" and Path(args.out).suffix.lower() not in (".wav", ".flac"):
-        raise InputError(f"{args.out}: use a .wav or .flac file name, or - for stdout")
-    model = resolve_gguf(args.model, "nano")
-    codec = resolve_gguf(args.codec, "codec")
+    _check_audio_output(args, stdout_ok=True)
+    _check_tts_flags(args)
+    model = _resolve(args.model, "nano", "--model")
+    codec = _resolve(args.codec, "codec", "--codec")
     with NanoTTS.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
         reference = prompt = None
         if args.voice:
@@ -264,64 +331,91 @@ def _tts_nano(args) -> int:
                             prompt=prompt, options=options, seed=args.seed,
                             max_frames=args.max_frames,
                             max_text_tokens=args.voice_clone_max_text_tokens)
-        bar = Progress("generating", args.quiet)
-        done = 0
-        if args.out == "-":
-            from .audio import PcmStreamWriter
-            with PcmStreamWriter(sys.stdout.buffer, tts.sample_rate, 2, fmt=args.format) as out:
-                for part in chunks:
-                    out.write(part)
-                    done += len(part)
-                    bar.audio(done / tts.sample_rate)
-            bar.close()
-            return 0
-        parts = []
-        for part in chunks:
-            parts.append(part)
-            done += len(part)
-            bar.audio(done / tts.sample_rate)
-        bar.close()
-        import numpy as np
-        audio = np.concatenate(parts) if parts else np.zeros((0, 2), np.float32)
-        write_audio(args.out, audio, tts.sample_rate)
+        with Progress("generating", args.quiet) as bar:
+            if args.out == "-":
+                _stream_to_stdout(args, chunks, tts.sample_rate, bar)
+                return 0
+            audio = _collect(chunks, tts.sample_rate, bar)
+        _write_audio(args, audio, tts.sample_rate)
         _say(args, f"{args.out}: {len(audio) / tts.sample_rate:.2f} s at {tts.sample_rate} Hz, stereo")
     return 0
 
 
-def _add_tts_nano(sub) -> None:
+def _check_tts_flags(args) -> None:
+    """Flag combinations the model would refuse only after loading, in the flags' own words."""
+    if args.out != "-" and args.format != "wav":
+        raise InputError("--format raw is for -o - (stdout); a file's format follows its name")
+    if (args.prompt_text is None) != (args.prompt_audio is None):
+        raise InputError("--prompt-text and --prompt-audio go together: continuation needs the "
+                         "recording and its transcript")
+    if args.prompt_audio is not None and (args.reference or args.voice):
+        raise InputError("--prompt-audio continues a recording and --reference/--voice clone a "
+                         "voice: use one of the two")
+
+
+def _stream_to_stdout(args, chunks, sample_rate: int, bar) -> None:
+    from .audio import PcmStreamWriter
+
+    done = 0
+    with writing("-"):
+        with PcmStreamWriter(sys.stdout.buffer, sample_rate, 2, fmt=args.format,
+                             sample_format=args.sample_format) as out:
+            for part in chunks:
+                out.write(part)
+                done += len(part)
+                bar.audio(done / sample_rate)
+
+
+def _collect(chunks, sample_rate: int, bar):
+    import numpy as np
+
+    parts, done = [], 0
+    for part in chunks:
+        parts.append(part)
+        done += len(part)
+        bar.audio(done / sample_rate)
+    return np.concatenate(parts) if parts else np.zeros((0, 2), np.float32)
+
+
+def _add_tts_nano(sub, common) -> None:
     from .hub import DEFAULT_NANO, DEFAULT_NANO_CODEC
 
-    p = sub.add_parser("tts-nano", help="text → 48 kHz stereo speech with MOSS-TTS-Nano")
+    p = sub.add_parser("tts-nano", help="text → 48 kHz stereo speech with MOSS-TTS-Nano",
+                       parents=[common])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", help="the text to speak (or --text-file, or stdin)")
     src.add_argument("--text-file", help="read the text from this UTF-8 file")
-    p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF or Hugging Face repo id "
-                   f"(default {DEFAULT_NANO}; converted once into the cache)")
-    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id "
-                   f"(default {DEFAULT_NANO_CODEC})")
+    p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF, checkpoint directory or "
+                   f"Hugging Face repo id (default {DEFAULT_NANO}; converted once into the cache)")
+    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF, checkpoint directory "
+                   f"or repo id (default {DEFAULT_NANO_CODEC})")
     voice = p.add_mutually_exclusive_group()
     voice.add_argument("--reference", "--prompt-speech", dest="reference",
                        help="reference speech to clone (WAV/FLAC)")
     voice.add_argument("--voice", help="a stored voice (python -m moss_tts voice add ...)")
     p.add_argument("--prompt-text", help="continuation: the transcript of --prompt-audio")
     p.add_argument("--prompt-audio", help="continuation: speech the output continues")
-    p.add_argument("--out", "-o", required=True, help="output .wav/.flac, or - for stdout")
+    p.add_argument("--out", "-o", required=True,
+                   help="output .wav/.flac, or - to stream WAV (or --format raw) to stdout")
     p.add_argument("--format", choices=["wav", "raw"], default="wav",
-                   help="stdout format: WAV (streamed header) or raw s16le interleaved stereo")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
+                   help="stdout format: WAV with a streaming header, or raw interleaved samples")
+    _add_sample_format(p)
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="random seed, 0 or more (default: unseeded)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    p.add_argument("--temperature", type=float, default=0.8, help="audio temperature (0.8)")
-    p.add_argument("--text-temperature", type=float, default=1.0, help="stop decision temperature")
-    p.add_argument("--top-k", type=int, default=25, help="audio top-k (25; 0 = off)")
-    p.add_argument("--top-p", type=float, default=0.95, help="audio top-p (0.95)")
-    p.add_argument("--repetition-penalty", type=float, default=1.2,
+    p.add_argument("--temperature", type=positive_float, default=0.8,
+                   help="audio temperature (0.8)")
+    p.add_argument("--text-temperature", type=positive_float, default=1.0,
+                   help="stop decision temperature")
+    p.add_argument("--top-k", type=non_negative_int, default=25, help="audio top-k (25; 0 = off)")
+    p.add_argument("--top-p", type=probability, default=0.95, help="audio top-p (0.95)")
+    p.add_argument("--repetition-penalty", type=positive_float, default=1.2,
                    help="per-channel audio repetition penalty (1.2; 1 = off)")
-    p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=int, default=1000,
+    p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
+                   default=1000,
                    help="hard cap of frames per text chunk (80 ms each; default 1000)")
-    p.add_argument("--voice-clone-max-text-tokens", type=int, default=75,
+    p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=75,
                    help="text tokens per chunk when cloning a voice (75)")
-    p.add_argument("--stream", action="store_true",
-                   help="emit audio as it is generated (always on for --out -)")
     _add_runtime_flags(p)
     p.set_defaults(func=_tts_nano)
 
@@ -329,11 +423,11 @@ def _add_tts_nano(sub) -> None:
 def _serve(args) -> int:
     import uvicorn
 
-    from .hub import resolve_gguf
     from .models.nano_tts import NanoTTS
     from .server import create_app
 
-    tts = NanoTTS.load(resolve_gguf(args.model, "nano"), codec=resolve_gguf(args.codec, "codec"),
+    tts = NanoTTS.load(_resolve(args.model, "nano", "--model"),
+                       codec=_resolve(args.codec, "codec", "--codec"),
                        backend=args.backend, threads=args.threads)
     app = create_app(tts, queue_depth=args.queue)
     _say(args, f"serving MOSS-TTS-Nano on http://{args.host}:{args.port} (POST /v1/audio/speech)")
@@ -341,26 +435,30 @@ def _serve(args) -> int:
     return 0
 
 
-def _add_serve(sub) -> None:
+def _add_serve(sub, common) -> None:
     from .hub import DEFAULT_NANO, DEFAULT_NANO_CODEC
 
-    p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)")
+    p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
+                       parents=[common])
     p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF or Hugging Face repo id")
     p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--queue", type=int, default=4,
+    p.add_argument("--port", type=port, default=8080)
+    p.add_argument("--queue", type=positive_int, default=4,
                    help="requests that may wait behind the running one; more get 503")
     _add_runtime_flags(p)
     p.set_defaults(func=_serve)
 
 
 def _voice(args) -> int:
-    from .voices import add_voice, list_voices, remove_voice
+    from .voices import add_voice, list_voices, remove_voice, voices_dir
 
     if args.voice_command == "list":
-        for v in list_voices():
-            print(f"{v['name']}\t{v.get('frames', '?')} frames\t{v.get('source', '')}")
+        voices = list_voices()
+        _say(args, f"{len(voices)} voice(s) in {voices_dir()} (set MOSS_TTS_VOICES to move them)")
+        with writing("stdout"):
+            for v in voices:
+                print(f"{v['name']}\t{v.get('frames', '?')} frames\t{v.get('source', '')}")
         return 0
     if args.voice_command == "remove":
         remove_voice(args.name)
@@ -368,53 +466,78 @@ def _voice(args) -> int:
         return 0
     from .audio import REFERENCE_MAX_SECONDS, read_audio
     from .codec import Codec
-    from .hub import resolve_gguf
 
     samples, sr = read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS)
-    with Codec.load(resolve_gguf(args.codec, "codec"), threads=args.threads) as codec:
+    with Codec.load(_resolve(args.codec, "codec", "--codec"), threads=args.threads) as codec:
         codes = codec.encode(samples, sr)
         info = {"source": str(args.reference), "sample_rate": codec.sample_rate,
                 "codebook_size": codec.config.codebook_size, "variant": codec.config.variant}
-    add_voice(args.name, codes.T, info, overwrite=args.force)
-    _say(args, f"voice {args.name}: {codes.shape[1]} frames from {args.reference}")
+    with writing(str(voices_dir())):
+        stored = add_voice(args.name, codes.T, info, overwrite=args.force)
+    _say(args, f"voice {args.name}: {codes.shape[1]} frames from {args.reference}, stored in "
+               f"{stored.parent}")
     return 0
 
 
-def _add_voice_commands(sub) -> None:
+def _add_voice_commands(sub, common) -> None:
     from .hub import DEFAULT_NANO_CODEC
+    from .voices import voices_dir
 
-    p = sub.add_parser("voice", help="store, list and remove reference voices")
+    p = sub.add_parser("voice", help="store, list and remove reference voices", parents=[common],
+                       description=f"Voices are stored in {voices_dir()} ($MOSS_TTS_VOICES, "
+                                   "default $XDG_DATA_HOME/moss-tts/voices).")
     vs = p.add_subparsers(dest="voice_command", required=True, metavar="ACTION")
-    a = vs.add_parser("add", help="encode a reference once and store it under a name")
+    a = vs.add_parser("add", help="encode a reference once and store it under a name",
+                      parents=[common])
     a.add_argument("name")
     a.add_argument("reference", help="reference speech (WAV/FLAC)")
-    a.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id")
+    a.add_argument("--codec", default=DEFAULT_NANO_CODEC,
+                   help="codec GGUF, checkpoint directory or repo id")
     a.add_argument("--force", action="store_true", help="replace an existing voice")
-    a.add_argument("--threads", type=int, default=None)
+    a.add_argument("--threads", type=positive_int, default=None)
     a.add_argument("--quiet", action="store_true")
-    lst = vs.add_parser("list", help="list stored voices")
+    lst = vs.add_parser("list", help="list stored voices (and where they are)", parents=[common])
     lst.add_argument("--quiet", action="store_true")
-    r = vs.add_parser("remove", help="delete a stored voice")
+    r = vs.add_parser("remove", help="delete a stored voice", parents=[common])
     r.add_argument("name")
     r.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_voice)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes print one line (the usage is one `--help` away), like every other error."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    """Flags every subcommand also takes after its name. SUPPRESS keeps a subcommand from
+    resetting a value given before it (`--debug info x` and `info x --debug` both work)."""
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks and debug logging")
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m moss_tts",
+    common = _common_flags()
+    p = _Parser(prog="python -m moss_tts",
                                 description="MOSS-TTS family on stock ggml, from Python.")
     p.add_argument("--version", action="version", version=f"moss-tts {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    d = sub.add_parser("doctor", help="report the ggml build, backends, threads and CPU features")
+    d = sub.add_parser("doctor", help="report the ggml build, backends, threads and CPU features",
+                       parents=[common])
     d.set_defaults(func=_doctor)
-    i = sub.add_parser("info", help="show a GGUF file's kind, metadata and tensor table")
+    i = sub.add_parser("info", help="show a GGUF file's kind, metadata and tensor table",
+                       parents=[common])
     i.add_argument("file", help="a .gguf file")
-    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--json", action="store_true", help="machine-readable output, never abbreviated")
     i.add_argument("--full", action="store_true", help="do not abbreviate long values")
     i.set_defaults(func=_info)
     from converters.registry import FAMILIES
-    c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF")
+    c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF", parents=[common])
     c.add_argument("family", choices=list(FAMILIES),
                    help="; ".join(f"{k}: {what}" for k, (_, what) in FAMILIES.items()))
     c.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
@@ -424,10 +547,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--strict", action="store_true", help="fail on any checkpoint tensor not used")
     c.add_argument("--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=_convert)
-    _add_codec_commands(sub)
-    _add_tts_nano(sub)
-    _add_voice_commands(sub)
-    _add_serve(sub)
+    _add_codec_commands(sub, common)
+    _add_tts_nano(sub, common)
+    _add_voice_commands(sub, common)
+    _add_serve(sub, common)
     return p
 
 

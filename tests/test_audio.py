@@ -105,3 +105,107 @@ def test_loudness_normalize_follows_the_clamped_gain_formula(amplitude):
     y = loudness_normalize(x)
     np.testing.assert_allclose(y, x * 10 ** (gain / 20), rtol=1e-6)
     assert abs(gain) == 3 or abs(10 * np.log10(np.mean(y.astype(np.float64) ** 2)) + 20) < 1e-4
+
+
+# --- output sample formats (the same bytes in a file and on stdout) ----------------------------
+
+from moss_tts.audio import (PcmStreamWriter, as_sample_rate, pcm_bytes, resample,  # noqa: E402
+                            wav_header, write_audio)
+
+
+def _edge_samples(rng):
+    x = rng.uniform(-0.9, 0.9, size=(50, 2)).astype(np.float32)
+    x[:4, 0] = [1.5, -1.5, 1.0, -1.0]  # past full scale: integers clip, f32 keeps them
+    return x
+
+
+def test_pcm_bytes_match_an_independent_packing(rng):
+    x = _edge_samples(rng)
+    clipped = np.clip(x.astype(np.float64), -1, 1)
+    s16 = np.round(clipped * 32767).astype(np.int64)
+    assert pcm_bytes(x, "s16") == b"".join(int(v).to_bytes(2, "little", signed=True)
+                                           for v in s16.ravel())
+    s24 = np.round(clipped * 8388607).astype(np.int64)
+    assert pcm_bytes(x, "s24") == b"".join(int(v).to_bytes(3, "little", signed=True)
+                                           for v in s24.ravel())
+    assert np.array_equal(np.frombuffer(pcm_bytes(x, "f32"), "<f4").reshape(x.shape), x)
+    with pytest.raises(InputError, match="unknown sample format 's8'"):
+        pcm_bytes(x, "s8")
+
+
+@pytest.mark.parametrize("sample_format", ["s16", "s24", "f32"])
+def test_write_audio_stores_what_the_stream_sends(rng, tmp_path, sample_format):
+    import soundfile as sf
+
+    x = _edge_samples(rng)
+    write_audio(tmp_path / "a.wav", x, 8000, sample_format=sample_format)
+    width = {"s16": 2, "s24": 3, "f32": 4}[sample_format]
+    data = (tmp_path / "a.wav").read_bytes()
+    assert data.endswith(pcm_bytes(x, sample_format))            # the data chunk ends the file
+    assert sf.info(tmp_path / "a.wav").frames * 2 * width == len(pcm_bytes(x, sample_format))
+    if sample_format != "f32":
+        write_audio(tmp_path / "a.flac", x, 8000, sample_format=sample_format)
+        a, _ = sf.read(tmp_path / "a.wav", dtype="int32")
+        b, _ = sf.read(tmp_path / "a.flac", dtype="int32")
+        assert np.array_equal(a, b)
+    else:
+        with pytest.raises(InputError, match="FLAC stores integer samples"):
+            write_audio(tmp_path / "a.flac", x, 8000, sample_format="f32")
+        assert not (tmp_path / "a.flac").exists()
+
+
+def test_wav_header_fields():
+    import struct
+
+    h = wav_header(48000, 2, "s24", 600)
+    fields = struct.unpack("<4sI4s4sIHHIIHH4sI", h)
+    assert fields == (b"RIFF", 636, b"WAVE", b"fmt ", 16, 1, 2, 48000, 48000 * 6, 6, 24,
+                      b"data", 600)
+    assert struct.unpack("<H", wav_header(8000, 1, "f32", 0)[20:22]) == (3,)  # IEEE float tag
+    streaming = wav_header(8000, 1, "s16", 0xFFFFFFFF)
+    assert streaming[4:8] == streaming[40:44] == b"\xff\xff\xff\xff"
+
+
+def test_stream_writer_patches_a_seekable_stream_and_leaves_a_pipe_streaming(rng, tmp_path):
+    import io
+    import os
+
+    x = _edge_samples(rng)
+    with open(tmp_path / "s.wav", "wb") as f, PcmStreamWriter(f, 8000, 2) as w:
+        w.write(x[:20])
+        w.write(x[20:])
+    data = (tmp_path / "s.wav").read_bytes()
+    assert data == wav_header(8000, 2, "s16", 200) + pcm_bytes(x, "s16")
+    with open(tmp_path / "s.wav", "ab") as f, PcmStreamWriter(f, 8000, 2) as w:  # append mode:
+        w.write(x)                                                # a patch would land at the end
+    assert (tmp_path / "s.wav").read_bytes()[len(data):] == (
+        wav_header(8000, 2, "s16", 0xFFFFFFFF) + pcm_bytes(x, "s16"))
+    read, write = os.pipe()
+    with os.fdopen(write, "wb") as pipe_end, PcmStreamWriter(pipe_end, 8000, 2) as w:
+        w.write(x)
+    with os.fdopen(read, "rb") as r:
+        assert r.read() == wav_header(8000, 2, "s16", 0xFFFFFFFF) + pcm_bytes(x, "s16")
+    empty = io.BytesIO()
+    with PcmStreamWriter(empty, 8000, 2, fmt="raw"):
+        pass
+    assert empty.getvalue() == b""
+
+
+@pytest.mark.parametrize("rate", [16000.5, 0, -8000, float("nan"), "16000", True])
+def test_a_sample_rate_must_be_a_positive_whole_number(rate):
+    with pytest.raises(InputError, match="sample rate must be"):
+        as_sample_rate(rate)
+    with pytest.raises(InputError, match="sample rate must be"):
+        resample(np.zeros((10, 1), np.float32), rate, 24000)
+    assert as_sample_rate(16000.0) == 16000 and as_sample_rate(np.int64(8000)) == 8000
+
+
+def test_codec_encode_refuses_a_fractional_rate_instead_of_truncating_it(tmp_path):
+    from converters.codec import convert
+    from fixtures.make_codec import make_tiny_v1_checkpoint
+    from moss_tts.codec import Codec
+
+    gguf = convert(make_tiny_v1_checkpoint(tmp_path / "c", seed=0), tmp_path / "c.gguf")
+    with Codec.load(gguf, threads=1) as codec:
+        with pytest.raises(InputError, match="16000.5"):
+            codec.encode(np.zeros(16000, np.float32), 16000.5)

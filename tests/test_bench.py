@@ -44,3 +44,75 @@ def test_attention_bench_runs(capsys):
     assert "softmax+vtrans µs" in out and "flash µs" in out
     rows = [line for line in out.splitlines() if line.startswith("f32 ")]
     assert [r.split()[1] for r in rows] == [s[0].split()[0] for s in attention.STAGES]
+
+
+def test_bench_sources_hold_no_path_of_one_machine():
+    for path in sorted(BENCH.glob("*.py")):
+        text = path.read_text()
+        for needle in ("/work/", ".mirror", "/home/"):
+            assert needle not in text, f"bench/{path.name} hard-codes {needle!r}"
+
+
+def test_upstream_source_comes_from_the_flag_or_the_environment(tmp_path, monkeypatch):
+    import subprocess
+
+    from bench import harness
+
+    monkeypatch.delenv(harness.UPSTREAM_ENV, raising=False)
+    with pytest.raises(SystemExit, match="--upstream-src DIR or set MOSS_TTS_UPSTREAM_CODEC") as e:
+        harness.upstream_source(None)
+    assert "OpenMOSS/MOSS-Audio-Tokenizer" in str(e.value)  # says what to fetch
+    with pytest.raises(SystemExit, match="not a directory"):
+        harness.upstream_source(str(tmp_path / "missing"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text('{"a": 1}')
+    monkeypatch.setenv(harness.UPSTREAM_ENV, str(plain))
+    assert harness.upstream_source(None) == plain
+    assert harness.upstream_file(plain, "config.json") == '{"a": 1}'
+    assert harness.upstream_commit(plain) == "?"
+    with pytest.raises(SystemExit, match="no modeling.py"):
+        harness.upstream_file(plain, "modeling.py")
+    repo = tmp_path / "repo"   # a git mirror: the file read from HEAD, not the working tree
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (repo / "config.json").write_text('{"b": 2}')
+    subprocess.run(git + ["add", "config.json"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "c"], check=True)
+    (repo / "config.json").unlink()
+    assert harness.upstream_source(str(repo)) == repo
+    assert harness.upstream_file(repo, "config.json") == '{"b": 2}'
+    assert len(harness.upstream_commit(repo)) == 40
+
+
+def test_codec_bench_reads_the_real_config_from_the_upstream_source(tmp_path, monkeypatch):
+    from bench import codec, harness
+
+    monkeypatch.setattr(codec, "CKPT", tmp_path / "checkpoint")
+    monkeypatch.delenv(harness.UPSTREAM_ENV, raising=False)
+    with pytest.raises(SystemExit, match="MOSS_TTS_UPSTREAM_CODEC"):
+        codec.real_config()
+    (tmp_path / "config.json").write_text('{"sampling_rate": 24000}')
+    assert codec.real_config(str(tmp_path)) == {"sampling_rate": 24000}
+
+
+def test_codec48k_builds_a_missing_gguf_for_other_drivers(tmp_path, monkeypatch):
+    """bench/nano.py's first audio needs the Nano codec GGUF: ensure_gguf makes the checkpoint and
+    converts it when absent (here on the tiny Nano config, the real one takes minutes)."""
+    from bench import codec48k
+    from fixtures.make_codec import tiny_nano_config
+    from moss_tts.codec import Codec
+
+    plan = codec48k.checkpoint_plan(tiny_nano_config())
+    monkeypatch.setattr(codec48k, "WORK", tmp_path)
+    monkeypatch.setitem(codec48k.REAL_CONFIGS, "nano", tiny_nano_config)
+    monkeypatch.setitem(codec48k.EXPECTED, "nano",
+                        (sum(math.prod(s) for _, s, _, _ in plan), len(plan)))
+    path = codec48k.ensure_gguf("nano", "f32", log=lambda msg: None)
+    assert path == tmp_path / "nano-f32.gguf" and path.is_file()
+    with Codec.load(path, threads=1) as c:
+        assert c.channels == 2 and c.sample_rate == 1600
+    mtime = path.stat().st_mtime_ns
+    assert codec48k.ensure_gguf("nano", "f32", log=lambda msg: None) == path   # reused
+    assert path.stat().st_mtime_ns == mtime

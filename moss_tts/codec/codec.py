@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..audio import StreamResampler, as_samples, resample, to_channels
+from ..audio import StreamResampler, as_sample_rate, as_samples, resample, to_channels
 from ..errors import InputError
 from ..ggml import I32, Allocator, Graph, Weights, get_backend
 from ..ggml.backend import NativeResource, released_on_error
@@ -145,7 +145,7 @@ class Codec(NativeResource):
 
         Audio is resampled to the codec rate; no normalization or DC removal. A trailing
         partial frame is dropped (upstream reports floor(n / downsample_rate) frames)."""
-        x = resample(to_channels(as_samples(samples), self.channels), int(sample_rate),
+        x = resample(to_channels(as_samples(samples), self.channels), sample_rate,
                      self.sample_rate)
         return self._encode_stream([x], n_quantizers, len(x) // self.downsample_rate, progress)
 
@@ -154,7 +154,8 @@ class Codec(NativeResource):
         """Consecutive blocks [n, channels] of one signal → the codes `encode` gives for all of
         it, holding about one graph run of audio at a time (an hour-long file in bounded
         memory). `total`: samples per channel, if known, for progress."""
-        resampler = StreamResampler(int(sample_rate), self.sample_rate)
+        sample_rate = as_sample_rate(sample_rate)
+        resampler = StreamResampler(sample_rate, self.sample_rate)
 
         def at_codec_rate():
             for block in blocks:
@@ -163,7 +164,7 @@ class Codec(NativeResource):
             yield resampler.flush()
 
         frames = None if total is None else \
-            int(total) * self.sample_rate // int(sample_rate) // self.downsample_rate
+            int(total) * self.sample_rate // sample_rate // self.downsample_rate
         return self._encode_stream(at_codec_rate(), n_quantizers, frames, progress)
 
     def _encode_stream(self, parts, n_quantizers, total_frames, progress) -> np.ndarray:

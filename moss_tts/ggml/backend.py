@@ -69,6 +69,11 @@ def default_threads() -> int:
         if n < 1:
             raise BackendError(f"{THREADS_ENV}={env!r} must be at least 1")
         return n
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's core count)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
@@ -158,6 +163,12 @@ class Backend(NativeResource):
         n = default_threads() if threads is None else int(threads)
         if n < 1:
             raise BackendError(f"threads must be at least 1, got {threads}")
+        if self.is_cpu and n > usable_cores():
+            # ggml's threads spin while they wait: past the cores they only take turns (1000
+            # threads made a 1 s job take 6 minutes)
+            logger.warning("%d threads requested, but this process may use %d cores: using %d",
+                           n, usable_cores(), usable_cores())
+            n = usable_cores()
         if self.is_cpu:
             with self._compute_lock:    # not while a compute plans with the old count
                 self.lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
