@@ -6,15 +6,13 @@ Token counts use the model's own tokenizer (anything with `encode(text) -> list[
 """
 
 from moss_tts.errors import InputError
+from moss_tts.text.script import CJK_OR_HANGUL, CLAUSE_END, CLOSERS, SENTENCE_END
 
 DEFAULT_MAX_TEXT_TOKENS = 75  # every user-facing entry point; the model signature says 50
 SHORT_CHUNK_PAUSE_SECONDS = 0.40  # after a chunk of <= 4 whitespace-separated words
 LONG_CHUNK_PAUSE_SECONDS = 0.24
 SHORT_CHUNK_MAX_WORDS = 4
 
-SENTENCE_END = frozenset(".!?。！？；;")
-CLAUSE_END = frozenset(",，、；;：:")
-CLOSERS = frozenset("\"'”’)]}）】》」』")  # taken into the piece that the mark before them ends
 _TOKEN_CUT_BOUNDARIES = SENTENCE_END | CLAUSE_END | {" "}
 # Upstream scans prefix[-1] down to prefix[-24]: 24 positions, written as a 25-char window.
 _TOKEN_CUT_LOOKBACK = 24
@@ -24,13 +22,7 @@ _SHORT_TEXT_PADDING = " " * 8
 
 def contains_cjk(text):
     """Any CJK ideograph, kana or Hangul syllable (the chunker's notion of "CJK")."""
-    return any(
-        "\u4e00" <= ch <= "\u9fff"
-        or "\u3400" <= ch <= "\u4dbf"
-        or "\u3040" <= ch <= "\u30ff"
-        or "\uac00" <= ch <= "\ud7af"
-        for ch in text
-    )
+    return CJK_OR_HANGUL.search(text) is not None
 
 
 def prepare_for_chunking(text):

@@ -10,9 +10,9 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-# Scripts written without spaces between words: CJK ideographs (ext. A + basic) and kana.
-_CJK_CLASS = "\u3400-\u4dbf\u4e00-\u9fff\u3040-\u30ff"
-_CJK = f"[{_CJK_CLASS}]"
+from moss_tts.text.script import CJK_CLASS, CLOSERS
+
+_CJK = f"[{CJK_CLASS}]"
 _CJK_IDEOGRAPH = re.compile("[\u3400-\u9fff]")
 
 # Protected spans are swapped for numbered placeholders so later rules cannot touch them.
@@ -47,7 +47,6 @@ _LINE_PREFIXES = tuple(
     re.compile(p) for p in (r"^#{1,6}\s+", r"^>\s+", r"^[-*+]\s+", r"^\d+[.)]\s+")
 )
 _ARROW = re.compile(r"\s*(?:<[-=]+>|[-=]+>|<[-=]+|[→←↔⇒⇐⇔⟶⟵⟷⟹⟸⟺↦↤↪↩])\s*")
-_CLOSERS = frozenset("\"')]}）】》〉」』”’")  # looked past when checking a line's last mark
 
 # (pattern, replacement) passes of the space rules, applied in order.
 _SPACE_RULES = tuple(
@@ -130,7 +129,7 @@ def _with_terminal_mark(line):
     i = len(line) - 1
     while i >= 0 and line[i].isspace():
         i -= 1
-    while i >= 0 and line[i] in _CLOSERS:
+    while i >= 0 and line[i] in CLOSERS:
         i -= 1
     if i >= 0 and unicodedata.category(line[i])[0] == "P":
         return line

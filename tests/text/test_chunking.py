@@ -3,6 +3,7 @@ import re
 import pytest
 
 from moss_tts.errors import InputError
+from moss_tts.text import chunking, normalize
 from moss_tts.text.chunking import pause_after, pause_samples, split_into_chunks
 
 
@@ -55,6 +56,13 @@ def test_long_sentence_is_cut_at_clause_marks_of_the_prepared_text():
 def test_closing_quotes_stay_with_their_sentence():
     text = 'He said "stop." Then left.'
     assert split_into_chunks(text, WORDS, 3) == ['He said "stop."', "Then left."]
+
+
+def test_closers_are_one_table_with_the_normalizer():
+    """The chunker and the normalizer share one closer table (upstream's chunker lacked 〉)."""
+    text = "他说〈好的。〉然后走了。"
+    assert split_into_chunks(text, WORDS, 6) == ["他说〈好的。〉", "然后走了。"]
+    assert chunking.CLOSERS is normalize.CLOSERS
 
 
 def test_single_overlong_sentence_is_cut_by_token_budget_at_spaces():
