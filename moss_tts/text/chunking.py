@@ -67,12 +67,23 @@ def split_at_marks(text, marks):
     return pieces
 
 
-def _longest_prefix_within(text, count, max_tokens):
-    """Largest n with count(text[:n].strip()) <= max_tokens, by binary search (1 if none)."""
-    low, high, best = 1, len(text), 1
+def _longest_prefix_within(text, start, count, max_tokens):
+    """Largest n with count(text[start:start + n].strip()) <= max_tokens (1 if none).
+
+    Upstream binary-searches the whole rest of the text, which makes a long unpunctuated text
+    quadratic; the search here runs inside the first window over budget (windows start at 8
+    characters per token and double), so each cut costs about its own length.
+    """
+    rest = len(text) - start
+    high = min(rest, 8 * max_tokens)
+    while high < rest and count(text[start : start + high].strip()) <= max_tokens:
+        high = min(rest, 2 * high)
+    if high == rest and count(text[start:].strip()) <= max_tokens:
+        return rest  # the rest fits whole (upstream checks this first)
+    low, best = 1, 1
     while low <= high:
         middle = (low + high) // 2
-        candidate = text[:middle].strip()
+        candidate = text[start : start + middle].strip()
         if candidate and count(candidate) > max_tokens:
             high = middle - 1
             continue
@@ -84,22 +95,24 @@ def _longest_prefix_within(text, count, max_tokens):
 
 def split_by_token_budget(text, count, max_tokens):
     """Cut `text` into pieces of <= `max_tokens` tokens, preferring a space or mark near the cut."""
-    pieces, rest = [], text.strip()
-    while rest:
-        if count(rest) <= max_tokens:
-            pieces.append(rest)
+    pieces, text, at = [], text.strip(), 0
+    while at < len(text):
+        limit = _longest_prefix_within(text, at, count, max_tokens)
+        if at + limit >= len(text):
+            pieces.append(text[at:])
             break
-        limit = _longest_prefix_within(rest, count, max_tokens)
         cut = limit
         for i in range(limit - 1, max(-1, limit - 1 - _TOKEN_CUT_LOOKBACK), -1):
-            if rest[i] in _TOKEN_CUT_BOUNDARIES:
+            if text[at + i] in _TOKEN_CUT_BOUNDARIES:
                 cut = i + 1
                 break
-        piece = rest[:cut].strip()
+        piece = text[at : at + cut].strip()
         if not piece:
-            piece, cut = rest[:limit].strip(), limit
+            piece, cut = text[at : at + limit].strip(), limit
         pieces.append(piece)
-        rest = rest[cut:].strip()
+        at += cut
+        while at < len(text) and text[at].isspace():  # upstream strips the rest
+            at += 1
     return pieces
 
 

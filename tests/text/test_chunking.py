@@ -1,4 +1,5 @@
 import re
+import time
 
 import pytest
 
@@ -135,3 +136,22 @@ def test_pause_after_depends_on_whitespace_word_count(chunk, seconds):
 def test_pause_samples_round_at_48k():
     assert pause_samples("a b c d e f", 48000) == 11520
     assert pause_samples("hi", 48000) == 19200
+
+
+def test_unpunctuated_text_is_cut_in_linear_time(tiny_tokenizer):
+    """Each token-budget cut searches a window near its own length, not the whole rest."""
+    words = "ni hao shi jie jin tian tian qi hen hao wo men yi qi qu gong yuan "
+
+    def seconds(n):
+        text = (words * (n // len(words) + 1))[:n]
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            chunks = split_into_chunks(text, tiny_tokenizer, 75)
+            best = min(best, time.perf_counter() - start)
+        assert all(len(tiny_tokenizer.encode(c)) <= 75 for c in chunks)
+        return best
+
+    small, large = seconds(10_000), seconds(40_000)
+    # 4x the text: linear ≈ 4x; before, each cut binary-searched the whole rest (≈ 16x)
+    assert large < 8 * small + 0.05, f"{small:.3f} s → {large:.3f} s"
