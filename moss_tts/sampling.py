@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,18 +25,26 @@ class SamplingOptions:
     audio_repetition_penalty: float = 1.2
 
     def __post_init__(self):
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise InputError(f"do_sample must be True or False, got {self.do_sample!r}")
+        for name in ("text_temperature", "audio_temperature", "audio_top_k", "audio_top_p",
+                     "audio_repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+                raise InputError(f"{name} must be a number, got {value!r}")
         for name in ("text_temperature", "audio_temperature"):
-            if self.do_sample and not getattr(self, name) > 0:
-                raise InputError(f"{name} must be > 0 when sampling (use greedy instead of 0)")
-        if isinstance(self.audio_top_k, bool) or not float(self.audio_top_k).is_integer() \
-                or self.audio_top_k < 0:
+            if self.do_sample and not 0 < getattr(self, name) < math.inf:
+                raise InputError(f"{name} must be finite and > 0 when sampling (use greedy "
+                                 f"instead of 0), got {getattr(self, name)}")
+        if not float(self.audio_top_k).is_integer() or self.audio_top_k < 0:
             raise InputError(f"audio_top_k must be a whole number ≥ 0 (0 = off), got "
                              f"{self.audio_top_k}")
         object.__setattr__(self, "audio_top_k", int(self.audio_top_k))
         if not 0 < self.audio_top_p <= 1:
             raise InputError(f"audio_top_p must be in (0, 1], got {self.audio_top_p}")
-        if not self.audio_repetition_penalty > 0:
-            raise InputError("audio_repetition_penalty must be > 0 (1 = off)")
+        if not 0 < self.audio_repetition_penalty < math.inf:
+            raise InputError(f"audio_repetition_penalty must be finite and > 0 (1 = off), got "
+                             f"{self.audio_repetition_penalty}")
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ..audio import as_samples, resample, to_channels
-from ..errors import InputError
+from ..errors import InputError, whole_number
 from ..ggml import I32, Allocator, Graph, Weights, get_backend
 from ..ggml.backend import NativeResource
 from . import rlfq
@@ -144,9 +144,11 @@ class Codec(NativeResource):
 
         Audio is resampled to the codec rate; no normalization or DC removal. A trailing
         partial frame is dropped (upstream reports floor(n / downsample_rate) frames)."""
+        self._need_open()
         n_q = self._n_q(n_quantizers)
+        rate = whole_number(sample_rate, "sample_rate", 1)
         x = to_channels(as_samples(samples), self.channels)
-        x = resample(x, int(sample_rate), self.sample_rate)
+        x = resample(x, rate, self.sample_rate)
         n_frames = x.shape[0] // self.downsample_rate
         if n_frames == 0:
             raise InputError(f"audio is shorter than one code frame ({self.downsample_rate} "
@@ -164,6 +166,7 @@ class Codec(NativeResource):
     def decode(self, codes, *, n_quantizers: int | None = None, progress=None) -> np.ndarray:
         """int codes [k, frames] → float32 samples [frames · ds, channels], from the first
         n_quantizers codebooks (default: all rows given)."""
+        self._need_open()
         codes = self.check_codes(codes, n_quantizers)
         runner = self._runner("decoder")
         parts = []
@@ -181,6 +184,7 @@ class Codec(NativeResource):
                        max_push_frames: int = STREAM_PUSH_FRAMES) -> "StreamDecoder":
         """A decoder fed code frames as they arrive; its output concatenated equals decode().
         Pushes longer than max_push_frames are split (it sizes the per-stage caches)."""
+        self._need_open()
         return StreamDecoder(self, self._n_q(n_quantizers), int(max_push_frames))
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -190,7 +194,7 @@ class Codec(NativeResource):
             raise InputError(f"codes must be integers, got dtype {c.dtype}")
         if c.ndim != 2 or c.shape[1] == 0 or c.shape[0] == 0:
             raise InputError(f"codes must have shape [n_quantizers, frames], got {c.shape}")
-        k = c.shape[0] if n_quantizers is None else int(n_quantizers)
+        k = c.shape[0] if n_quantizers is None else whole_number(n_quantizers, "n_quantizers", 0)
         if not 1 <= k <= min(c.shape[0], self.n_quantizers):
             raise InputError(f"cannot decode {k} codebooks from codes with {c.shape[0]} rows "
                              f"(this codec has {self.n_quantizers})")
@@ -224,10 +228,13 @@ class Codec(NativeResource):
         return rlfq.stacked_ids(codes, self.config.codebook_size)
 
     def _n_q(self, n_quantizers: int | None) -> int:
-        n_q = self.n_quantizers if n_quantizers is None else int(n_quantizers)
-        if not 1 <= n_q <= self.n_quantizers:
-            raise InputError(f"n_quantizers must be 1..{self.n_quantizers}, got {n_quantizers}")
-        return n_q
+        if n_quantizers is None:
+            return self.n_quantizers
+        return whole_number(n_quantizers, "n_quantizers", 1, self.n_quantizers)
+
+    def _need_open(self) -> None:
+        if self.weights is None:
+            raise InputError("this codec is closed; load it again with Codec.load(...)")
 
     def _runner(self, tower: str) -> _TowerRunner:
         runner = self._runners.get(tower)
