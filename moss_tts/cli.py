@@ -319,7 +319,7 @@ def _add_tts_nano(sub) -> None:
     p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=int, default=1000,
                    help="hard cap of frames per text chunk (80 ms each; default 1000)")
     p.add_argument("--voice-clone-max-text-tokens", type=int, default=75,
-                   help="text tokens per chunk when cloning a voice (75)")
+                   help="text tokens per chunk of a long text, 1-250 (75)")
     p.add_argument("--stream", action="store_true",
                    help="emit audio as it is generated (always on for --out -)")
     _add_runtime_flags(p)

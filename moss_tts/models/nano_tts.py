@@ -88,7 +88,7 @@ def as_voice(value, n_vq: int, encode, what: str) -> Reference | None:
         return encode(*value)
     if isinstance(value, (str, bytes, os.PathLike)):
         raise InputError(f"{what} cannot be a {type(value).__name__}: pass (samples, sample_rate) "
-                         "(moss_tts.audio.read_audio(path) gives them) or a voice's codes")
+                         "(moss_tts.read_audio(path) gives them) or a voice's codes")
     try:
         codes = np.asarray(value)
     except (TypeError, ValueError) as e:
