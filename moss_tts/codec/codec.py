@@ -185,7 +185,8 @@ class Codec(NativeResource):
         """A decoder fed code frames as they arrive; its output concatenated equals decode().
         Pushes longer than max_push_frames are split (it sizes the per-stage caches)."""
         self._need_open()
-        return StreamDecoder(self, self._n_q(n_quantizers), int(max_push_frames))
+        return StreamDecoder(self, self._n_q(n_quantizers),
+                             whole_number(max_push_frames, "max_push_frames", 1))
 
     # -- helpers ----------------------------------------------------------------------------------
     def check_codes(self, codes, n_quantizers: int | None = None) -> np.ndarray:
@@ -274,8 +275,6 @@ class StreamDecoder(NativeResource):
     (nothing: every stage is causal and frame-local, so each frame completes at once)."""
 
     def __init__(self, codec: Codec, n_q: int, max_push_frames: int):
-        if max_push_frames < 1:
-            raise InputError(f"max_push_frames must be at least 1, got {max_push_frames}")
         self.codec, self.n_q = codec, n_q
         self._runner = codec._take_stream_runner(max_push_frames)
         self.frames = 0

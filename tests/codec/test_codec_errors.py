@@ -169,6 +169,13 @@ def test_encode_takes_an_integral_float_rate(codec, clip):
     np.testing.assert_array_equal(codec.encode(clip, rate), codec.encode(clip, codec.sample_rate))
 
 
+@pytest.mark.parametrize("frames", [0, "8", 2.5])
+def test_stream_decoder_push_size_must_be_a_whole_number(codec, frames):
+    with pytest.raises(InputError) as e:
+        codec.stream_decoder(max_push_frames=frames)
+    assert "max_push_frames must be a whole number at least 1" in one_line(e)
+
+
 @pytest.mark.parametrize("k", ["2", 1.5, 0])
 def test_n_quantizers_must_be_a_whole_number_in_range(codec, baseline, k):
     with pytest.raises(InputError) as e:
