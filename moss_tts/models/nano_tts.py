@@ -76,9 +76,11 @@ def check_text(text, what: str = "text") -> str:
     return text
 
 
-def as_voice(value, n_vq: int, encode, what: str) -> Reference | None:
-    """A voice from what users hold: a Reference, its codes [frames, n_vq] (e.g. a stored
-    voice's), or (samples, sample_rate) of speech, which `encode` turns into codes."""
+def as_voice(value, n_vq: int, encode, what: str, *, max_width: int | None = None
+             ) -> Reference | None:
+    """A voice from what users hold: a Reference, its codes [frames, n_vq], or (samples,
+    sample_rate) of speech, which `encode` turns into codes. Codes up to `max_width` wide (a
+    stored voice keeps all of its codec's codebooks) give their first n_vq."""
     if value is None or isinstance(value, Reference):
         return value
     if isinstance(value, tuple):
@@ -95,12 +97,13 @@ def as_voice(value, n_vq: int, encode, what: str) -> Reference | None:
         raise InputError(f"{what}: not a Reference, codes or (samples, sample_rate): {e}") from None
     if codes.dtype.kind == "f":
         raise InputError(f"{what}: a float array looks like audio; pass (samples, sample_rate)")
-    if codes.dtype.kind not in "iu" or codes.ndim != 2 or codes.shape[1] != n_vq:
+    widths = range(n_vq, max(n_vq, max_width or n_vq) + 1)
+    if codes.dtype.kind not in "iu" or codes.ndim != 2 or codes.shape[1] not in widths:
         flip = " (Codec.encode gives [n_q, frames]: transpose it)" \
-            if codes.ndim == 2 and codes.shape[0] == n_vq else ""
+            if codes.ndim == 2 and codes.shape[0] in widths else ""
         raise InputError(f"{what}: codes must be integers of shape [frames, {n_vq}], got "
                          f"{codes.dtype} {list(codes.shape)}{flip}")
-    return Reference(np.ascontiguousarray(codes))
+    return Reference(np.ascontiguousarray(codes[:, :n_vq]))
 
 
 def continuation_prompt_text(chunk: str) -> str:
@@ -168,7 +171,8 @@ class NanoTTS(NativeResource):
         return Reference(np.ascontiguousarray(codes.T))
 
     def _as_voice(self, value, what: str) -> Reference | None:
-        return as_voice(value, self.config.n_vq, self.encode_reference, what)
+        width = None if self.codec is None else self.codec.n_quantizers
+        return as_voice(value, self.config.n_vq, self.encode_reference, what, max_width=width)
 
     # -- generation -----------------------------------------------------------------------------
     def iter_frames(self, rows: np.ndarray, *, options: SamplingOptions = SamplingOptions(),

@@ -430,8 +430,10 @@ def clip(seconds=1.0, seed=11):
 BAD_ARGUMENTS = {
     "reference as a path": (dict(reference="speaker.wav"), "cannot be a str"),
     "reference as float samples": (dict(reference=clip()), "looks like audio"),
-    "reference as codec-layout codes": (dict(reference=seeded_codes(7, seed=1).T),
+    "reference as codec-layout codes": (dict(reference=seeded_codes(50, seed=1).T),
                                         "transpose"),
+    "reference codes too narrow": (dict(reference=seeded_codes(7, seed=1)[:, :2]),
+                                   r"shape \[frames, 4\]"),
     "reference as a 1-tuple": (dict(reference=(clip(),)), "tuple must be"),
     "reference audio without a rate": (dict(reference=(clip(), None)), "sample_rate"),
     "reference as a list of words": (dict(reference=["a", "b"]), "codes must be integers"),
@@ -479,8 +481,8 @@ def test_iter_frames_checks_its_arguments(nano_tts):
 
 
 def test_a_reference_may_be_audio_codes_or_a_stored_voice(nano_tts, tmp_path):
-    """(samples, sample_rate) is encoded; codes [frames, n_vq] and a stored voice's codes are
-    used as they are: the same audio as the Reference they make."""
+    """(samples, sample_rate) is encoded; codes [frames, n_vq] are used as they are, and a
+    voice stored as `voice add` does (all the codec's codebooks) gives its first n_vq."""
     import moss_tts
     from moss_tts.voices import add_voice
 
@@ -489,7 +491,11 @@ def test_a_reference_may_be_audio_codes_or_a_stored_voice(nano_tts, tmp_path):
     want, _ = tts.synthesize(TEXT, reference=voice, seed=0, max_frames=4)
     got, _ = tts.synthesize(TEXT, reference=(clip(), SAMPLE_RATE), seed=0, max_frames=4)
     np.testing.assert_array_equal(got, want)
-    add_voice("alice", voice.codes, {"source": "test"}, root=tmp_path)
+    got, _ = tts.synthesize(TEXT, reference=voice.codes.astype(np.int64), seed=0, max_frames=4)
+    np.testing.assert_array_equal(got, want)
+    stored = tts.codec.encode(clip(), SAMPLE_RATE).T            # [frames, 8]: as `voice add`
+    assert stored.shape[1] == tts.codec.n_quantizers > N_VQ
+    add_voice("alice", stored, {"source": "test"}, root=tmp_path)
     codes, _ = moss_tts.load_voice("alice", root=tmp_path)
     got, _ = tts.synthesize(TEXT, reference=codes, seed=0, max_frames=4)
     np.testing.assert_array_equal(got, want)
