@@ -154,4 +154,4 @@ def test_unpunctuated_text_is_cut_in_linear_time(tiny_tokenizer):
 
     small, large = seconds(10_000), seconds(40_000)
     # 4x the text: linear ≈ 4x; before, each cut binary-searched the whole rest (≈ 16x)
-    assert large < 8 * small + 0.05, f"{small:.3f} s → {large:.3f} s"
+    assert large < 8 * small + 0.25, f"{small:.3f} s → {large:.3f} s"

@@ -172,4 +172,4 @@ def test_time_grows_linearly_with_a_run(run):
     small = run * (5_000 // len(run))
     small_time, large_time = best_time(small), best_time(small * 4)
     # 4x the text: linear ≈ 4x, quadratic ≈ 16x; the margin absorbs a shared machine's noise
-    assert large_time < 8 * small_time + 0.05, f"{small_time:.3f} s → {large_time:.3f} s"
+    assert large_time < 8 * small_time + 0.25, f"{small_time:.3f} s → {large_time:.3f} s"
