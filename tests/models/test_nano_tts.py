@@ -318,15 +318,16 @@ def test_100k_characters_plan_in_bounded_prompts(nano_tts, mode):
     assert peak < 64 * 2**20, f"planning peaked at {peak / 2**20:.0f} MiB"
 
 
-def test_a_long_continuation_keeps_its_generation_state_bounded(nano_tts):
+def test_a_long_continuation_keeps_its_generation_state_bounded(nano_files, codec_gguf):
     """Chunk after chunk of a long text, the prompt (the chunk before) and the generation
-    state stay the size of one chunk's."""
-    tts = nano_tts(*NEVER_STOPS)
+    state stay the size of one chunk's (a fresh instance: no larger state kept from before)."""
+    _, gguf = nano_files(*NEVER_STOPS)
     text = (LONG_TEXT + " ") * 200
-    parts = list(itertools.islice(tts.stream(text, seed=1, max_frames=8, max_text_tokens=10),
-                                  200))
-    assert sum(len(p) for p in parts) > 0
-    assert tts._idle_state.capacity <= 256, tts._idle_state.capacity
+    with NanoTTS.load(gguf, codec=codec_gguf, threads=THREADS) as tts:
+        parts = list(itertools.islice(tts.stream(text, seed=1, max_frames=8, max_text_tokens=10),
+                                      200))
+        assert sum(len(p) for p in parts) > 0
+        assert tts._idle_state.capacity <= 256, tts._idle_state.capacity
 
 
 # --- frame budget -------------------------------------------------------------------------------
