@@ -248,7 +248,7 @@ def _opens_title(text, at, done):
 def _unwrap_titles(text):
     """A stand-alone 《title》 (at the start or after a sentence end, followed by `_TITLE_TAIL`)
     loses its brackets; embedded titles stay. The first 》 after an opener serves every opener
-    before it, so it is searched once."""
+    before it, so it is searched once, and what follows it is checked once."""
     out, done, at, close = [], 0, 0, -1
     while (start := text.find("《", at)) >= 0:
         if close <= start:
@@ -256,9 +256,12 @@ def _unwrap_titles(text):
             if close < 0:
                 break
         at = start + 1
-        if close > at and _opens_title(text, start, done) and _TITLE_TAIL.match(text, close + 1):
+        if close == at or not _opens_title(text, start, done):
+            continue
+        if _TITLE_TAIL.match(text, close + 1):
             out += [text[done:start], text[at:close]]
-            done = at = close + 1
+            done = close + 1
+        at = close + 1  # matched, or every opener up to this 》 fails on what follows it
     return "".join(out) + text[done:]
 
 

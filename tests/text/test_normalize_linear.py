@@ -173,3 +173,14 @@ def test_time_grows_linearly_with_a_run(run):
     small_time, large_time = best_time(small), best_time(small * 4)
     # 4x the text: linear ≈ 4x, quadratic ≈ 16x; the margin absorbs a shared machine's noise
     assert large_time < 8 * small_time + 0.25, f"{small_time:.3f} s → {large_time:.3f} s"
+
+
+def test_time_grows_linearly_with_titles_that_share_one_end():
+    """Every 《 after a sentence mark, then one 》 followed by a long space run that is no
+    title's end: each opener checked the same run again."""
+
+    def text(n):
+        return "。《" * n + "x》" + "\xa0" * n + "y"
+
+    small_time, large_time = best_time(text(2_500)), best_time(text(10_000))
+    assert large_time < 8 * small_time + 0.25, f"{small_time:.3f} s → {large_time:.3f} s"
