@@ -71,16 +71,17 @@ def _longest_prefix_within(text, start, count, max_tokens):
     """Largest n with count(text[start:start + n].strip()) <= max_tokens (1 if none).
 
     Upstream binary-searches the whole rest of the text, which makes a long unpunctuated text
-    quadratic; the search here runs inside the first window over budget (windows start at 8
-    characters per token and double), so each cut costs about its own length.
+    quadratic; the search here runs between the last window within budget and the first one
+    over it (windows start at one character per token and double), so each cut costs about
+    its own length.
     """
-    rest = len(text) - start
-    high = min(rest, 8 * max_tokens)
+    rest, fits = len(text) - start, 1
+    high = min(rest, max_tokens)
     while high < rest and count(text[start : start + high].strip()) <= max_tokens:
-        high = min(rest, 2 * high)
+        fits, high = high, min(rest, 2 * high)
     if high == rest and count(text[start:].strip()) <= max_tokens:
         return rest  # the rest fits whole (upstream checks this first)
-    low, best = 1, 1
+    low, best = fits, fits
     while low <= high:
         middle = (low + high) // 2
         candidate = text[start : start + middle].strip()
