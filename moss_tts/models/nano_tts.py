@@ -45,7 +45,8 @@ STATE_ROWS_STEP = 256
 
 @dataclass(frozen=True)
 class Reference:
-    """A voice: the codec codes [frames, n_vq] of reference speech."""
+    """A voice: the codec codes [frames, n_vq] of reference speech. `reference=` also takes
+    the codes themselves or (samples, sample_rate), which are encoded."""
 
     codes: np.ndarray
 
