@@ -9,15 +9,22 @@ def __getattr__(name):
     if name == "Codec":
         from .codec import Codec
         return Codec
-    if name == "NanoTTS":
-        from .models.nano_tts import NanoTTS
-        return NanoTTS
+    if name in ("NanoTTS", "Reference"):
+        from .models import nano_tts
+        return getattr(nano_tts, name)
     if name == "SamplingOptions":
         from .sampling import SamplingOptions
         return SamplingOptions
+    if name == "read_audio":     # (samples, sample_rate) of a WAV/FLAC file, e.g. a reference
+        from .audio import read_audio
+        return read_audio
+    if name == "load_voice":     # a stored voice's (codes, info): its codes are a reference
+        from .voices import load_voice
+        return load_voice
     raise AttributeError(f"module 'moss_tts' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 
-__all__ = ["Codec", "NanoTTS", "SamplingOptions", "MossTTSError", "ConfigError", "ModelFileError", "ShapeError", "BackendError",
+__all__ = ["Codec", "NanoTTS", "Reference", "SamplingOptions", "read_audio", "load_voice",
+           "MossTTSError", "ConfigError", "ModelFileError", "ShapeError", "BackendError",
            "InputError", "__version__"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, whole_number
 from .fileio import atomic_output
 
 logger = logging.getLogger(__name__)
@@ -114,14 +114,10 @@ def as_samples(samples, *, what: str = "audio") -> np.ndarray:
     return x
 
 
-def as_sample_rate(value) -> int:
+def as_sample_rate(value, name: str = "sample_rate") -> int:
     """A sample rate as a positive whole number of Hz; 16000.5 is a mistake to report, not a
     rate to truncate."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise InputError(f"sample rate must be a number of Hz, got {value!r}")
-    if not (np.isfinite(value) and value > 0 and float(value).is_integer()):
-        raise InputError(f"sample rate must be a positive whole number of Hz, got {value!r}")
-    return int(value)
+    return whole_number(value, name, 1)
 
 
 def resample(x: np.ndarray, sr_from: int, sr_to: int) -> np.ndarray:

@@ -415,7 +415,7 @@ def _add_tts_nano(sub, common) -> None:
                    default=1000,
                    help="hard cap of frames per text chunk (80 ms each; default 1000)")
     p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=75,
-                   help="text tokens per chunk when cloning a voice (75)")
+                   help="text tokens per chunk of a long text, 1-250 (75)")
     _add_runtime_flags(p)
     p.set_defaults(func=_tts_nano)
 

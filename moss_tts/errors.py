@@ -3,6 +3,8 @@
 Every error a user can trigger derives from `MossTTSError`; the CLI prints its message as one line.
 """
 
+import numbers
+
 
 class MossTTSError(Exception):
     """Base of every error moss-tts raises on purpose."""
@@ -26,3 +28,14 @@ class BackendError(MossTTSError):
 
 class InputError(MossTTSError):
     """User input (text, audio, codes, options) is unusable."""
+
+
+
+def whole_number(value, name: str, low: int, high: int | None = None) -> int:
+    """`value` as an int in [low, high] (an integral float such as 44100.0 is fine); anything
+    else (a bool, str, 2.5, nan) raises a one-line InputError naming `name`."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+            and float(value).is_integer() and low <= value and (high is None or value <= high):
+        return int(value)
+    bounds = f"at least {low}" if high is None else f"in [{low}, {high}]"
+    raise InputError(f"{name} must be a whole number {bounds}, got {value!r}")

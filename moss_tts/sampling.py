@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,9 +25,17 @@ class SamplingOptions:
     audio_repetition_penalty: float = 1.2
 
     def __post_init__(self):
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise InputError(f"do_sample must be True or False, got {self.do_sample!r}")
+        for name in ("text_temperature", "audio_temperature", "audio_top_k", "audio_top_p",
+                     "audio_repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+                raise InputError(f"{name} must be a number, got {value!r}")
         for name in ("text_temperature", "audio_temperature"):
-            if self.do_sample and not getattr(self, name) > 0:
-                raise InputError(f"{name} must be > 0 when sampling (use greedy instead of 0)")
+            if self.do_sample and not 0 < getattr(self, name) < math.inf:
+                raise InputError(f"{name} must be finite and > 0 when sampling (use greedy "
+                                 f"instead of 0), got {getattr(self, name)}")
         _check_filters(self, "audio")
 
 
@@ -40,8 +49,10 @@ def _check_filters(opts, group: str) -> None:
     p = getattr(opts, f"{group}_top_p")
     if not 0 < p <= 1:
         raise InputError(f"{group}_top_p must be in (0, 1], got {p}")
-    if not getattr(opts, f"{group}_repetition_penalty", 1.0) > 0:
-        raise InputError(f"{group}_repetition_penalty must be > 0 (1 = off)")
+    penalty = getattr(opts, f"{group}_repetition_penalty", 1.0)
+    if not 0 < penalty < math.inf:
+        raise InputError(f"{group}_repetition_penalty must be finite and > 0 (1 = off), got "
+                         f"{penalty}")
 
 
 @dataclass(frozen=True)

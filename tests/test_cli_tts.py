@@ -107,3 +107,13 @@ def test_bad_input_is_one_line_and_writes_nothing(models, tmp_path, case):
     err = r.stderr.decode()
     assert r.returncode == 1 and err.startswith("error: ") and err.count("\n") == 1, err
     assert not out.exists() and not (tmp_path / "o.mp3").exists()
+
+
+def test_a_cut_at_the_frame_budget_shows_on_stderr(models, tmp_path):
+    """The tiny model never stops (stop_bias -50): --max-frames cuts every chunk, and says so."""
+    env = {"MOSS_TTS_CACHE": str(tmp_path / "cache")}
+    r = cli("tts-nano", "--model", models["tts_dir"], "--codec", models["codec"], "--greedy",
+            "--text", "Hello there.", "--max-frames", 4, "--quiet", "-o", tmp_path / "a.wav",
+            env=env)
+    assert r.returncode == 0, r.stderr
+    assert b"frame budget (4 frames" in r.stderr and b"audio is cut" in r.stderr

@@ -204,10 +204,20 @@ def test_sampling_options_defaults_are_upstream_user_facing_values():
     ({"audio_top_p": 1.5}, "audio_top_p"),
     ({"audio_repetition_penalty": 0.0}, "audio_repetition_penalty"),
     ({"audio_repetition_penalty": -1.2}, "audio_repetition_penalty"),
+    # issue 11: these were tracebacks (TypeError / ValueError) or accepted
+    ({"audio_temperature": float("inf")}, "audio_temperature"),
+    ({"text_temperature": "1.0"}, "text_temperature must be a number"),
+    ({"audio_top_k": "25"}, "audio_top_k must be a number"),
+    ({"audio_top_k": float("inf")}, "audio_top_k"),
+    ({"audio_top_p": None}, "audio_top_p must be a number"),
+    ({"audio_repetition_penalty": float("inf")}, "audio_repetition_penalty"),
+    ({"audio_top_k": True}, "audio_top_k must be a number"),
+    ({"do_sample": "no"}, "do_sample must be True or False"),
 ])
 def test_sampling_options_reject_invalid_values(kwargs, match):
-    with pytest.raises(InputError, match=match):
+    with pytest.raises(InputError, match=match) as e:
         SamplingOptions(**kwargs)
+    assert "\n" not in str(e.value)
 
 
 def test_greedy_options_accept_zero_temperatures():

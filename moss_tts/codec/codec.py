@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ..audio import StreamResampler, as_sample_rate, as_samples, resample, to_channels
-from ..errors import InputError
+from ..errors import InputError, whole_number
 from ..ggml import I32, Allocator, Graph, Weights, get_backend
 from ..ggml.backend import NativeResource, released_on_error
 from . import rlfq
@@ -145,6 +145,7 @@ class Codec(NativeResource):
 
         Audio is resampled to the codec rate; no normalization or DC removal. A trailing
         partial frame is dropped (upstream reports floor(n / downsample_rate) frames)."""
+        self._need_open()
         x = resample(to_channels(as_samples(samples), self.channels), sample_rate,
                      self.sample_rate)
         return self._encode_stream([x], n_quantizers, len(x) // self.downsample_rate, progress)
@@ -154,6 +155,7 @@ class Codec(NativeResource):
         """Consecutive blocks [n, channels] of one signal → the codes `encode` gives for all of
         it, holding about one graph run of audio at a time (an hour-long file in bounded
         memory). `total`: samples per channel, if known, for progress."""
+        self._need_open()
         sample_rate = as_sample_rate(sample_rate)
         resampler = StreamResampler(sample_rate, self.sample_rate)
 
@@ -202,6 +204,7 @@ class Codec(NativeResource):
     def decode(self, codes, *, n_quantizers: int | None = None, progress=None) -> np.ndarray:
         """int codes [k, frames] → float32 samples [frames · ds, channels], from the first
         n_quantizers codebooks (default: all rows given)."""
+        self._need_open()
         codes = self.check_codes(codes, n_quantizers)
         runner = self._runner("decoder")
         parts = []
@@ -219,7 +222,9 @@ class Codec(NativeResource):
                        max_push_frames: int = STREAM_PUSH_FRAMES) -> "StreamDecoder":
         """A decoder fed code frames as they arrive; its output concatenated equals decode().
         Pushes longer than max_push_frames are split (it sizes the per-stage caches)."""
-        return StreamDecoder(self, self._n_q(n_quantizers), int(max_push_frames))
+        self._need_open()
+        return StreamDecoder(self, self._n_q(n_quantizers),
+                             whole_number(max_push_frames, "max_push_frames", 1))
 
     # -- helpers ----------------------------------------------------------------------------------
     def check_codes(self, codes, n_quantizers: int | None = None) -> np.ndarray:
@@ -228,7 +233,7 @@ class Codec(NativeResource):
             raise InputError(f"codes must be integers, got dtype {c.dtype}")
         if c.ndim != 2 or c.shape[1] == 0 or c.shape[0] == 0:
             raise InputError(f"codes must have shape [n_quantizers, frames], got {c.shape}")
-        k = c.shape[0] if n_quantizers is None else int(n_quantizers)
+        k = c.shape[0] if n_quantizers is None else whole_number(n_quantizers, "n_quantizers", 0)
         if not 1 <= k <= min(c.shape[0], self.n_quantizers):
             raise InputError(f"cannot decode {k} codebooks from codes with {c.shape[0]} rows "
                              f"(this codec has {self.n_quantizers})")
@@ -262,10 +267,13 @@ class Codec(NativeResource):
         return rlfq.stacked_ids(codes, self.config.codebook_size)
 
     def _n_q(self, n_quantizers: int | None) -> int:
-        n_q = self.n_quantizers if n_quantizers is None else int(n_quantizers)
-        if not 1 <= n_q <= self.n_quantizers:
-            raise InputError(f"n_quantizers must be 1..{self.n_quantizers}, got {n_quantizers}")
-        return n_q
+        if n_quantizers is None:
+            return self.n_quantizers
+        return whole_number(n_quantizers, "n_quantizers", 1, self.n_quantizers)
+
+    def _need_open(self) -> None:
+        if self.weights is None:
+            raise InputError("this codec is closed; load it again with Codec.load(...)")
 
     def _runner(self, tower: str) -> _TowerRunner:
         runner = self._runners.get(tower)
@@ -305,8 +313,6 @@ class StreamDecoder(NativeResource):
     (nothing: every stage is causal and frame-local, so each frame completes at once)."""
 
     def __init__(self, codec: Codec, n_q: int, max_push_frames: int):
-        if max_push_frames < 1:
-            raise InputError(f"max_push_frames must be at least 1, got {max_push_frames}")
         self.codec, self.n_q = codec, n_q
         self._runner = codec._take_stream_runner(max_push_frames)
         self.frames = 0

@@ -1,6 +1,6 @@
 """`NanoTTS`: text → 48 kHz stereo speech with MOSS-TTS-Nano and its codec (nano.md §4-9).
 
-Text is normalized and (voice cloning) cut into chunks by upstream's rules; each chunk is its own
+Text is normalized and cut into chunks by upstream's rules, in every mode; each chunk is its own
 utterance: a prompt, frames until the model stops or the frame budget ends, codec decode, and the
 upstream pause after it. `stream()` yields audio as frames are generated, through the codec's
 exact streaming decoder, so streamed audio equals `synthesize()` for the same seed.
@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..audio import REFERENCE_MAX_SECONDS, as_samples, trim_reference
+from ..audio import REFERENCE_MAX_SECONDS, as_sample_rate, as_samples, trim_reference
 from ..codec import Codec
-from ..errors import InputError, ModelFileError
+from ..errors import InputError, ModelFileError, whole_number
 from ..ggml import Weights, get_backend
 from ..ggml.backend import NativeResource, released_on_error
 from ..sampling import SamplingOptions, decide_continue, sample_audio_code
 from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_samples,
                     prepare_texts, split_into_chunks)
+from ..text.chunking import contains_cjk
+from ..text.prompts import check_mode
 from .nano import TOKENIZER_KEY, NanoModel
 
 logger = logging.getLogger(__name__)
@@ -31,6 +34,9 @@ MAX_FRAMES = 1000          # hard cap per chunk (80 s); upstream's fixed 375 cut
 FRAMES_PER_TOKEN = 6.0     # generous: speech runs ~2-4 frames (80 ms) per text token
 MIN_FRAMES = 64
 STALL_FRAMES = 50          # 4 s of one identical frame is a runaway, not speech
+# A chunk's text must fit its frame budget (1000 frames hold ~250-500 tokens of speech); the cap
+# also bounds every prompt, so memory does not grow with the length of the text.
+MAX_TEXT_TOKENS = 250
 # Generation states are sized in steps of this many rows, so the next utterance can usually
 # reuse the last one (caches allocated and graphs built): the step graph attends over every
 # slot, but masked slots cost flash attention next to nothing
@@ -39,7 +45,8 @@ STATE_ROWS_STEP = 256
 
 @dataclass(frozen=True)
 class Reference:
-    """A voice: the codec codes [frames, n_vq] of reference speech."""
+    """A voice: the codec codes [frames, n_vq] of reference speech. `reference=` also takes
+    the codes themselves or (samples, sample_rate), which are encoded."""
 
     codes: np.ndarray
 
@@ -47,6 +54,63 @@ class Reference:
 def frame_budget(n_text_tokens: int, cap: int = MAX_FRAMES) -> int:
     """Frames a chunk may use: scales with its text, never above `cap`."""
     return int(min(cap, max(MIN_FRAMES, math.ceil(FRAMES_PER_TOKEN * n_text_tokens) + 50)))
+
+
+def check_seed(seed) -> int | None:
+    """None (a fresh random seed) or a whole number ≥ 0, as numpy's generators take."""
+    return None if seed is None else whole_number(seed, "seed", 0)
+
+
+def check_options(options) -> SamplingOptions:
+    if not isinstance(options, SamplingOptions):
+        hint = " — build one with SamplingOptions(**options)" if isinstance(options, dict) else ""
+        raise InputError(f"options must be a SamplingOptions, got {type(options).__name__}{hint}")
+    return options
+
+
+def check_text(text, what: str = "text") -> str:
+    if isinstance(text, (bytes, bytearray)):
+        raise InputError(f"{what} must be a str, got {type(text).__name__}: decode it first, "
+                         f"e.g. {what}.decode('utf-8')")
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a str, got {type(text).__name__}")
+    return text
+
+
+def as_voice(value, n_vq: int, encode, what: str, *, max_width: int | None = None
+             ) -> Reference | None:
+    """A voice from what users hold: a Reference, its codes [frames, n_vq], or (samples,
+    sample_rate) of speech, which `encode` turns into codes. Codes up to `max_width` wide (a
+    stored voice keeps all of its codec's codebooks) give their first n_vq."""
+    if value is None or isinstance(value, Reference):
+        return value
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise InputError(f"{what}: a tuple must be (samples, sample_rate), got {len(value)} "
+                             "items")
+        return encode(*value)
+    if isinstance(value, (str, bytes, os.PathLike)):
+        raise InputError(f"{what} cannot be a {type(value).__name__}: pass (samples, sample_rate) "
+                         "(moss_tts.read_audio(path) gives them) or a voice's codes")
+    try:
+        codes = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{what}: not a Reference, codes or (samples, sample_rate): {e}") from None
+    if codes.dtype.kind == "f":
+        raise InputError(f"{what}: a float array looks like audio; pass (samples, sample_rate)")
+    widths = range(n_vq, max(n_vq, max_width or n_vq) + 1)
+    if codes.dtype.kind not in "iu" or codes.ndim != 2 or codes.shape[1] not in widths:
+        flip = " (Codec.encode gives [n_q, frames]: transpose it)" \
+            if codes.ndim == 2 and codes.shape[0] in widths else ""
+        raise InputError(f"{what}: codes must be integers of shape [frames, {n_vq}], got "
+                         f"{codes.dtype} {list(codes.shape)}{flip}")
+    return Reference(np.ascontiguousarray(codes[:, :n_vq]))
+
+
+def continuation_prompt_text(chunk: str) -> str:
+    """A chunk's text as the prompt text of the next one (upstream appends the next text with
+    no separator, so a space ends it unless it is CJK)."""
+    return chunk if contains_cjk(chunk) else chunk + " "
 
 
 class NanoTTS(NativeResource):
@@ -108,19 +172,29 @@ class NanoTTS(NativeResource):
         """Reference speech → its first n_vq codebooks, [frames, n_vq] (mono is duplicated).
         Audio past max_seconds is cut with a warning (None keeps it all: a continuation prompt
         must match its text)."""
+        self._need_open()
         x = as_samples(samples, what="reference audio")
+        sample_rate = as_sample_rate(sample_rate)
         if max_seconds is not None:
-            x = trim_reference(x, int(sample_rate), max_seconds)
-        codes = self._need_codec().encode(x, int(sample_rate), n_quantizers=self.config.n_vq)
+            x = trim_reference(x, sample_rate, max_seconds)
+        codes = self._need_codec().encode(x, sample_rate, n_quantizers=self.config.n_vq)
         return Reference(np.ascontiguousarray(codes.T))
+
+    def _as_voice(self, value, what: str) -> Reference | None:
+        width = None if self.codec is None else self.codec.n_quantizers
+        return as_voice(value, self.config.n_vq, self.encode_reference, what, max_width=width)
 
     # -- generation -----------------------------------------------------------------------------
     def iter_frames(self, rows: np.ndarray, *, options: SamplingOptions = SamplingOptions(),
                     seed: int | None = None, max_frames: int = MAX_FRAMES) -> Iterator[np.ndarray]:
         """Frames [n_vq] generated after prompt rows, until the model stops (nano.md §4.1)."""
+        self._need_open()
+        options, seed = check_options(options), check_seed(seed)
+        max_frames = whole_number(max_frames, "max_frames", 1)
+        return self._frames(rows, options, seed, max_frames)
+
+    def _frames(self, rows, options, seed, max_frames) -> Iterator[np.ndarray]:
         cfg, m = self.config, self.model
-        if max_frames < 1:
-            raise InputError(f"max_frames must be at least 1, got {max_frames}")
         rng = np.random.default_rng(seed) if options.do_sample else None
         seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)  # per-channel history
         state = self._take_state(len(rows) + max_frames)
@@ -171,56 +245,119 @@ class NanoTTS(NativeResource):
         frames = list(self.iter_frames(rows, **kwargs))
         return np.array(frames, dtype=np.int32).reshape(len(frames), self.config.n_vq)
 
-    def plan(self, text: str, *, reference: Reference | None = None, prompt_text: str | None = None,
-             prompt: Reference | None = None, normalize: bool = True,
-             max_text_tokens: int = 75) -> list[tuple[str, np.ndarray]]:
-        """The utterances of a request: (chunk text, prompt rows), chunked when cloning a voice."""
-        if not isinstance(text, str) or not text.strip():
+    def split_text(self, text: str, *, prompt_text: str | None = None, normalize: bool = True,
+                   max_text_tokens: int = 75) -> tuple[list[str], str | None]:
+        """(chunks, prompt text): the request's text normalized and cut into utterances of at
+        most max_text_tokens tokens (upstream's voice-clone rules, used in every mode here)."""
+        text = check_text(text)
+        if prompt_text is not None:
+            prompt_text = check_text(prompt_text, "prompt_text")
+        max_text_tokens = whole_number(max_text_tokens, "max_text_tokens", 1, MAX_TEXT_TOKENS)
+        if not text.strip():
             raise InputError("text is empty")
         if normalize:
             prepared = prepare_texts(text, prompt_text)
             text, prompt_text = prepared.text, prepared.prompt_text
-        mode = "voice_clone" if reference is not None else "continuation"
-        chunks = split_into_chunks(text, self.tokenizer, max_text_tokens) if reference is not None \
-            else [text]
-        return [(chunk, build_rows(self.tokenizer, chunk, mode=mode, ids=self.ids,
-                                   reference_codes=None if reference is None else reference.codes,
-                                   prompt_text=prompt_text,
-                                   prompt_codes=None if prompt is None else prompt.codes))
-                for chunk in chunks]
+        return split_into_chunks(text, self.tokenizer, max_text_tokens), prompt_text
 
-    def stream(self, text: str, *, reference: Reference | None = None,
-               prompt_text: str | None = None, prompt: Reference | None = None,
+    def prompt_rows(self, chunk: str, *, reference: Reference | None = None,
+                    prompt_text: str | None = None, prompt: Reference | None = None) -> np.ndarray:
+        """One utterance's prompt rows [L, n_vq + 1]: voice clone with a reference, else
+        continuation (of the prompt audio and its text, when given)."""
+        mode = "voice_clone" if reference is not None else "continuation"
+        return build_rows(self.tokenizer, chunk, mode=mode, ids=self.ids,
+                          reference_codes=None if reference is None else reference.codes,
+                          prompt_text=prompt_text,
+                          prompt_codes=None if prompt is None else prompt.codes)
+
+    def plan(self, text: str, *, reference=None, prompt_text: str | None = None, prompt=None,
+             normalize: bool = True,
+             max_text_tokens: int = 75) -> list[tuple[str, np.ndarray | None]]:
+        """The utterances of a request: (chunk text, prompt rows). A continuation chunk after
+        the first is prompted by the chunk before it as generated, so its rows are None here."""
+        self._need_open()
+        reference, prompt = self._as_voice(reference, "reference"), self._as_voice(prompt, "prompt")
+        chunks, prompt_text = self.split_text(text, prompt_text=prompt_text, normalize=normalize,
+                                              max_text_tokens=max_text_tokens)
+        return [(chunk, self.prompt_rows(chunk, reference=reference, prompt_text=prompt_text,
+                                         prompt=prompt) if reference is not None or i == 0 else None)
+                for i, chunk in enumerate(chunks)]
+
+    def stream(self, text: str, *, reference=None, prompt_text: str | None = None, prompt=None,
                options: SamplingOptions = SamplingOptions(), seed: int | None = None,
                max_frames: int = MAX_FRAMES, normalize: bool = True,
                max_text_tokens: int = 75) -> Iterator[np.ndarray]:
         """Audio chunks [m, 2] as frames are generated; the pauses between text chunks too.
 
+        `reference` / `prompt`: a Reference, its codes [frames, n_vq], or (samples, sample_rate).
         Each text chunk is its own utterance with a fresh repetition history (as upstream);
-        with a seed, chunk i samples from `seed + i`, so a request is reproducible. With a
+        with a seed, chunk i samples from `seed + i`, so a request is reproducible. Without a
+        reference, each chunk continues the one before it (its text and generated codes are the
+        next prompt, upstream's continuation), so the voice holds across chunks; with a
         continuation prompt, the codec stream first decodes the prompt (discarded), so the
-        output continues it seamlessly.
+        output continues it seamlessly. Arguments are checked before the first chunk is made.
         """
+        self._need_open()
         codec = self._need_codec()
-        plan = self.plan(text, reference=reference, prompt_text=prompt_text, prompt=prompt,
-                         normalize=normalize, max_text_tokens=max_text_tokens)
-        for i, (chunk, rows) in enumerate(plan):
-            budget = frame_budget(len(self.tokenizer.encode(chunk)), max_frames)
-            with codec.stream_decoder(n_quantizers=self.config.n_vq) as decoder:
-                if prompt is not None:  # continuation: the codec stream continues the prompt
-                    decoder.push(prompt.codes.T)
-                chunk_seed = None if seed is None else seed + i
-                for codes in self.iter_frames(rows, options=options, seed=chunk_seed,
-                                              max_frames=budget):
+        options, seed = check_options(options), check_seed(seed)
+        max_frames = whole_number(max_frames, "max_frames", 1)
+        reference, prompt = self._as_voice(reference, "reference"), self._as_voice(prompt, "prompt")
+        chunks, prompt_text = self.split_text(text, prompt_text=prompt_text, normalize=normalize,
+                                              max_text_tokens=max_text_tokens)
+        check_mode("voice_clone" if reference is not None else "continuation",
+                   has_reference=reference is not None, has_prompt_text=prompt_text is not None,
+                   has_prompt_codes=prompt is not None)
+        return self._utterances(codec, chunks, reference, prompt_text, prompt, options, seed,
+                                max_frames)
+
+    def _utterances(self, codec, chunks, reference, prompt_text, prompt, options, seed,
+                    max_frames) -> Iterator[np.ndarray]:
+        """Each chunk's audio and the pause after it. Voice-clone chunks are decoded each on
+        its own (as upstream); continuation chunks share one codec stream, as each continues
+        the one before it."""
+        decoder = None
+        try:
+            for i, chunk in enumerate(chunks):
+                if decoder is None or reference is not None:
+                    if decoder is not None:
+                        decoder.close()
+                    decoder = codec.stream_decoder(n_quantizers=self.config.n_vq)
+                    if prompt is not None:  # continuation: the codec stream continues the prompt
+                        decoder.push(prompt.codes.T)
+                rows = self.prompt_rows(chunk, reference=reference, prompt_text=prompt_text,
+                                        prompt=prompt)
+                budget = frame_budget(len(self.tokenizer.encode(chunk)), max_frames)
+                frames = []
+                for codes in self._frames(rows, options, None if seed is None else seed + i,
+                                          budget):
+                    frames.append(codes)
                     yield decoder.push(codes[:, None])
-            if i + 1 < len(plan):
-                yield np.zeros((pause_samples(chunk, self.sample_rate), 2), dtype=np.float32)
+                if len(frames) == budget:
+                    self._warn_cut(i, len(chunks), budget, codec)
+                if reference is None and frames:
+                    prompt_text = continuation_prompt_text(chunk)
+                    prompt = Reference(np.array(frames, dtype=np.int32))
+                if i + 1 < len(chunks):
+                    yield np.zeros((pause_samples(chunk, self.sample_rate), 2), dtype=np.float32)
+        finally:
+            if decoder is not None:
+                decoder.close()
+
+    def _warn_cut(self, index: int, n_chunks: int, budget: int, codec: Codec) -> None:
+        seconds = budget * codec.downsample_rate / codec.sample_rate
+        logger.warning("text chunk %d of %d used its whole frame budget (%d frames, %.1f s) "
+                       "before the model ended it: its audio is cut; raise max_frames or lower "
+                       "max_text_tokens", index + 1, n_chunks, budget, seconds)
 
     def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
         """Text → (samples float32 [n, 2], sample_rate). Same options as `stream`."""
         parts = list(self.stream(text, **kwargs))
         audio = np.concatenate(parts) if parts else np.zeros((0, 2), np.float32)
         return audio, self.sample_rate
+
+    def _need_open(self) -> None:
+        if self.model is None:
+            raise InputError("this NanoTTS is closed; load it again with NanoTTS.load(...)")
 
     def _need_codec(self) -> Codec:
         if self.codec is None:

@@ -6,15 +6,13 @@ Token counts use the model's own tokenizer (anything with `encode(text) -> list[
 """
 
 from moss_tts.errors import InputError
+from moss_tts.text.script import CJK_OR_HANGUL, CLAUSE_END, CLOSERS, SENTENCE_END
 
 DEFAULT_MAX_TEXT_TOKENS = 75  # every user-facing entry point; the model signature says 50
 SHORT_CHUNK_PAUSE_SECONDS = 0.40  # after a chunk of <= 4 whitespace-separated words
 LONG_CHUNK_PAUSE_SECONDS = 0.24
 SHORT_CHUNK_MAX_WORDS = 4
 
-SENTENCE_END = frozenset(".!?。！？；;")
-CLAUSE_END = frozenset(",，、；;：:")
-CLOSERS = frozenset("\"'”’)]}）】》」』")  # taken into the piece that the mark before them ends
 _TOKEN_CUT_BOUNDARIES = SENTENCE_END | CLAUSE_END | {" "}
 # Upstream scans prefix[-1] down to prefix[-24]: 24 positions, written as a 25-char window.
 _TOKEN_CUT_LOOKBACK = 24
@@ -24,13 +22,7 @@ _SHORT_TEXT_PADDING = " " * 8
 
 def contains_cjk(text):
     """Any CJK ideograph, kana or Hangul syllable (the chunker's notion of "CJK")."""
-    return any(
-        "\u4e00" <= ch <= "\u9fff"
-        or "\u3400" <= ch <= "\u4dbf"
-        or "\u3040" <= ch <= "\u30ff"
-        or "\uac00" <= ch <= "\ud7af"
-        for ch in text
-    )
+    return CJK_OR_HANGUL.search(text) is not None
 
 
 def prepare_for_chunking(text):
@@ -75,12 +67,24 @@ def split_at_marks(text, marks):
     return pieces
 
 
-def _longest_prefix_within(text, count, max_tokens):
-    """Largest n with count(text[:n].strip()) <= max_tokens, by binary search (1 if none)."""
-    low, high, best = 1, len(text), 1
+def _longest_prefix_within(text, start, count, max_tokens):
+    """Largest n with count(text[start:start + n].strip()) <= max_tokens (1 if none).
+
+    Upstream binary-searches the whole rest of the text, which makes a long unpunctuated text
+    quadratic; the search here runs between the last window within budget and the first one
+    over it (windows start at one character per token and double), so each cut costs about
+    its own length.
+    """
+    rest, fits = len(text) - start, 1
+    high = min(rest, max_tokens)
+    while high < rest and count(text[start : start + high].strip()) <= max_tokens:
+        fits, high = high, min(rest, 2 * high)
+    if high == rest and count(text[start:].strip()) <= max_tokens:
+        return rest  # the rest fits whole (upstream checks this first)
+    low, best = fits, fits
     while low <= high:
         middle = (low + high) // 2
-        candidate = text[:middle].strip()
+        candidate = text[start : start + middle].strip()
         if candidate and count(candidate) > max_tokens:
             high = middle - 1
             continue
@@ -92,22 +96,24 @@ def _longest_prefix_within(text, count, max_tokens):
 
 def split_by_token_budget(text, count, max_tokens):
     """Cut `text` into pieces of <= `max_tokens` tokens, preferring a space or mark near the cut."""
-    pieces, rest = [], text.strip()
-    while rest:
-        if count(rest) <= max_tokens:
-            pieces.append(rest)
+    pieces, text, at = [], text.strip(), 0
+    while at < len(text):
+        limit = _longest_prefix_within(text, at, count, max_tokens)
+        if at + limit >= len(text):
+            pieces.append(text[at:])
             break
-        limit = _longest_prefix_within(rest, count, max_tokens)
         cut = limit
         for i in range(limit - 1, max(-1, limit - 1 - _TOKEN_CUT_LOOKBACK), -1):
-            if rest[i] in _TOKEN_CUT_BOUNDARIES:
+            if text[at + i] in _TOKEN_CUT_BOUNDARIES:
                 cut = i + 1
                 break
-        piece = rest[:cut].strip()
+        piece = text[at : at + cut].strip()
         if not piece:
-            piece, cut = rest[:limit].strip(), limit
+            piece, cut = text[at : at + limit].strip(), limit
         pieces.append(piece)
-        rest = rest[cut:].strip()
+        at += cut
+        while at < len(text) and text[at].isspace():  # upstream strips the rest
+            at += 1
     return pieces
 
 

@@ -10,34 +10,64 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-# Scripts written without spaces between words: CJK ideographs (ext. A + basic) and kana.
-_CJK_CLASS = "\u3400-\u4dbf\u4e00-\u9fff\u3040-\u30ff"
-_CJK = f"[{_CJK_CLASS}]"
+from moss_tts.text.script import CJK_CLASS, CLOSERS
+
+_CJK = f"[{CJK_CLASS}]"
 _CJK_IDEOGRAPH = re.compile("[\u3400-\u9fff]")
 
 # Protected spans are swapped for numbered placeholders so later rules cannot touch them.
 _PLACEHOLDER = r"___PROT\d+___"
 _PLACEHOLDER_RE = re.compile(_PLACEHOLDER)
+_PLACEHOLDER_INDEX = re.compile(r"___PROT(\d+)___")
 _TOKEN_CHARS = r"A-Za-z0-9._/+:-"  # characters of file names, versions and paths
 # A Latin-ish token: a placeholder, or a file/version-like run that contains a letter.
 _LATINISH = rf"(?:{_PLACEHOLDER}|(?=[{_TOKEN_CHARS}]*[A-Za-z])[A-Za-z0-9][{_TOKEN_CHARS}]*)"
 
+# Upstream's protection patterns, written so the regex engine never rescans a run: each rule is
+# (pattern, pick) where pick(match) is the part to protect (None: leave the match as it is). A
+# run that upstream's pattern would try again from every later start fails there too, so it is
+# consumed at once and left unchanged (upstream's form scans a run once per start: quadratic).
+_SEPARATOR = re.compile(r"[./+:-]")
+_LETTER = re.compile(r"[A-Za-z]")
+
+
+def _whole(match):
+    return match[0]
+
+
+def _named_part(match):
+    return match["p"]
+
+
+def _file_like(match):
+    """A token run holding a letter and a separator (upstream's two lookaheads)."""
+    run = match[0]
+    return run if _LETTER.search(run) and _SEPARATOR.search(run) else None
+
+
 # Order matters: URLs before e-mails before @mentions, file-like tokens last.
 _PROTECTED_PATTERNS = tuple(
-    re.compile(p)
-    for p in (
-        r"https?://[^\s\u3000，。！？；、）】》〉」』]+",  # URL, up to whitespace or CJK punctuation
-        r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}(?![\w.-])",  # e-mail
-        r"(?<![A-Za-z0-9_])@[A-Za-z0-9_]{1,32}",  # @mention
-        r"(?<![A-Za-z0-9_])[ur]/[A-Za-z0-9_]+",  # reddit u/name, r/name
-        r"(?<![A-Za-z0-9_])#(?!\s)[^\s#]+",  # #hashtag
-        r"(?<![A-Za-z0-9_])\.(?=[A-Za-z0-9._-]*[A-Za-z0-9])[A-Za-z0-9._-]+",  # .env, .map
-        # app.js.map, v2.3.1, a/b-c.py: must hold a letter and one of . / + : - (plain
-        # snake_case is not protected, so its `_` still becomes a space).
-        (
-            rf"(?<![A-Za-z0-9_])(?=[{_TOKEN_CHARS}]*[A-Za-z])(?=[{_TOKEN_CHARS}]*[./+:-])"
-            rf"[A-Za-z0-9][{_TOKEN_CHARS}]*(?![A-Za-z0-9_])"
+    (re.compile(p), pick)
+    for p, pick in (
+        # URL, up to whitespace or CJK punctuation
+        (r"https?://[^\s\u3000，。！？；、）】》〉」』]+", _whole),
+        (  # e-mail; upstream: (?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}(?![\w.-])
+            r"(?<![\w.+-])(?:(?P<p>[A-Za-z0-9._%+-]++@[A-Za-z0-9.-]+\.[A-Za-z]{2,}(?![\w.-]))"
+            r"|[A-Za-z0-9._%+-]++)",
+            _named_part,
         ),
+        (r"(?<![A-Za-z0-9_])@[A-Za-z0-9_]{1,32}", _whole),  # @mention
+        (r"(?<![A-Za-z0-9_])[ur]/[A-Za-z0-9_]+", _whole),  # reddit u/name, r/name
+        (r"(?<![A-Za-z0-9_])#(?!\s)[^\s#]+", _whole),  # #hashtag
+        (  # .env, .map; upstream: (?<![A-Za-z0-9_])\.(?=[A-Za-z0-9._-]*[A-Za-z0-9])[A-Za-z0-9._-]+
+            r"(?<![A-Za-z0-9_])(?:(?P<p>\.(?=[._-]*+[A-Za-z0-9])[A-Za-z0-9._-]+)|\.[._-]*+)",
+            _named_part,
+        ),
+        # app.js.map, v2.3.1, a/b-c.py: must hold a letter and one of . / + : - (plain
+        # snake_case is not protected, so its `_` still becomes a space). Upstream:
+        # (?<![A-Za-z0-9_])(?=[TOK]*[A-Za-z])(?=[TOK]*[./+:-])[A-Za-z0-9][TOK]*(?![A-Za-z0-9_]);
+        # its final lookahead always holds, as `_` is a token character.
+        (rf"(?<![A-Za-z0-9_])[A-Za-z0-9][{_TOKEN_CHARS}]*+", _file_like),
     )
 )
 
@@ -46,8 +76,22 @@ _MARKDOWN_LINK = re.compile(r"\[([^\[\]]+?)\]\((https?://[^)\s]+)\)")
 _LINE_PREFIXES = tuple(
     re.compile(p) for p in (r"^#{1,6}\s+", r"^>\s+", r"^[-*+]\s+", r"^\d+[.)]\s+")
 )
-_ARROW = re.compile(r"\s*(?:<[-=]+>|[-=]+>|<[-=]+|[→←↔⇒⇐⇔⟶⟵⟷⟹⟸⟺↦↤↪↩])\s*")
-_CLOSERS = frozenset("\"')]}）】》〉」』”’")  # looked past when checking a line's last mark
+# Runs of spaces and dashes are entered only at their first character (the lookbehinds): a
+# later start in the same run fails as the first did, and upstream's `\s*(?:...)` retries each.
+_ARROW = re.compile(
+    r"(?:(?<!\s)\s+)?(?:<[-=]+>|(?<![-=])[-=]+>|<[-=]+|[→←↔⇒⇐⇔⟶⟵⟷⟹⟸⟺↦↤↪↩])\s*"
+)
+
+# A whole token run right before CJK. Upstream's ({_LATINISH})(?={_CJK}) rescans the run from
+# each of its characters; it matches exactly when the run holds a letter (a placeholder does).
+_LATIN_BEFORE_CJK = rf"(?<![{_TOKEN_CHARS}])[{_TOKEN_CHARS}]++(?={_CJK})"
+
+
+def _space_after_latinish(match):
+    """One space between a Latin-ish token (a run with a letter) and the CJK after it."""
+    token = match[0]
+    return token + " " if _LETTER.search(token) else token
+
 
 # (pattern, replacement) passes of the space rules, applied in order.
 _SPACE_RULES = tuple(
@@ -58,31 +102,24 @@ _SPACE_RULES = tuple(
         (rf"({_CJK})\s+(?=\d)", r"\1"),  # nor between CJK and digits
         (rf"(\d)\s+(?={_CJK})", r"\1"),
         (rf"({_CJK})(?={_LATINISH})", r"\1 "),  # one space between CJK and Latin-ish tokens
-        (rf"({_LATINISH})(?={_CJK})", r"\1 "),
+        (_LATIN_BEFORE_CJK, _space_after_latinish),
         (r" {2,}", " "),
-        (r"\s+([，。！？；：、”’」』】）》])", r"\1"),  # none before Chinese closing punctuation
+        # none before Chinese closing punctuation
+        (r"(?<!\s)\s+([，。！？；：、”’」』】）》])", r"\1"),
         (r"([（【「『《“‘])\s+", r"\1"),  # none after Chinese opening brackets
         (r"([，。！？；：、])\s*", r"\1"),  # none after Chinese punctuation
-        (r"\s+([,.;!?])", r"\1"),  # none before ASCII punctuation
+        (r"(?<!\s)\s+([,.;!?])", r"\1"),  # none before ASCII punctuation
         (r" {2,}", " "),
     )
 )
 
-_BRACKET_RULES = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (r"\[\s*([^\[\]]+?)\s*\]", r'"\1"'),
-        (r"\{\s*([^{}]+?)\s*\}", r'"\1"'),
-        (r"[【〖『「]\s*([^】〗』」]+?)\s*[】〗』」]", r'"\1"'),
-        # A stand-alone 《title》 (text start or after a sentence end, followed by the end, a
-        # protected span, a dash run or punctuation) loses its brackets; embedded titles stay.
-        (
-            rf"(^|[。！？!?；;]\s*)《([^》]+)》(?=\s*(?:{_PLACEHOLDER}|[—–―-]{{2,}}|$|[。！？!?；;，,]))",
-            r"\1\2",
-        ),
-    )
-)
-_DASH_RUN = re.compile(r"\s*[—–―-]{2,}\s*")
+# Bracketed spans become quoted: (openers, closers, chars the content cannot hold), as upstream's
+# OPEN\s*([^STOPS]+?)\s*CLOSE rules, which rescan to the next closer from every opener.
+_QUOTED_SPANS = (("[", "]", "[]"), ("{", "}", "{}"), ("【〖『「", "】〗』」", "】〗』」"))
+_TITLE_MARKS = frozenset("。！？!?；;")
+# What may follow a stand-alone 《title》: the end, a protected span, a dash run or punctuation.
+_TITLE_TAIL = re.compile(rf"\s*(?:{_PLACEHOLDER}|[—–―-]{{2,}}|$|[。！？!?；;，,])")
+_DASH_RUN = re.compile(r"(?:(?<!\s)\s+)?[—–―-]{2,}\s*")
 
 _REPEAT_RULES = tuple(
     (re.compile(p), r)
@@ -130,7 +167,7 @@ def _with_terminal_mark(line):
     i = len(line) - 1
     while i >= 0 and line[i].isspace():
         i -= 1
-    while i >= 0 and line[i] in _CLOSERS:
+    while i >= 0 and line[i] in CLOSERS:
         i -= 1
     if i >= 0 and unicodedata.category(line[i])[0] == "P":
         return line
@@ -151,24 +188,87 @@ def _flatten_lines(text):
 def _protect(text):
     spans = []
 
-    def park(match):
-        spans.append(match.group(0))
-        return f"___PROT{len(spans) - 1}___"
+    for pattern, pick in _PROTECTED_PATTERNS:
 
-    for pattern in _PROTECTED_PATTERNS:
+        def park(match, pick=pick):
+            span = pick(match)
+            if span is None:
+                return match[0]
+            spans.append(span)
+            return f"___PROT{len(spans) - 1}___" + match[0][len(span):]
+
         text = pattern.sub(park, text)
     return text, spans
 
 
 def _restore(text, spans):
-    for index, span in enumerate(spans):
-        text = text.replace(f"___PROT{index}___", span)
-    return text
+    """Placeholders back to their spans in one pass (one `replace` per span is quadratic)."""
+
+    def span(match):
+        index = int(match[1])
+        return spans[index] if index < len(spans) else match[0]
+
+    return _PLACEHOLDER_INDEX.sub(span, text)
 
 
 def _underscores_to_spaces(text):
     pieces = re.split(f"({_PLACEHOLDER})", text)
     return "".join(p if _PLACEHOLDER_RE.fullmatch(p) else p.replace("_", " ") for p in pieces)
+
+
+def _quote_spans(text, openers, closers, stops):
+    """Each OPEN content CLOSE span as "content" (stripped; all-space content keeps its last
+    char, as the regex does), scanning every character once."""
+    find_open = re.compile(f"[{re.escape(openers)}]")
+    find_stop = re.compile(f"[{re.escape(stops)}]")
+    out, done, at = [], 0, 0
+    while (opener := find_open.search(text, at)) is not None:
+        start = opener.start()
+        stop = find_stop.search(text, start + 1)
+        if stop is None:  # no closer after this opener, so none after a later one either
+            break
+        end, at = stop.start(), start + 1
+        if text[end] in closers and end > start + 1:
+            content = text[start + 1 : end]
+            out += [text[done:start], '"', content.strip() or content[-1], '"']
+            done = at = end + 1
+    return "".join(out) + text[done:]
+
+
+def _opens_title(text, at, done):
+    """Upstream's `(^|[。！？!?；;]\\s*)` before the 《 at `at`, not reaching into the last match."""
+    if at == 0:
+        return True
+    i = at - 1
+    while i >= done and text[i].isspace():
+        i -= 1
+    return i >= done and text[i] in _TITLE_MARKS
+
+
+def _unwrap_titles(text):
+    """A stand-alone 《title》 (at the start or after a sentence end, followed by `_TITLE_TAIL`)
+    loses its brackets; embedded titles stay. The first 》 after an opener serves every opener
+    before it, so it is searched once, and what follows it is checked once."""
+    out, done, at, close = [], 0, 0, -1
+    while (start := text.find("《", at)) >= 0:
+        if close <= start:
+            close = text.find("》", start + 1)
+            if close < 0:
+                break
+        at = start + 1
+        if close == at or not _opens_title(text, start, done):
+            continue
+        if _TITLE_TAIL.match(text, close + 1):
+            out += [text[done:start], text[at:close]]
+            done = close + 1
+        at = close + 1  # matched, or every opener up to this 》 fails on what follows it
+    return "".join(out) + text[done:]
+
+
+def _rewrite_brackets(text):
+    for openers, closers, stops in _QUOTED_SPANS:
+        text = _quote_spans(text, openers, closers, stops)
+    return _unwrap_titles(text)
 
 
 def _fold_question_exclaim(match):
@@ -188,7 +288,7 @@ def normalize_tts_text(text):
     text, spans = _protect(text)
     text = _underscores_to_spaces(text)
     text = _apply(_SPACE_RULES, text).strip()
-    text = _apply(_BRACKET_RULES, text)
+    text = _rewrite_brackets(text)
     text = _ARROW.sub("，", text)  # again: spans that were protected are placeholders now
     text = _DASH_RUN.sub("。", text)
     text = _apply(_REPEAT_RULES, text)

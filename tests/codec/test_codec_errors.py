@@ -151,4 +151,44 @@ def test_encode_rejects_a_rate_that_leaves_less_than_one_frame(codec):
 def test_encode_rejects_a_non_positive_sample_rate(codec, clip, rate):
     with pytest.raises(InputError) as e:
         codec.encode(clip, rate)
-    assert "sample rate" in one_line(e)
+    assert "sample_rate must be a whole number at least 1" in one_line(e)
+
+
+# -- API arguments (issue 11: these were TypeError / ValueError / AttributeError tracebacks) ---
+
+
+@pytest.mark.parametrize("rate", [None, "24000", 16000.5, float("nan"), True])
+def test_encode_rejects_a_sample_rate_that_is_not_a_whole_number(codec, clip, rate):
+    with pytest.raises(InputError) as e:
+        codec.encode(clip, rate)
+    assert "sample_rate must be a whole number" in one_line(e)
+
+
+def test_encode_takes_an_integral_float_rate(codec, clip):
+    rate = float(codec.sample_rate)
+    np.testing.assert_array_equal(codec.encode(clip, rate), codec.encode(clip, codec.sample_rate))
+
+
+@pytest.mark.parametrize("frames", [0, "8", 2.5])
+def test_stream_decoder_push_size_must_be_a_whole_number(codec, frames):
+    with pytest.raises(InputError) as e:
+        codec.stream_decoder(max_push_frames=frames)
+    assert "max_push_frames must be a whole number at least 1" in one_line(e)
+
+
+@pytest.mark.parametrize("k", ["2", 1.5, 0])
+def test_n_quantizers_must_be_a_whole_number_in_range(codec, baseline, k):
+    with pytest.raises(InputError) as e:
+        codec.decode(baseline[0], n_quantizers=k)
+    assert "n_quantizers" in one_line(e) or "codebooks" in one_line(e)
+
+
+def test_a_closed_codec_raises_input_error(codec_gguf, clip):
+    closed = Codec.load(codec_gguf, threads=THREADS)
+    codes = closed.encode(clip, closed.sample_rate)
+    closed.close()
+    for call in (lambda: closed.decode(codes), lambda: closed.encode(clip, closed.sample_rate),
+                 lambda: closed.stream_decoder()):
+        with pytest.raises(InputError) as e:
+            call()
+        assert "closed" in one_line(e)

@@ -6,6 +6,7 @@ stereo codec; everything through the real converters and loaders."""
 
 import itertools
 import logging
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -235,10 +236,99 @@ def test_long_voice_clone_text_is_chunked_with_pauses(nano_tts):
         assert audio[stop:stop + SAMPLES_PER_FRAME].any()
 
 
-def test_continuation_is_not_chunked(nano_tts):
+@pytest.mark.parametrize("mode", MODES)
+def test_long_text_is_chunked_in_every_mode(nano_tts, mode):
+    """The same chunks in every mode; a continuation chunk after the first has no rows before
+    generation (it is prompted by the chunk before it, as generated)."""
     tts = nano_tts(*NEVER_STOPS)
-    assert len(tts.plan(LONG_TEXT, max_text_tokens=10)) == 1
-    assert len(tts.plan(LONG_TEXT, max_text_tokens=10, **request("voice_clone"))) > 1
+    plan = tts.plan(LONG_TEXT, max_text_tokens=10, **request(mode))
+    clone = tts.plan(LONG_TEXT, max_text_tokens=10, **request("voice_clone"))
+    assert len(plan) > 2 and [c for c, _ in plan] == [c for c, _ in clone]
+    assert all(len(tts.tokenizer.encode(c)) <= 10 for c, _ in plan)
+    known = [rows is not None for _, rows in plan]
+    assert known == [True] * len(plan) if mode == "voice_clone" else known[1:] == [False] * (
+        len(plan) - 1) and known[0]
+
+
+@pytest.mark.parametrize("mode", ["continuation", "continuation_with_prompt"])
+def test_continuation_chunks_are_prompted_by_the_chunk_before(nano_tts, mode):
+    """Chunk i+1's prompt is chunk i's text and generated codes (upstream's continuation with a
+    prompt), and one codec stream runs through the request: the audio is the decode of the
+    prompt and every chunk's frames, the prompt cut off, with the pauses spliced in."""
+    tts = nano_tts(*NEVER_STOPS)
+    kw = dict(options=GREEDY, max_frames=5, max_text_tokens=10, **request(mode))
+    chunks, prompt_text = tts.split_text(LONG_TEXT, prompt_text=kw.get("prompt_text"),
+                                         max_text_tokens=10)
+    prompt = kw.get("prompt")
+    codes, pauses = [] if prompt is None else [prompt.codes], []
+    independent = []
+    for i, chunk in enumerate(chunks):
+        rows = tts.prompt_rows(chunk, prompt_text=prompt_text, prompt=prompt)
+        frames = tts.generate(rows, options=GREEDY, max_frames=5)
+        if prompt is not None:   # the carried codes close the prompt, in assistant-slot rows
+            np.testing.assert_array_equal(rows[-len(prompt.codes):, 1:], prompt.codes)
+            assert (rows[-len(prompt.codes):, 0] == 9).all()
+        independent.append(tts.generate(tts.prompt_rows(chunk), options=GREEDY, max_frames=5))
+        codes.append(frames)
+        prompt_text, prompt = chunk + " ", Reference(frames)
+        pauses.append(pause_samples(chunk, SAMPLE_RATE) if i + 1 < len(chunks) else 0)
+    audio, _ = tts.synthesize(LONG_TEXT, **kw)
+    whole = tts.codec.decode(np.concatenate(codes).T, n_quantizers=N_VQ)
+    at = 0 if "prompt" not in kw else len(kw["prompt"].codes) * SAMPLES_PER_FRAME
+    expected = []
+    for frames, pause in zip(codes[len(codes) - len(chunks):], pauses):
+        n = len(frames) * SAMPLES_PER_FRAME
+        expected += [whole[at:at + n], np.zeros((pause, 2), np.float32)]
+        at += n
+    assert_close(audio, np.concatenate(expected), atol=STREAM_ATOL, what="carried continuation")
+    # guard: prompting each chunk by the one before changes what the model says
+    carried = codes[len(codes) - len(chunks):]
+    assert any(a.shape != b.shape or (a != b).any() for a, b in zip(carried[1:], independent[1:]))
+
+
+def test_a_cut_at_the_frame_budget_is_a_warning(nano_tts, caplog):
+    chunks = len(nano_tts(*NEVER_STOPS).plan(LONG_TEXT, max_text_tokens=20))
+    with caplog.at_level(logging.WARNING, logger="moss_tts.models.nano_tts"):
+        nano_tts(*NEVER_STOPS).synthesize(LONG_TEXT, seed=0, max_frames=6, max_text_tokens=20)
+    cuts = [r for r in caplog.records if "frame budget" in r.getMessage()]
+    assert len(cuts) == chunks > 1 and all(r.levelno == logging.WARNING for r in cuts)
+    assert "chunk 1 of" in cuts[0].getMessage() and "6 frames" in cuts[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="moss_tts.models.nano_tts"):
+        nano_tts(*STOPS_AT_ONCE).synthesize(LONG_TEXT, seed=0, max_frames=6)
+    assert not [r for r in caplog.records if "frame budget" in r.getMessage()]
+
+
+HUGE_TEXT_CHARS = 100_000
+
+
+@pytest.mark.parametrize("mode", ["voice_clone", "continuation"])
+def test_100k_characters_plan_in_bounded_prompts(nano_tts, mode):
+    """Every prompt is one chunk's (no [L, L] mask over the whole text), and planning 100k
+    characters allocates little: the chunks' texts and small row arrays."""
+    tts = nano_tts(*NEVER_STOPS)
+    text = (LONG_TEXT + " ") * (HUGE_TEXT_CHARS // (len(LONG_TEXT) + 1))
+    tracemalloc.start()
+    try:
+        plan = tts.plan(text, **request(mode))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    rows = [r for _, r in plan if r is not None]
+    assert len(plan) > 100 and max(len(r) for r in rows) < 400
+    assert peak < 64 * 2**20, f"planning peaked at {peak / 2**20:.0f} MiB"
+
+
+def test_a_long_continuation_keeps_its_generation_state_bounded(nano_files, codec_gguf):
+    """Chunk after chunk of a long text, the prompt (the chunk before) and the generation
+    state stay the size of one chunk's (a fresh instance: no larger state kept from before)."""
+    _, gguf = nano_files(*NEVER_STOPS)
+    text = (LONG_TEXT + " ") * 200
+    with NanoTTS.load(gguf, codec=codec_gguf, threads=THREADS) as tts:
+        parts = list(itertools.islice(tts.stream(text, seed=1, max_frames=8, max_text_tokens=10),
+                                      200))
+        assert sum(len(p) for p in parts) > 0
+        assert tts._idle_state.capacity <= 256, tts._idle_state.capacity
 
 
 # --- frame budget -------------------------------------------------------------------------------
@@ -344,3 +434,101 @@ def test_encode_reference_gives_frames_by_codebooks(nano_tts):
     np.testing.assert_array_equal(stereo.codes, voice.codes)
     audio, _ = tts.synthesize(TEXT, reference=voice, seed=0, max_frames=4)
     assert audio.shape == (4 * SAMPLES_PER_FRAME, 2)
+
+
+# --- API arguments (issue 11: these were bare TypeError / ValueError / AttributeError) -------
+
+
+def clip(seconds=1.0, seed=11):
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    return (0.3 * np.sin(2 * np.pi * 110 * t) + 0.05 * rng.standard_normal(t.size)).astype(
+        np.float32)
+
+
+BAD_ARGUMENTS = {
+    "reference as a path": (dict(reference="speaker.wav"), "cannot be a str"),
+    "reference as float samples": (dict(reference=clip()), "looks like audio"),
+    "reference as codec-layout codes": (dict(reference=seeded_codes(50, seed=1).T),
+                                        "transpose"),
+    "reference codes too narrow": (dict(reference=seeded_codes(7, seed=1)[:, :2]),
+                                   r"shape \[frames, 4\]"),
+    "reference as a 1-tuple": (dict(reference=(clip(),)), "tuple must be"),
+    "reference audio without a rate": (dict(reference=(clip(), None)), "sample_rate"),
+    "reference as a list of words": (dict(reference=["a", "b"]), "codes must be integers"),
+    "prompt as a path": (dict(prompt="p.wav", prompt_text="Hi."), "prompt cannot be a str"),
+    "options as a dict": (dict(options={"do_sample": False}), r"SamplingOptions\(\*\*options\)"),
+    "seed -1": (dict(seed=-1), "seed must be a whole number"),
+    "seed 'a'": (dict(seed="a"), "seed must be a whole number"),
+    "seed 1.5": (dict(seed=1.5), "seed must be a whole number"),
+    "max_frames 0": (dict(max_frames=0), "max_frames"),
+    "max_frames '9'": (dict(max_frames="9"), "max_frames"),
+    "max_text_tokens 0": (dict(max_text_tokens=0), "max_text_tokens"),
+    "max_text_tokens huge": (dict(max_text_tokens=10**6), "max_text_tokens"),
+    "prompt_text as bytes": (dict(prompt_text=b"Hi.", prompt=Reference(seeded_codes(3, seed=2))),
+                             "prompt_text must be a str"),
+    "voice clone with a prompt": (dict(reference=Reference(seeded_codes(3, seed=1)),
+                                       prompt_text="Hi.", prompt=Reference(seeded_codes(3, seed=2))),
+                                  "voice_clone mode takes no prompt"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_bad_arguments_raise_one_line_input_errors_before_any_audio(nano_tts, case):
+    tts = nano_tts(*NEVER_STOPS)
+    kwargs, match = BAD_ARGUMENTS[case]
+    with pytest.raises(InputError, match=match) as e:
+        tts.stream(TEXT, **kwargs)              # raised by the call, not at the first chunk
+    assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match=match):
+        tts.synthesize(TEXT, **kwargs)
+
+
+@pytest.mark.parametrize("text, match", [(b"Hello.", "got bytes: decode it first"),
+                                         (42, "text must be a str, got int"), (None, "got NoneType")])
+def test_text_that_is_not_a_str_is_named_as_such(nano_tts, text, match):
+    with pytest.raises(InputError, match=match):
+        nano_tts(*NEVER_STOPS).synthesize(text)
+
+
+def test_iter_frames_checks_its_arguments(nano_tts):
+    tts = nano_tts(*NEVER_STOPS)
+    rows = single_prompt(tts, "voice_clone")
+    for kwargs in ({"seed": -1}, {"options": {}}, {"max_frames": 2.5}):
+        with pytest.raises(InputError):
+            tts.generate(rows, **kwargs)
+
+
+def test_a_reference_may_be_audio_codes_or_a_stored_voice(nano_tts, tmp_path):
+    """(samples, sample_rate) is encoded; codes [frames, n_vq] are used as they are, and a
+    voice stored as `voice add` does (all the codec's codebooks) gives its first n_vq."""
+    import moss_tts
+    from moss_tts.voices import add_voice
+
+    tts = nano_tts(*NEVER_STOPS)
+    voice = tts.encode_reference(clip(), SAMPLE_RATE)
+    want, _ = tts.synthesize(TEXT, reference=voice, seed=0, max_frames=4)
+    got, _ = tts.synthesize(TEXT, reference=(clip(), SAMPLE_RATE), seed=0, max_frames=4)
+    np.testing.assert_array_equal(got, want)
+    got, _ = tts.synthesize(TEXT, reference=voice.codes.astype(np.int64), seed=0, max_frames=4)
+    np.testing.assert_array_equal(got, want)
+    stored = tts.codec.encode(clip(), SAMPLE_RATE).T            # [frames, 8]: as `voice add`
+    assert stored.shape[1] == tts.codec.n_quantizers > N_VQ
+    add_voice("alice", stored, {"source": "test"}, root=tmp_path)
+    codes, _ = moss_tts.load_voice("alice", root=tmp_path)
+    got, _ = tts.synthesize(TEXT, reference=codes, seed=0, max_frames=4)
+    np.testing.assert_array_equal(got, want)
+    other, _ = tts.synthesize(TEXT, reference=seeded_codes(len(codes), seed=9), seed=0,
+                              max_frames=4)
+    assert_differs(other, want, atol=STREAM_ATOL, what="another voice")   # guard
+    assert moss_tts.Reference is Reference and "Reference" in moss_tts.__all__
+
+
+def test_a_closed_nano_tts_raises_input_error(nano_files, codec_gguf):
+    _, gguf = nano_files(*PARITY)
+    tts = NanoTTS.load(gguf, codec=codec_gguf, threads=THREADS)
+    tts.close()
+    for call in (lambda: tts.synthesize(TEXT), lambda: tts.plan(TEXT),
+                 lambda: tts.encode_reference(clip(), SAMPLE_RATE)):
+        with pytest.raises(InputError, match="closed"):
+            call()

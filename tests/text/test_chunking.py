@@ -1,8 +1,10 @@
 import re
+import time
 
 import pytest
 
 from moss_tts.errors import InputError
+from moss_tts.text import chunking, normalize
 from moss_tts.text.chunking import pause_after, pause_samples, split_into_chunks
 
 
@@ -55,6 +57,13 @@ def test_long_sentence_is_cut_at_clause_marks_of_the_prepared_text():
 def test_closing_quotes_stay_with_their_sentence():
     text = 'He said "stop." Then left.'
     assert split_into_chunks(text, WORDS, 3) == ['He said "stop."', "Then left."]
+
+
+def test_closers_are_one_table_with_the_normalizer():
+    """The chunker and the normalizer share one closer table (upstream's chunker lacked 〉)."""
+    text = "他说〈好的。〉然后走了。"
+    assert split_into_chunks(text, WORDS, 6) == ["他说〈好的。〉", "然后走了。"]
+    assert chunking.CLOSERS is normalize.CLOSERS
 
 
 def test_single_overlong_sentence_is_cut_by_token_budget_at_spaces():
@@ -127,3 +136,22 @@ def test_pause_after_depends_on_whitespace_word_count(chunk, seconds):
 def test_pause_samples_round_at_48k():
     assert pause_samples("a b c d e f", 48000) == 11520
     assert pause_samples("hi", 48000) == 19200
+
+
+def test_unpunctuated_text_is_cut_in_linear_time(tiny_tokenizer):
+    """Each token-budget cut searches a window near its own length, not the whole rest."""
+    words = "ni hao shi jie jin tian tian qi hen hao wo men yi qi qu gong yuan "
+
+    def seconds(n):
+        text = (words * (n // len(words) + 1))[:n]
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            chunks = split_into_chunks(text, tiny_tokenizer, 75)
+            best = min(best, time.perf_counter() - start)
+        assert all(len(tiny_tokenizer.encode(c)) <= 75 for c in chunks)
+        return best
+
+    small, large = seconds(10_000), seconds(40_000)
+    # 4x the text: linear ≈ 4x; before, each cut binary-searched the whole rest (≈ 16x)
+    assert large < 8 * small + 0.25, f"{small:.3f} s → {large:.3f} s"

@@ -1,0 +1,186 @@
+"""The normalizer runs in linear time (issue 11): upstream's regexes rescan a run of spaces,
+dashes, letters or brackets from each of its characters, so a long run took minutes. Ours are
+rewritten to enter a run once; these tests check that they give upstream's results (random
+differential tests against upstream's own patterns, copied below) and that time scales linearly.
+"""
+
+import random
+import re
+import time
+
+import pytest
+
+from moss_tts.text import normalize as N
+from moss_tts.text.normalize import normalize_tts_text
+
+# Upstream `tts_robust_normalizer_single_script.py` patterns, verbatim (the reference).
+_TOK = r"A-Za-z0-9._/+:-"
+_PROT = r"___PROT\d+___"
+_CJK = r"[\u3400-\u4dbf\u4e00-\u9fff\u3040-\u30ff]"
+_LATINISH = rf"(?:{_PROT}|(?=[{_TOK}]*[A-Za-z])[A-Za-z0-9][{_TOK}]*)"
+UPSTREAM_PROTECT = [
+    r"https?://[^\s\u3000，。！？；、）】》〉」』]+",
+    r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}(?![\w.-])",
+    r"(?<![A-Za-z0-9_])@[A-Za-z0-9_]{1,32}",
+    r"(?<![A-Za-z0-9_])(?:u|r)/[A-Za-z0-9_]+",
+    r"(?<![A-Za-z0-9_])#(?!\s)[^\s#]+",
+    r"(?<![A-Za-z0-9_])\.(?=[A-Za-z0-9._-]*[A-Za-z0-9])[A-Za-z0-9._-]+",
+    rf"(?<![A-Za-z0-9_])(?=[{_TOK}]*[A-Za-z])(?=[{_TOK}]*[./+:-])[A-Za-z0-9][{_TOK}]*(?![A-Za-z0-9_])",
+]
+UPSTREAM_SPACES = [
+    (r"[ \t\r\f\v]+", " "),
+    (rf"({_CJK})\s+(?={_CJK})", r"\1"),
+    (rf"({_CJK})\s+(?=\d)", r"\1"),
+    (rf"(\d)\s+(?={_CJK})", r"\1"),
+    (rf"({_CJK})(?=({_LATINISH}))", r"\1 "),
+    (rf"(({_LATINISH}))(?={_CJK})", r"\1 "),
+    (r" {2,}", " "),
+    (r"\s+([，。！？；：、”’」』】）》])", r"\1"),
+    (r"([（【「『《“‘])\s+", r"\1"),
+    (r"([，。！？；：、])\s*", r"\1"),
+    (r"\s+([,.;!?])", r"\1"),
+    (r" {2,}", " "),
+]
+UPSTREAM_BRACKETS = [
+    (r"\[\s*([^\[\]]+?)\s*\]", r'"\1"'),
+    (r"\{\s*([^{}]+?)\s*\}", r'"\1"'),
+    (r"[【〖『「]\s*([^】〗』」]+?)\s*[】〗』」]", r'"\1"'),
+    (r"(^|[。！？!?；;]\s*)《([^》]+)》(?=\s*(?:___PROT\d+___|[—–―-]{2,}|$|[。！？!?；;，,]))",
+     r"\1\2"),
+]
+UPSTREAM_ARROW = r"\s*(?:<[-=]+>|[-=]+>|<[-=]+|[→←↔⇒⇐⇔⟶⟵⟷⟹⟸⟺↦↤↪↩])\s*"
+UPSTREAM_DASH_RUN = r"\s*(?:—|–|―|-){2,}\s*"
+
+
+def upstream_protect(text):
+    spans = []
+
+    def park(match):
+        spans.append(match.group(0))
+        return f"___PROT{len(spans) - 1}___"
+
+    for pattern in UPSTREAM_PROTECT:
+        text = re.sub(pattern, park, text)
+    return text, spans
+
+
+def upstream_rules(rules, text):
+    for pattern, replacement in rules:
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
+# Pieces that exercise every rule: token characters, separators, spaces (also ones the first
+# space rule does not fold), brackets, titles, marks, CJK, e-mail and URL parts, placeholders.
+PIECES = list("aZ1_.-/+:%@#uer[]{}【】『」《》<>=→—–。！？!?；;，,中か 　\xa0\u2003\t") + [
+    "___PROT0___", "http://", "ab", "x.y", "@b.co", "v2.3", "  ", "--", "->", "...",
+]
+SAMPLES = 4000
+
+
+def random_texts(seed, pieces=PIECES):
+    rng = random.Random(seed)
+    for _ in range(SAMPLES):
+        yield "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+
+
+def test_protected_spans_match_upstream_patterns():
+    for text in random_texts(1):
+        assert N._protect(text) == upstream_protect(text), repr(text)
+
+
+def test_space_rules_match_upstream_patterns():
+    for text in random_texts(2):
+        assert N._apply(N._SPACE_RULES, text) == upstream_rules(UPSTREAM_SPACES, text), repr(text)
+
+
+def test_bracket_rules_match_upstream_patterns():
+    for text in random_texts(3):
+        assert N._rewrite_brackets(text) == upstream_rules(UPSTREAM_BRACKETS, text), repr(text)
+
+
+def test_arrow_and_dash_rules_match_upstream_patterns():
+    for text in random_texts(4):
+        assert N._ARROW.sub("，", text) == re.sub(UPSTREAM_ARROW, "，", text), repr(text)
+        assert N._DASH_RUN.sub("。", text) == re.sub(UPSTREAM_DASH_RUN, "。", text), repr(text)
+
+
+def test_restore_puts_every_span_back_in_one_pass():
+    text = "a " + " ".join(f"___PROT{i}___" for i in range(12)) + " ___PROT99___"
+    spans = [f"<{i}>" for i in range(12)]
+    want = "a " + " ".join(spans) + " ___PROT99___"  # an index with no span stays as it is
+    assert N._restore(text, spans) == want
+
+
+def test_whole_normalizer_matches_upstream_on_random_text():
+    """The rewritten passes in the whole pipeline: the same output as with upstream's."""
+    for text in random_texts(5):
+        assert normalize_tts_text(text) == _normalize_with_upstream_patterns(text), repr(text)
+
+
+def _normalize_with_upstream_patterns(text):
+    text = N._flatten_lines(N._drop_control_chars(text))
+    text = re.sub(UPSTREAM_ARROW, "，", text)
+    text, spans = upstream_protect(text)
+    text = N._underscores_to_spaces(text)
+    text = upstream_rules(UPSTREAM_SPACES, text).strip()
+    text = upstream_rules(UPSTREAM_BRACKETS, text)
+    text = re.sub(UPSTREAM_ARROW, "，", text)
+    text = re.sub(UPSTREAM_DASH_RUN, "。", text)
+    text = N._apply(N._REPEAT_RULES, text)
+    text = N._QE_RUN.sub(N._fold_question_exclaim, text)
+    text = upstream_rules(UPSTREAM_SPACES, text).strip()
+    for index, span in enumerate(spans):
+        text = text.replace(f"___PROT{index}___", span)
+    text = text.strip()
+    return N._with_terminal_mark(text) if text else text
+
+
+# --- time ------------------------------------------------------------------------------------
+
+MIXED = (
+    "The quick brown fox jumps over the lazy dog, version v2.3.1 of app.js!! See "
+    "https://x.com/a or mail a.b@c.org, @bob #tag. 这是一个测试句子，包含 Anthropic 的 npm "
+    "包——以及【重点】和《标题》。\n- item one -> two\n1. 第一步: run `make`...\n"
+)
+# Runs that took quadratic time before (each was seconds at 10k characters).
+RUNS = ["a", "1", "-1", "\u2003", " \xa0", "【", "《。", "[\xa0", "%", "..", "a.a_", "-"]
+
+
+def best_time(text, repeats=3):
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        normalize_tts_text(text)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_one_megabyte_normalizes_in_seconds():
+    """Mixed prose with one 50k-character base64-like blob (a single long "word")."""
+    blob = "".join(random.Random(0).choice("ABCdef0123+/") for _ in range(50_000))
+    text = (MIXED * (950_000 // len(MIXED) + 1))[:950_000] + blob
+    start = time.perf_counter()
+    normalize_tts_text(text)
+    elapsed = time.perf_counter() - start
+    # measured ~3.5 s on 2 shared cores; before the fix the blob alone took minutes
+    assert elapsed < 30, f"1 MB took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[repr(r) for r in RUNS])
+def test_time_grows_linearly_with_a_run(run):
+    small = run * (5_000 // len(run))
+    small_time, large_time = best_time(small), best_time(small * 4)
+    # 4x the text: linear ≈ 4x, quadratic ≈ 16x; the margin absorbs a shared machine's noise
+    assert large_time < 8 * small_time + 0.25, f"{small_time:.3f} s → {large_time:.3f} s"
+
+
+def test_time_grows_linearly_with_titles_that_share_one_end():
+    """Every 《 after a sentence mark, then one 》 followed by a long space run that is no
+    title's end: each opener checked the same run again."""
+
+    def text(n):
+        return "。《" * n + "x》" + "\xa0" * n + "y"
+
+    small_time, large_time = best_time(text(2_500)), best_time(text(10_000))
+    assert large_time < 8 * small_time + 0.25, f"{small_time:.3f} s → {large_time:.3f} s"
