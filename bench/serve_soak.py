@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from moss_tts.models.nano_tts import NanoTTS
     from moss_tts.server import create_app
-    from tests.test_server import Served
+    from tests.server_helpers import Served
 
     with tempfile.TemporaryDirectory() as tmp:
         model, codec = (args.model, args.codec) if args.model else tiny_models(Path(tmp))

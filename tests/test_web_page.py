@@ -15,7 +15,7 @@ from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
-from tests.test_server import Served
+from tests.server_helpers import Served
 
 # Browsers decode WAV only from 3 kHz up: the tiny codec is declared at 16 kHz here (its
 # windows scale with the rate; the towers are unchanged).
