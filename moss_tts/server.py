@@ -173,7 +173,7 @@ class AudioStream:
 def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                voices_root=None, api_key: str | None = None, cors_origins=(),
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
-               write_timeout: float = WRITE_TIMEOUT):
+               write_timeout: float | None = None):
     """The ASGI app over a loaded NanoTTS (or anything with its stream/encode_reference API).
     Only the worker thread touches `tts` after this call."""
     from starlette.applications import Starlette
@@ -184,6 +184,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     from .voices import add_voice, check_name, list_voices, load_voice, remove_voice
 
     worker = ModelWorker(tts, queue_depth)
+    write_timeout = write_timeout or WRITE_TIMEOUT
     sr = tts.sample_rate
 
     def reference_for(model, req):

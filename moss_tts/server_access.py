@@ -95,7 +95,8 @@ class Gate:
 
 
 class AccessLog:
-    """One line per request: client, method, path, status, body bytes, milliseconds."""
+    """One line per request: client, method, path, status, body bytes, milliseconds. Written as
+    the last body part goes out (or when a response ends unfinished: status 0 if never begun)."""
 
     def __init__(self, app):
         self.app = app
@@ -103,18 +104,25 @@ class AccessLog:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        start, seen = time.perf_counter(), {"status": 0, "bytes": 0}
+        start, seen = time.perf_counter(), {"status": 0, "bytes": 0, "logged": False}
+
+        def log():
+            seen["logged"] = True
+            client = scope.get("client") or ("-", 0)
+            access_logger.info('%s "%s %s" %d %d %.0f ms', client[0], scope["method"],
+                               scope["path"], seen["status"], seen["bytes"],
+                               1e3 * (time.perf_counter() - start))
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
             elif message["type"] == "http.response.body":
                 seen["bytes"] += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    log()
             await send(message)
         try:
             await self.app(scope, receive, counting_send)
         finally:
-            client = scope.get("client") or ("-", 0)
-            access_logger.info('%s "%s %s" %d %d %.0f ms', client[0], scope["method"],
-                               scope["path"], seen["status"], seen["bytes"],
-                               1e3 * (time.perf_counter() - start))
+            if not seen["logged"]:
+                log()
