@@ -20,6 +20,7 @@ MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "fl
                "pcm": "audio/pcm"}
 STREAMED_FORMATS = ("wav", "pcm")     # a whole-file encoder cannot emit audio as it arrives
 OPENAI_PCM_RATE = 24000
+INPUT_BLOCK = 8192       # samples resampled at once: the working set stays in cache
 # The encoders take only these rates (MPEG-1/2/2.5 layer III, Opus, AAC-LC); other rates are
 # resampled up to the next one.
 ENCODER_RATES = {"mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
@@ -116,6 +117,10 @@ class StreamResampler:
 
         g = gcd(rate_from, rate_to)
         self.up, self.down = rate_to // g, rate_from // g
+        self.identity = self.up == self.down == 1    # resample_poly returns the input as is
+        self.history = np.zeros((0, channels))
+        if self.identity:
+            return
         max_rate = max(self.up, self.down)
         self.half = 10 * max_rate                    # scipy's resample_poly filter design
         h = firwin(2 * self.half + 1, 1.0 / max_rate, window=("kaiser", 5.0)) * self.up
@@ -129,20 +134,33 @@ class StreamResampler:
         self.n_out = 0     # output samples produced
 
     def _produce(self, x: np.ndarray, until: int) -> np.ndarray:
-        """Outputs n_out .. until-1 from x, the last len(x) inputs (history, then new input)."""
-        n = np.arange(self.n_out, until)
-        if n.size == 0:
-            return np.zeros((0, x.shape[1]), np.float32)
-        pos = n * self.down + self.half
-        newest, phase = pos // self.up, pos % self.up
+        """Outputs n_out .. until-1 from x, the last len(x) inputs (history, then new input).
+
+        Outputs n, n + up, n + 2·up, ... share a filter phase and read inputs `down` apart, so
+        each such run is `taps` multiply-adds over strided views, summed in a fixed order (the
+        result does not depend on how the input was cut)."""
         first = self.n_in - len(x)                   # the input index of x[0]
-        idx = (newest - first)[:, None] - np.arange(self.taps)[None, :]
-        y = (x[idx] * self.phases[phase][:, :, None]).sum(axis=1)
-        self.n_out = until
-        return y.astype(np.float32)
+        out = np.empty((max(0, until - self.n_out), x.shape[1]))
+        for r in range(min(self.up, len(out))):
+            count = len(range(self.n_out + r, until, self.up))
+            pos = (self.n_out + r) * self.down + self.half
+            newest, phase = pos // self.up - first, pos % self.up
+            acc = np.zeros((count, x.shape[1]))
+            for k in range(self.taps):
+                start = newest - k
+                acc += self.phases[phase, k] * x[start: start + (count - 1) * self.down + 1:
+                                                 self.down]
+            out[r::self.up] = acc
+        self.n_out = max(self.n_out, until)
+        return out.astype(np.float32)
 
     def push(self, chunk: np.ndarray) -> np.ndarray:
         """The outputs whose inputs have all arrived."""
+        if self.identity:
+            return chunk.astype(np.float32)
+        if len(chunk) > INPUT_BLOCK:   # cache-sized pieces; cutting never changes the result
+            return np.concatenate([self.push(chunk[i: i + INPUT_BLOCK])
+                                   for i in range(0, len(chunk), INPUT_BLOCK)])
         x = np.concatenate([self.history, chunk.astype(np.float64)])
         self.n_in += len(chunk)
         # output n is complete once its newest input (n·down + half) // up has arrived
@@ -153,6 +171,8 @@ class StreamResampler:
 
     def flush(self) -> np.ndarray:
         """The remaining outputs, with zeros after the end (resample_poly's length)."""
+        if self.identity:
+            return np.zeros((0, self.history.shape[1]), np.float32)
         total = -(-self.n_in * self.up // self.down)
         pad = np.zeros((self.taps, self.history.shape[1]))
         x = np.concatenate([self.history, pad])
@@ -172,12 +192,10 @@ class PcmLayout:
         self.mono = layout == "openai"
         self.rate = OPENAI_PCM_RATE if self.mono else native_rate
         self.channels = 1 if self.mono else native_channels
-        self._resampler = StreamResampler(native_rate, self.rate, 1) \
-            if self.mono and native_rate != self.rate else None
+        self._resampler = StreamResampler(native_rate, self.rate, self.channels)
 
     def push(self, chunk: np.ndarray) -> bytes:
-        x = to_channels(chunk, 1) if self.mono else chunk
-        return pcm_bytes(self._resampler.push(x) if self._resampler else x)
+        return pcm_bytes(self._resampler.push(to_channels(chunk, self.channels)))
 
     def flush(self) -> bytes:
-        return pcm_bytes(self._resampler.flush()) if self._resampler else b""
+        return pcm_bytes(self._resampler.flush())
