@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import io
+import struct
 from math import gcd
 
 import numpy as np
@@ -57,6 +58,18 @@ def _encoder_rate(fmt: str, rate: int) -> int:
     return next((r for r in allowed if r >= rate), allowed[-1])
 
 
+def float_wav(samples: np.ndarray, rate: int) -> bytes:
+    """32-bit float WAV with a fixed header. libsndfile's float WAV carries a PEAK chunk with a
+    timestamp, so the same audio would give different bytes from one second to the next."""
+    data = np.ascontiguousarray(samples, "<f4")
+    channels, size = data.shape[1], data.nbytes
+    fmt = struct.pack("<HHIIHHH", 3, channels, rate, rate * 4 * channels, 4 * channels, 32, 0)
+    fact = struct.pack("<I", data.shape[0])   # non-PCM WAV: the frame count
+    return (b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(fact) + 8 + size) + b"WAVE"
+            + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<I", len(fact))
+            + fact + b"data" + struct.pack("<I", size) + data.tobytes())
+
+
 def _encode_aac(samples: np.ndarray, rate: int) -> bytes:
     import av
 
@@ -80,16 +93,17 @@ def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> bytes:
 
     if fmt == "pcm":
         return pcm_bytes(samples)
+    if fmt == "wav":
+        return float_wav(samples, rate)
     if fmt in ENCODER_RATES:
         target = _encoder_rate(fmt, rate)
         samples, rate = resample(samples, rate, target), target
     if fmt == "aac":
         return _encode_aac(samples, rate)
-    container, subtype = {"wav": ("WAV", "FLOAT"), "flac": ("FLAC", "PCM_24"),
-                          "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}[fmt]
-    data = np.asarray(samples, np.float32)
-    if fmt != "wav":
-        data = np.clip(data, -1.0, 1.0)  # integer and perceptual codecs clip past full scale
+    container, subtype = {"flac": ("FLAC", "PCM_24"), "mp3": ("MP3", "MPEG_LAYER_III"),
+                          "opus": ("OGG", "OPUS")}[fmt]
+    # integer and perceptual codecs clip past full scale
+    data = np.clip(np.asarray(samples, np.float32), -1.0, 1.0)
     buf = io.BytesIO()
     sf.write(buf, data, rate, format=container, subtype=subtype)
     return buf.getvalue()

@@ -1,13 +1,16 @@
 """The server's audio encodings: the streaming resampler against scipy's whole-signal one, the
 OpenAI pcm layout, and the streamable WAV header."""
 
+import io
 import struct
+import time
 
 import numpy as np
 import pytest
+import soundfile as sf
 from scipy.signal import resample_poly
 
-from moss_tts.server_formats import PcmLayout, StreamResampler, wav_stream_header
+from moss_tts.server_formats import PcmLayout, StreamResampler, encode_audio, wav_stream_header
 
 # float32 output vs scipy's float64: a few ulps of full scale
 TOL = 1e-6
@@ -56,3 +59,13 @@ def test_wav_stream_header_declares_unknown_length():
     fields = struct.unpack("<4sI4s4sIHHIIHH4sI", h)
     assert fields == (b"RIFF", 0xFFFFFFFF, b"WAVE", b"fmt ", 16, 1, 2, 48000, 192000, 4, 16,
                       b"data", 0xFFFFFFFF - 36)
+
+
+def test_float_wav_is_exact_and_the_same_bytes_every_time(rng):
+    x = rng.uniform(-1.5, 1.5, (1000, 2)).astype(np.float32)   # past full scale is kept
+    a = encode_audio(x, 48000, "wav")
+    time.sleep(1.1)   # libsndfile's PEAK chunk would carry a new timestamp now
+    assert encode_audio(x, 48000, "wav") == a
+    back, rate = sf.read(io.BytesIO(a), dtype="float32")
+    info = sf.info(io.BytesIO(a))
+    assert rate == 48000 and info.subtype == "FLOAT" and np.array_equal(back, x)
