@@ -218,7 +218,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, if left
         try:
             stayed, audio = await unless_client_leaves(request.receive, waiting)
-        except BaseException as e:
+        except Exception as e:  # the job's own failure
             return failure_response(e)
         if not stayed:
             cancel.set()
@@ -248,7 +248,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                                            "was cancelled after %.0f s", write_timeout)
                         return
                 channel.finish("end")
-            except BaseException as e:  # reported to the client by the response
+            except Exception as e:  # reported to the client by the response
                 channel.finish("error", e)
 
         if worker.submit(job) is None:
@@ -291,7 +291,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         try:
             stayed, frames = await unless_client_leaves(request.receive,
                                                         asyncio.wrap_future(future))
-        except BaseException as e:
+        except Exception as e:  # the job's own failure
             return failure_response(e)
         if not stayed:
             future.cancel()

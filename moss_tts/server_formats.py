@@ -120,7 +120,8 @@ def wav_stream_header(rate: int, channels: int) -> bytes:
 
 class StreamResampler:
     """Polyphase resampling chunk by chunk, equal to `scipy.signal.resample_poly` over the whole
-    signal (same Kaiser FIR) however the input is cut. x [n, channels] → [≈ n·to/from, channels].
+    signal (same Kaiser FIR) however the input is cut.
+    x [n, channels] → [≈ n·to/from, channels].
 
     Output n is sum_i x[i]·h[n·down + half − i·up]: a dot product of the last `taps` inputs
     with one of `up` filter phases, so only `taps` input samples are kept between chunks.

@@ -4,6 +4,9 @@ depth, and every field checked by name. A failure is a `RequestError` carrying i
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 import math
 from dataclasses import dataclass
@@ -74,7 +77,8 @@ def _no_constants(name: str):
 
 
 def parse_object(raw: bytes, allowed: tuple[str, ...]) -> dict:
-    """A JSON object with only `allowed` keys; deep nesting, NaN and duplicates-as-lists → 400."""
+    """A JSON object with only `allowed` keys; invalid JSON, NaN/Infinity, deep nesting or a
+    non-object → 400."""
     try:
         body = json.loads(raw, parse_constant=_no_constants)
     except RecursionError:
@@ -128,9 +132,10 @@ def parse_speech(raw: bytes) -> SpeechRequest:
     for name in IGNORED:
         _string(body, name)
     text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise RequestError(400, f"'input' must be non-empty text, got {_kind(text)}"
-                                if not isinstance(text, str) else "'input' must be non-empty text")
+    if not isinstance(text, str):
+        raise RequestError(400, f"'input' must be a string, got {_kind(text)}")
+    if not text.strip():
+        raise RequestError(400, "'input' is empty: give the text to speak")
     if len(text) > MAX_INPUT_CHARS:
         raise RequestError(413, f"'input' is longer than {MAX_INPUT_CHARS} characters")
     stream_format = _string(body, "stream_format", None, ("sse", "audio"))
@@ -180,10 +185,6 @@ def parse_voice(raw: bytes) -> tuple[str, str]:
 def decode_upload(data: str, what: str):
     """base64 WAV/FLAC → (samples float32 [n, channels], rate). Runs in the model worker: a
     10 MiB upload takes long enough to stall the event loop."""
-    import base64
-    import binascii
-    import io
-
     import soundfile as sf
 
     if len(data) > MAX_UPLOAD_BYTES * 4 // 3 + 4:

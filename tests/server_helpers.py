@@ -61,6 +61,7 @@ def tiny_model_files(d, rate=SR):
         config = json.loads((codec_dir / "config.json").read_text())
         config["sampling_rate"] = config["sample_rate"] = rate
         (codec_dir / "config.json").write_text(json.dumps(config))
-    tts_dir = make_tiny_nano_tts_checkpoint(d / "tts", seed=0, tokenizer_model_bytes=make_tiny_spm(),
+    tts_dir = make_tiny_nano_tts_checkpoint(d / "tts", seed=0,
+                                            tokenizer_model_bytes=make_tiny_spm(),
                                             audio_tokenizer_sample_rate=rate, stop_bias=-50)
     return convert_nano(tts_dir, d / "nano.gguf"), convert_codec(codec_dir, d / "codec.gguf")

@@ -59,7 +59,8 @@ def test_speech_wav_flac_and_native_pcm_agree(server):
     st, h, flac = call(server.url, "/v1/audio/speech", SPEECH | {"response_format": "flac"})
     assert st == 200 and h["content-type"] == "audio/flac"
     # FLAC is 24-bit integer PCM: full scale clips (the tiny random model exceeds it)
-    assert np.abs(sf.read(io.BytesIO(flac), dtype="float32")[0] - np.clip(audio, -1, 1)).max() < 2**-22
+    flac_audio = sf.read(io.BytesIO(flac), dtype="float32")[0]
+    assert np.abs(flac_audio - np.clip(audio, -1, 1)).max() < 2**-22
     st, h, pcm = call(server.url, "/v1/audio/speech", SPEECH | NATIVE_PCM)
     assert st == 200 and h["content-type"] == "audio/pcm"
     assert h["x-audio-sample-rate"] == str(SR) and h["x-audio-channels"] == "2"
@@ -98,7 +99,8 @@ def test_sse_stream_has_ordered_deltas_then_done_and_equals_offline(server):
     st, h, body = call(server.url, "/v1/audio/speech", SPEECH | {"stream_format": "sse"})
     assert st == 200 and h["content-type"].startswith("text/event-stream")
     events = [json.loads(block[len("data: "):]) for block in body.decode().split("\n\n") if block]
-    assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + ["speech.audio.done"]
+    kinds = [e["type"] for e in events]
+    assert kinds == ["speech.audio.delta"] * (len(events) - 1) + ["speech.audio.done"]
     assert h["x-audio-sample-rate"] == "24000" and h["x-audio-channels"] == "1"
     streamed = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
     # the streaming resampler equals the whole-signal one exactly
@@ -130,7 +132,8 @@ def test_models_health_and_voices_round_trip(server):
     assert json.loads(call(server.url, "/health")[2])["sample_rate"] == SR
     st, _, body = call(server.url, "/v1/audio/voices", {"name": "bob", "audio": wav_b64()})
     assert st == 201, body
-    assert "bob" in [v["name"] for v in json.loads(call(server.url, "/v1/audio/voices")[2])["voices"]]
+    listed = json.loads(call(server.url, "/v1/audio/voices")[2])["voices"]
+    assert "bob" in [v["name"] for v in listed]
     with_voice = call(server.url, "/v1/audio/speech", SPEECH | {"voice": "bob"})[2]
     without = call(server.url, "/v1/audio/speech", SPEECH)[2]
     assert with_voice != without  # the stored reference changes the prompt
@@ -157,14 +160,16 @@ def test_voice_names_cannot_escape_the_voices_directory(files, tmp_path, name):
 BAD_FIELDS = [
     ({"input": ""}, 400, "input"), ({"input": None}, 400, "input"), ({"input": 5}, 400, "input"),
     ({"input": "x" * 5000}, 413, "input"),
-    ({"response_format": "wma"}, 400, "response_format"), ({"response_format": 1}, 400, "response_format"),
+    ({"response_format": "wma"}, 400, "response_format"),
+    ({"response_format": 1}, 400, "response_format"),
     ({"seed": "5"}, 400, "seed"), ({"seed": 1.5}, 400, "seed"), ({"seed": -1}, 400, "seed"),
     ({"seed": [1]}, 400, "seed"), ({"seed": True}, 400, "seed"), ({"seed": 2**32}, 400, "seed"),
     ({"top_k": 2.5}, 400, "top_k"), ({"top_k": -1}, 400, "top_k"), ({"top_k": "3"}, 400, "top_k"),
     ({"top_p": 0}, 400, "top_p"), ({"top_p": 1.5}, 400, "top_p"), ({"top_p": "a"}, 400, "top_p"),
     ({"temperature": 0}, 400, "temperature"), ({"temperature": False}, 400, "temperature"),
     ({"repetition_penalty": -1}, 400, "repetition_penalty"),
-    ({"max_new_frames": 0}, 400, "max_new_frames"), ({"max_new_frames": 1e9}, 400, "max_new_frames"),
+    ({"max_new_frames": 0}, 400, "max_new_frames"),
+    ({"max_new_frames": 1e9}, 400, "max_new_frames"),
     ({"speed": 9}, 400, "speed"), ({"speed": "fast"}, 400, "speed"),
     ({"speed": 2, "stream_format": "sse"}, 400, "speed"),
     ({"stream_format": "chunks"}, 400, "stream_format"),
@@ -246,7 +251,8 @@ def test_concurrent_clients_each_get_their_own_audio(server):
 
 def test_concurrent_uploads_and_reference_speech_give_single_threaded_codes(server, files):
     """Voice uploads and speech-with-reference all encode on the codec's one encoder runner."""
-    refs = {f"v{i}": wav_b64(0.5 + 0.25 * i, 120 + 40 * i) for i in range(2)}  # 4 requests: all fit the line
+    # two voices: 4 requests, all fit the server's line (1 running + 4 waiting)
+    refs = {f"v{i}": wav_b64(0.5 + 0.25 * i, 120 + 40 * i) for i in range(2)}
     solo = NanoTTS.load(files[0], codec=files[1], threads=1)   # single-threaded expectation
     try:
         want_codes = {n: solo.encode_reference(*sf.read(io.BytesIO(base64.b64decode(b)),
@@ -254,8 +260,8 @@ def test_concurrent_uploads_and_reference_speech_give_single_threaded_codes(serv
                       for n, b in refs.items()}
     finally:
         solo.close()
-    alone = {n: call(server.url, "/v1/audio/speech", SPEECH | NATIVE_PCM | {"reference_audio": b})[2]
-             for n, b in refs.items()}
+    alone = {n: call(server.url, "/v1/audio/speech",
+                     SPEECH | NATIVE_PCM | {"reference_audio": b})[2] for n, b in refs.items()}
     results = {}
 
     def upload(n):

@@ -38,7 +38,8 @@ def open_server(serve):
     ("LOCALHOST:{port}", True), ("evil.example:{port}", False), ("127.0.0.1:1", False),
     ("127.0.0.1", False), ("localhost.evil.example:{port}", False), ("", False)])
 def test_only_loopback_host_names_are_served(open_server, host, ok):
-    st, _, raw = call(open_server.url, "/health", headers={"Host": host.format(port=open_server.port)})
+    st, _, raw = call(open_server.url, "/health",
+                      headers={"Host": host.format(port=open_server.port)})
     assert st == (200 if ok else 400), raw
     if not ok:
         assert "--allowed-host" in json.loads(raw)["error"]["message"]
@@ -150,7 +151,8 @@ def test_no_access_log_unless_asked(open_server, caplog):
 
 
 @pytest.mark.parametrize("value,want", [
-    ("localhost:8080", ("localhost", 8080)), ("[::1]:80", ("[::1]", 80)), ("[::1]", ("[::1]", None)),
+    ("localhost:8080", ("localhost", 8080)), ("[::1]:80", ("[::1]", 80)),
+    ("[::1]", ("[::1]", None)),
     ("Example.COM", ("example.com", None)), ("h:x", ("h", -1))])
 def test_split_host(value, want):
     assert split_host(value) == want

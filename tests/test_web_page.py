@@ -73,7 +73,8 @@ def speak(browser, text, seed="5"):
 def player_duration(browser):
     return browser.execute_script(
         "const p = document.getElementById('player'); return new Promise(r => "
-        "p.readyState >= 1 ? r(p.duration) : p.addEventListener('loadedmetadata', () => r(p.duration)))")
+        "p.readyState >= 1 ? r(p.duration) "
+        ": p.addEventListener('loadedmetadata', () => r(p.duration)))")
 
 
 def shown_result(browser):
