@@ -89,7 +89,7 @@ def greedy_token(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
-def check_finite(logits: np.ndarray, what: str) -> np.ndarray:
+def check_finite(logits: np.ndarray, what: str) -> None:
     """NaN/inf logits mean broken weights or a broken backend; say so before a sampler turns
     them into a cryptic probability error (or argmax silently picks index 0)."""
     if not np.isfinite(logits).all():
@@ -97,7 +97,6 @@ def check_finite(logits: np.ndarray, what: str) -> np.ndarray:
         raise ModelFileError(f"the model produced {bad} non-finite {what} logit(s) (NaN/inf): "
                              "the weights or the compute backend are broken — re-convert the "
                              "model, or try --backend cpu")
-    return logits
 
 
 def sample_audio_code(logits: np.ndarray, seen: np.ndarray, rng: np.random.Generator | None,

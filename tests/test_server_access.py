@@ -9,8 +9,7 @@ import pytest
 
 from moss_tts.server import create_app
 from moss_tts.server_access import split_host
-from tests.server_helpers import Served, call
-from tests.test_server_worker import StubTTS, wav_b64
+from tests.server_helpers import Served, StubTTS, call, silent_wav_b64
 
 SPEECH = {"model": "tts-1", "input": "hi", "response_format": "pcm"}
 
@@ -54,7 +53,7 @@ def test_allowed_host_adds_a_name(serve):
 def test_a_cross_origin_text_plain_post_creates_nothing(open_server, tmp_path):
     """What any web page can send without a CORS preflight."""
     headers = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
-    data = json.dumps({"name": "planted", "audio": wav_b64()}).encode()
+    data = json.dumps({"name": "planted", "audio": silent_wav_b64()}).encode()
     st, _, raw = call(open_server.url, "/v1/audio/voices", data=data, headers=headers)
     assert st == 403 and "--cors-origin" in json.loads(raw)["error"]["message"]
     assert not (tmp_path / "voices").exists()
@@ -65,7 +64,7 @@ def test_a_cross_origin_text_plain_post_creates_nothing(open_server, tmp_path):
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded",
                                    "multipart/form-data; boundary=x", None])
 def test_json_posts_need_a_json_content_type(open_server, tmp_path, path, body, ctype):
-    body = body | ({"audio": wav_b64()} if "name" in body else {})
+    body = body | ({"audio": silent_wav_b64()} if "name" in body else {})
     headers = {"Content-Type": ctype} if ctype else {"Content-Type": ""}
     st, _, raw = call(open_server.url, path, data=json.dumps(body).encode(), headers=headers)
     assert st == 415 and "application/json" in json.loads(raw)["error"]["message"]

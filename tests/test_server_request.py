@@ -8,8 +8,7 @@ import pytest
 
 from moss_tts.server import create_app
 from moss_tts.server_request import (MAX_BODY_BYTES, RequestError, parse_speech, parse_voice)
-from tests.server_helpers import Served
-from tests.test_server_worker import StubTTS
+from tests.server_helpers import Served, StubTTS
 
 
 @pytest.fixture(scope="module")

@@ -3,59 +3,20 @@ leave or stop reading, failures inside streams, and the one-model-one-thread rul
 stands in for the model's speed only (endless, slow or failing generation); the queue, the
 threads, HTTP and the sockets are real."""
 
-import base64
 import http.client
-import io
 import json
 import logging
 import socket
 import threading
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import soundfile as sf
 
-from moss_tts.errors import BackendError, InputError
-from moss_tts.models.nano_tts import Reference
+from moss_tts.errors import BackendError
 from moss_tts.server import create_app
 from moss_tts.server_worker import ModelWorker
-from tests.server_helpers import SR, Served, call
-
-
-class StubTTS:
-    """Generation by the text: 'endless' never stops, 'slow' takes a second, 'fail-early' /
-    'fail-late' raise before / after the first audio, 'bug' raises a non-package error."""
-
-    sample_rate = SR
-    config = SimpleNamespace(n_vq=2)
-
-    def __init__(self, chunk_frames=32, encode_seconds=0.0):
-        self.chunk = np.full((chunk_frames, 2), 0.25, np.float32)
-        self.encode_seconds = encode_seconds
-        self.produced, self.stopped, self.threads = [], threading.Event(), set()
-
-    def stream(self, text, reference=None, **kwargs):
-        self.threads.add(threading.current_thread().name)
-        if text == "fail-early":
-            raise InputError("early failure")
-        if text == "bug":
-            raise RuntimeError("a bug")
-        try:
-            for i in range(100_000 if text == "endless" else 3):
-                if text == "fail-late" and i == 2:
-                    raise InputError("late failure")
-                time.sleep(1.0 if text == "slow" else 0.002)
-                self.produced.append(i)
-                yield self.chunk
-        finally:
-            self.stopped.set()
-
-    def encode_reference(self, samples, rate):
-        self.threads.add(threading.current_thread().name)
-        time.sleep(self.encode_seconds)
-        return Reference(np.zeros((4, 2), np.int32))
+from tests.server_helpers import SR, Served, StubTTS, call, silent_wav_b64
 
 
 @pytest.fixture
@@ -69,12 +30,6 @@ def serve(tmp_path):
     yield start
     for s in started:
         s.stop()
-
-
-def wav_b64(seconds=1.0):
-    buf = io.BytesIO()
-    sf.write(buf, np.zeros((int(SR * seconds), 1), np.float32), SR, format="WAV")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def in_thread(target, *args):
@@ -137,13 +92,13 @@ def test_overload_answers_503_with_retry_after(serve):
 def test_reference_encode_runs_on_the_worker_and_counts_against_the_line(serve):
     tts = StubTTS(encode_seconds=2.0)
     s = serve(tts, queue_depth=0)
-    body = {"input": "hi", "reference_audio": wav_b64(), "response_format": "wav"}
+    body = {"input": "hi", "reference_audio": silent_wav_b64(), "response_format": "wav"}
     slow, out = in_thread(call, s.url, "/v1/audio/speech", body)
     time.sleep(0.3)
     t0 = time.monotonic()
     assert call(s.url, "/health")[0] == 200          # the event loop is free meanwhile
     assert call(s.url, "/v1/audio/speech", body)[0] == 503
-    assert call(s.url, "/v1/audio/voices", {"name": "v", "audio": wav_b64()})[0] == 503
+    assert call(s.url, "/v1/audio/voices", {"name": "v", "audio": silent_wav_b64()})[0] == 503
     assert time.monotonic() - t0 < 1.0
     slow.join()
     assert out["result"][0] == 200 and tts.threads == {"moss-tts-model"}
