@@ -339,6 +339,9 @@ def _serve(args) -> int:
         raise InputError(f"--write-timeout must be > 0 seconds, got {args.write_timeout}")
     if args.access_log:
         logging.getLogger("moss_tts.access").setLevel(logging.INFO)
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach it "
+              "can use it", file=sys.stderr)
     tts = NanoTTS.load(resolve_gguf(args.model, "nano"), codec=resolve_gguf(args.codec, "codec"),
                        backend=args.backend, threads=args.threads)
     app = create_app(tts, queue_depth=args.queue, api_key=api_key, cors_origins=args.cors_origin,

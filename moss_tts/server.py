@@ -240,6 +240,8 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
 
         def job(model):
+            if channel.cancelled.is_set():      # the client left while this waited
+                return
             try:
                 for part in generate(model, req):
                     if not channel.put(part):

@@ -12,13 +12,13 @@ import math
 from dataclasses import dataclass
 
 from .errors import InputError
+from .models.nano_tts import MAX_FRAMES
 from .sampling import SamplingOptions
 from .server_formats import FORMATS, STREAMED_FORMATS, format_problem
 
 MAX_INPUT_CHARS = 4096
 MAX_UPLOAD_BYTES = 10 * 2**20        # decoded reference / voice audio
 MAX_BODY_BYTES = 15 * 2**20          # that upload as base64 (×4/3) plus the other fields
-MAX_NEW_FRAMES = 1000                # NanoTTS's hard cap per chunk (80 s)
 SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
 
 # Fields OpenAI clients send that this server does not use: accepted and ignored (README).
@@ -165,8 +165,7 @@ def parse_speech(raw: bytes) -> SpeechRequest:
         pcm_layout=_string(body, "pcm_layout", "openai", ("openai", "native")),
         voice=_string(body, "voice"), reference_audio=_string(body, "reference_audio"),
         seed=_number(body, "seed", None, 0, SEED_LIMIT - 1, integer=True),
-        max_frames=_number(body, "max_new_frames", MAX_NEW_FRAMES, 1, MAX_NEW_FRAMES,
-                           integer=True),
+        max_frames=_number(body, "max_new_frames", MAX_FRAMES, 1, MAX_FRAMES, integer=True),
         options=options)
 
 

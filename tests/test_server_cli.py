@@ -59,3 +59,11 @@ def test_serve_rejects_a_non_positive_write_timeout():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--write-timeout" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MOSS_TTS_API_KEY"}
+    out = subprocess.run([sys.executable, "-m", "moss_tts", "serve", "--host", "0.0.0.0",
+                          "--model", tmp_path / "missing.gguf", "--codec", tmp_path / "c.gguf"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert "without --api-key" in out.stderr and out.returncode != 0

@@ -184,3 +184,19 @@ def test_failures_before_the_first_audio_are_plain_error_answers(serve, caplog, 
         st, _, raw = call(s.url, "/v1/audio/speech", body)
     assert st == status and json.loads(raw)["error"]["message"]
     assert (status == 500) == ("a bug" in caplog.text)   # our bugs are logged, user errors not
+
+
+@pytest.mark.parametrize("stream_format", [None, "audio"])
+def test_a_request_whose_client_leaves_while_waiting_never_runs(serve, stream_format):
+    tts = StubTTS()
+    s = serve(tts, queue_depth=1)
+    slow, out = in_thread(call, s.url, "/v1/audio/speech", {"input": "slow",
+                                                             "response_format": "pcm"})
+    time.sleep(0.3)
+    body = {"input": "endless", "response_format": "pcm"}
+    sock = raw_post(s.port, body | ({"stream_format": stream_format} if stream_format else {}))
+    time.sleep(0.3)
+    sock.close()                  # leaves while the slow request still runs
+    slow.join()
+    time.sleep(1.0)
+    assert out["result"][0] == 200 and len(tts.produced) == 3   # only the slow one's chunks
