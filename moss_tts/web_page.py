@@ -37,6 +37,7 @@ function authHeaders() {
 async function loadVoices() {
   const r = await fetch("/v1/audio/voices", {headers: authHeaders()});
   if (!r.ok) return;
+  $("voice").length = 1;  // keep "(none)"; this runs again when the API key changes
   for (const v of (await r.json()).voices) {
     const o = document.createElement("option");
     o.value = o.textContent = v.name;
@@ -131,6 +132,7 @@ async function speak() {
 }
 
 $("speak").addEventListener("click", speak);
+$("key").addEventListener("change", loadVoices);
 loadVoices();
 </script>
 </body></html>

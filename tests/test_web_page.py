@@ -12,6 +12,7 @@ import pytest
 from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
+from moss_tts.voices import add_voice
 from tests.server_helpers import Served, tiny_model_files
 
 # Browsers decode WAV only from 3 kHz up: the tiny codec is declared at 16 kHz here (its
@@ -136,5 +137,26 @@ def test_a_stream_that_fails_midway_shows_an_error_and_clears_the_old_result(tmp
         status = speak(browser, "fail now")
         assert status.startswith("error:")
         assert shown_result(browser) == (None, True)
+    finally:
+        s.stop()
+
+
+@needs_browser
+def test_the_page_works_with_an_api_key(tmp_path, browser):
+    from selenium.webdriver.common.by import By
+
+    add_voice("amy", np.zeros((2, 4), np.int32), {}, root=tmp_path / "voices")
+    s = Served(create_app(FailingTTS(), voices_root=tmp_path / "voices", api_key="sk-page"))
+    voices = "return [...document.getElementById('voice').options].map(o => o.value)"
+    try:
+        browser.get(s.url + "/")                       # the page itself needs no key
+        assert speak(browser, "fine").startswith("error:")   # 401 without the key
+        assert browser.execute_script(voices) == [""]
+        browser.find_element(By.ID, "key").send_keys("sk-page")
+        assert speak(browser, "fine").endswith(" s")
+        deadline = time.time() + 10   # the list reloads when the key field changes
+        while browser.execute_script(voices) != ["", "amy"] and time.time() < deadline:
+            time.sleep(0.1)
+        assert browser.execute_script(voices) == ["", "amy"]
     finally:
         s.stop()
