@@ -5,6 +5,7 @@ model; nothing here reaches it unless allowed)."""
 import json
 import logging
 
+import openai
 import pytest
 
 from moss_tts.server import create_app
@@ -122,7 +123,6 @@ def test_api_key_is_required_on_every_endpoint_but_health(serve, method, path, b
 
 
 def test_the_openai_client_sends_the_key_as_a_bearer_token(serve):
-    openai = pytest.importorskip("openai")  # a test dependency (pyproject `test` extra)
     s = serve(api_key=KEY)
     ok = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0)
     assert ok.audio.speech.create(model="tts-1", voice="alloy", input="hi",
