@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import sys
 
@@ -426,11 +427,20 @@ def _serve(args) -> int:
     from .models.nano_tts import NanoTTS
     from .server import create_app
 
+    api_key = args.api_key or os.environ.get("MOSS_TTS_API_KEY") or None
+    if args.access_log:
+        logging.getLogger("moss_tts.access").setLevel(logging.INFO)
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach it "
+              "can use it", file=sys.stderr)
     tts = NanoTTS.load(_resolve(args.model, "nano", "--model"),
                        codec=_resolve(args.codec, "codec", "--codec"),
                        backend=args.backend, threads=args.threads)
-    app = create_app(tts, queue_depth=args.queue)
-    _say(args, f"serving MOSS-TTS-Nano on http://{args.host}:{args.port} (POST /v1/audio/speech)")
+    app = create_app(tts, queue_depth=args.queue, api_key=api_key, cors_origins=args.cors_origin,
+                     allowed_hosts=args.allowed_host, bind_host=args.host,
+                     access_log=args.access_log, write_timeout=args.write_timeout)
+    _say(args, f"serving MOSS-TTS-Nano on http://{args.host}:{args.port} (POST /v1/audio/speech"
+               f"{', API key required' if api_key else ''})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -446,6 +456,18 @@ def _add_serve(sub, common) -> None:
     p.add_argument("--port", type=port, default=8080)
     p.add_argument("--queue", type=positive_int, default=4,
                    help="requests that may wait behind the running one; more get 503")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on all but /health and the page "
+                        "(default: $MOSS_TTS_API_KEY, else no key)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let pages from ORIGIN (e.g. http://app.example:3000) call the API; "
+                        "repeatable. Other origins are refused (403)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer to Host NAME (besides 127.0.0.1, localhost, [::1] and "
+                        "--host); repeatable, '*' allows any")
+    p.add_argument("--access-log", action="store_true", help="log one line per request")
+    p.add_argument("--write-timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help="drop a streaming client that reads nothing for this long (default 15)")
     _add_runtime_flags(p)
     p.set_defaults(func=_serve)
 

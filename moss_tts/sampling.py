@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, ModelFileError
 
 
 @dataclass(frozen=True)
@@ -174,9 +174,20 @@ def seen_windowed(history: np.ndarray, vocab: int, window: int) -> np.ndarray:
     return seen_per_head(history[max(0, len(history) - window):], vocab)
 
 
+def check_finite(logits: np.ndarray, what: str) -> None:
+    """NaN/inf logits mean broken weights or a broken backend; say so before a sampler turns
+    them into a cryptic probability error (or argmax silently picks index 0)."""
+    if not np.isfinite(logits).all():
+        bad = int(np.size(logits) - np.isfinite(logits).sum())
+        raise ModelFileError(f"the model produced {bad} non-finite {what} logit(s) (NaN/inf): "
+                             "the weights or the compute backend are broken — re-convert the "
+                             "model, or try --backend cpu")
+
+
 def sample_audio_code(logits: np.ndarray, seen: np.ndarray, rng: np.random.Generator | None,
                       opts: SamplingOptions) -> int:
     """An audio channel's next code: penalty over its history, then greedy or sampled."""
+    check_finite(logits, "audio")
     scores = apply_repetition_penalty(logits, seen, opts.audio_repetition_penalty)
     if not opts.do_sample:
         return greedy_token(scores)
@@ -188,6 +199,7 @@ def decide_continue(logit_continue: float, logit_stop: float, rng: np.random.Gen
                     opts: SamplingOptions) -> bool:
     """The frame decision from two text-head logits (continue = assistant slot, stop = audio end);
     greedy continues on a tie, like argmax over [continue, stop]."""
+    check_finite(np.array([logit_continue, logit_stop]), "stop/continue")
     if not opts.do_sample:
         return logit_continue >= logit_stop
     p = softmax(np.array([logit_continue, logit_stop], dtype=np.float64) / opts.text_temperature)

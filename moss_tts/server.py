@@ -1,8 +1,10 @@
 """`python -m moss_tts serve`: an OpenAI-style speech API over one NanoTTS instance.
 
 Starlette + uvicorn: a small ASGI core with streaming responses and no framework magic, and
-uvicorn is the de-facto server for it. One model serializes synthesis (ggml graphs and caches
-are per instance) behind a bounded queue; a full queue answers 503 with Retry-After.
+uvicorn is the de-facto server for it. All model work (synthesis, reference decode + encode,
+voice uploads) runs on one worker thread behind a bounded line (server_worker.py); a full line
+answers 503 with Retry-After. Requests are checked before any work (server_request.py), access
+rules sit in front (server_access.py), audio encodings in server_formats.py.
 
 Endpoints: POST /v1/audio/speech, GET /v1/models, GET/POST/DELETE /v1/audio/voices, GET /health,
 and a browser page at / (moss_tts/web_page.py).
@@ -12,198 +14,302 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
+import contextlib
 import json
 import logging
 import threading
 
 import numpy as np
 
-from .audio import resample, time_stretch, to_channels
+from .audio import time_stretch
 from .errors import InputError, MossTTSError
-from .sampling import SamplingOptions
+from .server_access import LOOPBACK_NAMES, AccessLog, Gate, error_body, host_name
+from .server_formats import MEDIA_TYPES, PcmLayout, encode_audio, wav_stream_header
+from .server_request import (RequestError, check_content_type, decode_upload, parse_speech,
+                             parse_voice, read_body)
+from .server_worker import AudioChannel, ModelWorker
 
 logger = logging.getLogger(__name__)
 
-MAX_INPUT_CHARS = 4096
-MAX_UPLOAD_BYTES = 10 * 2**20
-FORMATS = {"wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/L16"}
-OPENAI_PCM_RATE = 24000
+WRITE_TIMEOUT = 15.0     # seconds a streamed response may wait for its client to read
+STREAM_BUFFER = 32       # chunks (frames) buffered per streaming client
+CHANNELS = 2             # NanoTTS speaks stereo
 
 
-class SynthesisQueue:
-    """One synthesis at a time, at most `depth` waiting; `None` when full."""
-
-    def __init__(self, depth: int):
-        self._slots = threading.BoundedSemaphore(depth + 1)
-        self._run = threading.Lock()
-
-    def try_enter(self) -> bool:
-        return self._slots.acquire(blocking=False)
-
-    def leave(self) -> None:
-        self._slots.release()
-
-    def __enter__(self):
-        self._run.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self._run.release()
+def first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """Whole-response encodings: WAV (float32), FLAC (24-bit), pcm (s16le interleaved)."""
-    import soundfile as sf
+def error_response(status: int, message: str, **headers):
+    from starlette.responses import Response
 
-    if fmt == "pcm":
-        return (np.round(np.clip(samples, -1, 1) * 32767).astype("<i2")).tobytes()
-    buf = io.BytesIO()
-    sf.write(buf, np.asarray(samples, np.float32), sample_rate,
-             format="WAV" if fmt == "wav" else "FLAC",
-             subtype="FLOAT" if fmt == "wav" else "PCM_24")
-    return buf.getvalue()
+    return Response(error_body(status, message), status_code=status, headers=headers or None,
+                    media_type="application/json")
+
+
+def failure_response(e: BaseException):
+    """A job's exception → 4xx for the caller's mistakes, 500 (logged) for ours."""
+    if isinstance(e, RequestError):
+        return error_response(e.status, first_line(e))
+    if isinstance(e, MossTTSError):
+        return error_response(400, first_line(e))
+    logger.error("speech request failed", exc_info=e)
+    return error_response(500, f"internal error: {first_line(e)}")
+
+
+def busy_response():
+    return error_response(503, "busy: too many requests are waiting", **{"Retry-After": "2"})
+
+
+async def no_response(scope, receive, send) -> None:
+    """For a client that already left: nothing can be delivered."""
+
+
+async def client_gone(receive) -> None:
+    """Returns when the client disconnects (the body has been read: nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(receive, awaitable):
+    """(True, result) or (False, None) when the client left first."""
+    task, gone = asyncio.ensure_future(awaitable), asyncio.ensure_future(client_gone(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    return False, None
+
+
+class StreamEncoder:
+    """Native audio chunks → the bytes of one streamed response: SSE events of base64 pcm, raw
+    pcm, or a streamable WAV (header first, then native s16le)."""
+
+    def __init__(self, stream_format: str, fmt: str, pcm_layout: str, rate: int):
+        self.sse = stream_format == "sse"
+        self.layout = PcmLayout("native" if fmt == "wav" else pcm_layout, rate, CHANNELS)
+        self.header = wav_stream_header(self.layout.rate, self.layout.channels) \
+            if fmt == "wav" else b""
+        self.media_type = "text/event-stream" if self.sse else MEDIA_TYPES[fmt]
+
+    def _wrap(self, pcm: bytes) -> bytes:
+        if not self.sse:
+            return pcm
+        if not pcm:
+            return b""
+        event = {"type": "speech.audio.delta", "audio": base64.b64encode(pcm).decode()}
+        return f"data: {json.dumps(event)}\n\n".encode()
+
+    def chunk(self, audio: np.ndarray) -> bytes:
+        head, self.header = self.header, b""
+        return head + self._wrap(self.layout.push(audio))
+
+    def end(self) -> bytes:
+        tail = self.header + self._wrap(self.layout.flush())
+        if self.sse:
+            tail += f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n".encode()
+        return tail
+
+    def error(self, message: str) -> bytes | None:
+        """The SSE error event; None for raw audio, which can only end abruptly."""
+        if not self.sse:
+            return None
+        event = {"type": "error", "error": {"message": message}}
+        return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+
+
+class AudioStream:
+    """A streamed response fed by an AudioChannel. A client that leaves, or whose socket stays
+    full for `timeout` s, is dropped and its generation cancelled."""
+
+    def __init__(self, first, channel: AudioChannel, encoder: StreamEncoder, timeout: float):
+        self.first, self.channel, self.encoder, self.timeout = first, channel, encoder, timeout
+
+    async def __call__(self, scope, receive, send):
+        pump = asyncio.ensure_future(self._pump(send))
+        gone = asyncio.ensure_future(client_gone(receive))
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.channel.cancelled.set()      # the worker stops at its next chunk
+            pump.cancel()
+            gone.cancel()
+
+    async def _send(self, send, body: bytes, more: bool) -> bool:
+        try:
+            await asyncio.wait_for(send({"type": "http.response.body", "body": body,
+                                         "more_body": more}), self.timeout)
+            return True
+        except asyncio.TimeoutError:
+            logger.warning("dropped a streaming client that stopped reading for %.0f s",
+                           self.timeout)
+            return False
+
+    async def _pump(self, send):
+        r = self.encoder.layout
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", self.encoder.media_type.encode()), (b"cache-control", b"no-cache"),
+            (b"x-audio-sample-rate", str(r.rate).encode()),
+            (b"x-audio-channels", str(r.channels).encode())]})
+        kind, value = self.first
+        while kind == "audio":
+            if not await self._send(send, self.encoder.chunk(value), True):
+                return
+            kind, value = await self.channel.get()
+        if kind == "end":
+            await self._send(send, self.encoder.end(), False)
+            return
+        logger.error("speech stream failed after it started: %s", first_line(value),
+                     exc_info=value if not isinstance(value, MossTTSError) else None)
+        event = self.encoder.error(first_line(value))
+        if event is not None:
+            await self._send(send, event, False)
+        # raw audio: returning unfinished makes the server close the connection mid-body
 
 
 def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
-               voices_root=None):
-    """The ASGI app over a loaded NanoTTS (or anything with its synthesize/stream API)."""
+               voices_root=None, api_key: str | None = None, cors_origins=(),
+               allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
+               write_timeout: float | None = None):
+    """The ASGI app over a loaded NanoTTS (or anything with its stream/encode_reference API).
+    Only the worker thread touches `tts` after this call."""
     from starlette.applications import Starlette
-    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
     from .models.nano_tts import Reference
-    from .voices import add_voice, list_voices, load_voice, remove_voice
+    from .voices import add_voice, check_name, list_voices, load_voice, remove_voice
 
-    queue = SynthesisQueue(queue_depth)
+    worker = ModelWorker(tts, queue_depth)
+    write_timeout = write_timeout or WRITE_TIMEOUT
     sr = tts.sample_rate
 
-    def error(status: int, message: str, **headers) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"
-                                       if status < 500 else "server_error"}},
-                            status_code=status, headers=headers or None)
+    def reference_for(model, req):
+        """Worker side: the request's voice, from uploaded audio or a stored name."""
+        if req.reference_audio:
+            return model.encode_reference(*decode_upload(req.reference_audio, "reference_audio"))
+        if req.voice and req.voice in {v["name"] for v in list_voices(voices_root)}:
+            codes, _ = load_voice(req.voice, root=voices_root)
+            return Reference(codes[:, : model.config.n_vq])
+        return None   # OpenAI's voice names (alloy, ...) fall back to the default voice
 
-    def parse_request(body: dict):
-        text = body.get("input")
-        if not isinstance(text, str) or not text.strip():
-            raise InputError("'input' must be non-empty text")
-        if len(text) > MAX_INPUT_CHARS:
-            raise OverflowError(f"'input' is longer than {MAX_INPUT_CHARS} characters")
-        fmt = body.get("response_format", "wav")
-        if fmt not in FORMATS:
-            raise InputError(f"response_format {fmt!r} is not supported (use wav, flac or pcm)")
-        speed = float(body.get("speed", 1.0))
-        if not 0.25 <= speed <= 4.0:
-            raise InputError(f"speed must be between 0.25 and 4.0, got {speed}")
-        stream_format = body.get("stream_format")
-        if stream_format not in (None, "sse", "audio"):
-            raise InputError("stream_format must be 'sse' or 'audio'")
-        if stream_format is not None and speed != 1.0:
-            raise InputError("speed is applied after synthesis: it cannot be streamed")
-        openai_pcm = body.get("pcm_layout") == "openai"  # 24 kHz mono s16le, for strict clients
-        if openai_pcm and (fmt != "pcm" or stream_format is not None):
-            raise InputError("pcm_layout 'openai' goes with response_format 'pcm', not streamed")
-        options = SamplingOptions(
-            audio_temperature=float(body.get("temperature", 0.8)),
-            audio_top_k=body.get("top_k", 25), audio_top_p=float(body.get("top_p", 0.95)),
-            audio_repetition_penalty=float(body.get("repetition_penalty", 1.2)))
-        reference = None
-        if body.get("reference_audio"):
-            raw = base64.b64decode(body["reference_audio"], validate=True)
-            if len(raw) > MAX_UPLOAD_BYTES:
-                raise OverflowError("reference_audio is larger than 10 MiB")
-            import soundfile as sf
+    def generate(model, req):
+        return model.stream(req.text, reference=reference_for(model, req), options=req.options,
+                            seed=req.seed, max_frames=req.max_frames)
+
+    async def whole(request, req):
+        cancel = threading.Event()
+
+        def job(model):
+            parts = []
+            for part in generate(model, req):
+                if cancel.is_set():       # the client left: stop generating
+                    return None
+                parts.append(part)
+            return np.concatenate(parts) if parts else np.zeros((0, CHANNELS), np.float32)
+
+        future = worker.submit(job)
+        if future is None:
+            return busy_response()
+        waiting = asyncio.wrap_future(future)
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, if left
+        try:
+            stayed, audio = await unless_client_leaves(request.receive, waiting)
+        except Exception as e:  # the job's own failure
+            return failure_response(e)
+        if not stayed:
+            cancel.set()
+            future.cancel()
+            logger.info("client left; its synthesis was cancelled")
+            return no_response
+        body, headers = await asyncio.to_thread(render_whole, audio, req)
+        return Response(body, media_type=MEDIA_TYPES[req.response_format], headers=headers)
+
+    def render_whole(audio, req):
+        audio = time_stretch(audio, req.speed, sr)  # post-hoc tempo change, pitch kept
+        if req.response_format != "pcm":
+            return encode_audio(audio, sr, req.response_format), {}
+        layout = PcmLayout(req.pcm_layout, sr, CHANNELS)
+        return layout.push(audio) + layout.flush(), {
+            "X-Audio-Sample-Rate": str(layout.rate), "X-Audio-Channels": str(layout.channels)}
+
+    async def streamed(request, req):
+        channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
+
+        def job(model):
+            if channel.cancelled.is_set():      # the client left while this waited
+                return
             try:
-                samples, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-            except Exception:
-                raise InputError("reference_audio is not a readable WAV/FLAC file") from None
-            reference = tts.encode_reference(samples, rate)
-        elif body.get("voice") and body["voice"] in {v["name"] for v in list_voices(voices_root)}:
-            codes, _ = load_voice(body["voice"], root=voices_root)
-            reference = Reference(codes[:, : tts.config.n_vq])
-        kwargs = dict(reference=reference, options=options, seed=body.get("seed"),
-                      max_frames=int(body.get("max_new_frames", 1000)))
-        return text, fmt, stream_format, kwargs, speed, openai_pcm
+                for part in generate(model, req):
+                    if not channel.put(part):
+                        if channel.stalled:
+                            logger.warning("a streaming client stopped reading; its synthesis "
+                                           "was cancelled after %.0f s", write_timeout)
+                        return
+                channel.finish("end")
+            except Exception as e:  # reported to the client by the response
+                channel.finish("error", e)
+
+        if worker.submit(job) is None:
+            return busy_response()
+        # headers wait for the first audio, so errors before it are plain 4xx answers
+        stayed, first = await unless_client_leaves(request.receive, channel.get())
+        if not stayed:
+            channel.cancelled.set()
+            return no_response
+        if first[0] == "error":
+            return failure_response(first[1])
+        encoder = StreamEncoder(req.stream_format, req.response_format, req.pcm_layout, sr)
+        return AudioStream(first, channel, encoder, write_timeout)
 
     async def speech(request):
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise InputError("the body must be a JSON object")
-            text, fmt, stream_format, kwargs, speed, openai_pcm = parse_request(body)
-        except OverflowError as e:
-            return error(413, str(e))
-        except (MossTTSError, ValueError, TypeError) as e:
-            return error(400, str(e).splitlines()[0] if str(e) else type(e).__name__)
-        if not queue.try_enter():
-            return error(503, "busy: too many requests are waiting", **{"Retry-After": "2"})
-        headers = {"X-Audio-Sample-Rate": str(sr), "X-Audio-Channels": "2"}
-        if stream_format is None:
-            try:
-                def run():
-                    with queue:
-                        return tts.synthesize(text, **kwargs)[0]
-                audio = await asyncio.to_thread(run)
-            except MossTTSError as e:
-                return error(400, str(e))
-            finally:
-                queue.leave()
-            # post-hoc, pitch-preserving tempo change, then the OpenAI pcm layout if asked for
-            audio = time_stretch(audio, speed, sr)
-            rate = sr
-            if openai_pcm:
-                audio, rate = resample(to_channels(audio, 1), sr, OPENAI_PCM_RATE), OPENAI_PCM_RATE
-                headers = {"X-Audio-Sample-Rate": str(rate), "X-Audio-Channels": "1"}
-            return Response(encode_audio(audio, rate, fmt), media_type=FORMATS[fmt], headers=headers)
-        return StreamingResponse(stream_chunks(text, kwargs, stream_format), headers=headers,
-                                 media_type="text/event-stream" if stream_format == "sse"
-                                 else "audio/L16")
+            check_content_type(request.headers)
+            req = parse_speech(await read_body(request))
+        except RequestError as e:
+            return error_response(e.status, first_line(e))
+        return await (whole(request, req) if req.stream_format is None
+                      else streamed(request, req))
 
-    async def stream_chunks(text, kwargs, stream_format):
-        """Generation runs in a worker thread; chunks cross over an asyncio queue. A client that
-        goes away stops the generator (the worker sees `cancelled` at the next chunk)."""
-        loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue = asyncio.Queue(maxsize=64)
-        cancelled = threading.Event()
-
-        def produce():
-            try:
-                with queue:
-                    for part in tts.stream(text, **kwargs):
-                        if cancelled.is_set():
-                            return
-                        asyncio.run_coroutine_threadsafe(chunks.put(part), loop).result()
-            except MossTTSError as e:
-                asyncio.run_coroutine_threadsafe(chunks.put(e), loop).result()
-            finally:
-                queue.leave()
-                asyncio.run_coroutine_threadsafe(chunks.put(None), loop)
-
-        worker = loop.run_in_executor(None, produce)
+    async def upload_voice(request):
         try:
-            while True:
-                part = await chunks.get()
-                if part is None:
-                    break
-                if isinstance(part, Exception):
-                    if stream_format == "sse":
-                        yield f"event: error\ndata: {json.dumps({'message': str(part)})}\n\n".encode()
-                    break
-                pcm = encode_audio(part, sr, "pcm")
-                if stream_format == "sse":
-                    event = {"type": "speech.audio.delta", "audio": base64.b64encode(pcm).decode()}
-                    yield f"data: {json.dumps(event)}\n\n".encode()
-                else:
-                    yield pcm
-            if stream_format == "sse":
-                yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n".encode()
-        finally:
-            cancelled.set()
-            while not worker.done():  # drain so the worker is never stuck on a full queue
-                try:
-                    chunks.get_nowait()
-                except asyncio.QueueEmpty:
-                    await asyncio.sleep(0.01)
+            check_content_type(request.headers)
+            name, audio = parse_voice(await read_body(request))
+            check_name(name)
+        except (RequestError, InputError) as e:
+            return error_response(getattr(e, "status", 400), first_line(e))
+
+        def job(model):
+            ref = model.encode_reference(*decode_upload(audio, "audio"))
+            add_voice(name, ref.codes, {"source": "upload"}, root=voices_root)
+            return int(ref.codes.shape[0])
+
+        future = worker.submit(job)
+        if future is None:
+            return busy_response()
+        try:
+            stayed, frames = await unless_client_leaves(request.receive,
+                                                        asyncio.wrap_future(future))
+        except Exception as e:  # the job's own failure
+            return failure_response(e)
+        if not stayed:
+            future.cancel()
+            return no_response
+        return JSONResponse({"name": name, "frames": frames}, status_code=201)
+
+    async def voices(request):
+        return JSONResponse({"voices": list_voices(voices_root)})
+
+    async def delete_voice(request):
+        name = request.path_params["name"]
+        try:
+            remove_voice(name, root=voices_root)
+        except InputError as e:
+            return error_response(404 if "no voice" in str(e) else 400, first_line(e))
+        return JSONResponse({"deleted": name})
 
     async def page(request):
         from .web_page import PAGE
@@ -214,43 +320,22 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
             {"id": model_name, "object": "model", "owned_by": "moss-tts"}]})
 
     async def health(request):
-        return JSONResponse({"status": "ok", "sample_rate": sr, "channels": 2})
+        return JSONResponse({"status": "ok", "sample_rate": sr, "channels": CHANNELS})
 
-    async def voices(request):
-        if request.method == "GET":
-            return JSONResponse({"voices": list_voices(voices_root)})
-        if request.method == "DELETE":
-            try:
-                remove_voice(request.path_params.get("name", ""), root=voices_root)
-            except InputError as e:
-                return error(404 if "no voice" in str(e) else 400, str(e))
-            return JSONResponse({"deleted": request.path_params.get("name")})
-        try:
-            body = await request.json()
-            raw = base64.b64decode(body.get("audio", ""), validate=True)
-            if len(raw) > MAX_UPLOAD_BYTES:
-                return error(413, "audio is larger than 10 MiB")
-            import soundfile as sf
-            try:
-                samples, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-            except Exception:
-                raise InputError("audio is not a readable WAV/FLAC file") from None
-            def encode():
-                with queue:   # the model (and its codec's encoder) serves one caller at a time
-                    return tts.encode_reference(samples, rate)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(worker.close)
 
-            ref = await asyncio.to_thread(encode)
-            add_voice(str(body.get("name", "")), ref.codes, {"source": "upload"},
-                      root=voices_root)
-        except (MossTTSError, ValueError, TypeError) as e:
-            return error(400, str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return JSONResponse({"name": body["name"], "frames": int(ref.codes.shape[0])}, status_code=201)
-
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/", page, methods=["GET"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/audio/voices", voices, methods=["GET", "POST"]),
-        Route("/v1/audio/voices/{name}", voices, methods=["DELETE"]),
+        Route("/v1/audio/voices", voices, methods=["GET"]),
+        Route("/v1/audio/voices", upload_voice, methods=["POST"]),
+        Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
-    ])
+    ], lifespan=lifespan)
+    hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
+    gated = Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None)
+    return AccessLog(gated) if access_log else gated

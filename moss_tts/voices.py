@@ -13,7 +13,7 @@ import numpy as np
 from .errors import InputError
 from .fileio import atomic_output
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")   # matched whole (check_name)
 SUFFIX = ".voice.npz"  # codes and info in one file, so one rename stores a voice whole
 
 
@@ -23,10 +23,17 @@ def voices_dir() -> Path:
     return Path(root)
 
 
-def _paths(name: str, root: Path | None) -> tuple[Path, Path]:
-    if not NAME.match(name or "") or name.endswith((".npy", ".json")):
+def check_name(name) -> str:
+    """A voice name, or InputError: the whole string must match (a trailing newline would pass
+    `re.match` with `$`), and null or a number is not a name."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or name.endswith((".npy", ".json")):
         raise InputError(f"voice name {name!r} must be 1-64 letters, digits, '_', '-' or '.', "
                          "starting with a letter or digit")
+    return name
+
+
+def _paths(name: str, root: Path | None) -> tuple[Path, Path]:
+    check_name(name)
     root = Path(root) if root else voices_dir()
     return root / f"{name}{SUFFIX}", root / f"{name}.npy"
 

@@ -16,6 +16,8 @@ PAGE = """<!doctype html>
  <label>Voice <select id="voice"><option value="">(none)</option></select></label>
  <label>Reference <input id="reference" type="file" accept="audio/wav,audio/flac,.wav,.flac"></label>
  <label>Seed <input id="seed" type="number" style="width:6rem"></label>
+ <label>API key <input id="key" type="password" placeholder="if the server needs one"
+        style="width:10rem"></label>
 </div>
 <div class="row">
  <button id="speak">Speak</button>
@@ -26,11 +28,16 @@ PAGE = """<!doctype html>
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
-window.receivedBytes = 0;
+window.receivedBytes = 0;  // this request's audio bytes (the browser test reads it)
+
+function authHeaders() {
+  return $("key").value ? {Authorization: `Bearer ${$("key").value}`} : {};
+}
 
 async function loadVoices() {
-  const r = await fetch("/v1/audio/voices");
+  const r = await fetch("/v1/audio/voices", {headers: authHeaders()});
   if (!r.ok) return;
+  $("voice").length = 1;  // keep "(none)"; this runs again when the API key changes
   for (const v of (await r.json()).voices) {
     const o = document.createElement("option");
     o.value = o.textContent = v.name;
@@ -59,24 +66,40 @@ function wavBlob(chunks, rate, channels) {
   return new Blob([view.buffer], {type: "audio/wav"});
 }
 
+function clearResult() {
+  const old = $("player").src;
+  $("player").removeAttribute("src"); $("player").load();
+  $("download").hidden = true; $("download").removeAttribute("href");
+  if (old.startsWith("blob:")) URL.revokeObjectURL(old);
+}
+
 async function speak() {
-  $("speak").disabled = true; $("status").textContent = "generating…"; $("download").hidden = true;
-  const body = {model: "tts-1", input: $("text").value, stream_format: "audio"};
+  $("speak").disabled = true; $("status").textContent = "generating…";
+  clearResult();  // a failure must not leave the previous result on screen
+  window.receivedBytes = 0;
+  const body = {model: "tts-1", input: $("text").value, stream_format: "audio",
+                response_format: "pcm", pcm_layout: "native"};
   if ($("voice").value) body.voice = $("voice").value;
   if ($("seed").value) body.seed = Number($("seed").value);
   const file = $("reference").files[0];
   if (file) body.reference_audio = toBase64(await file.arrayBuffer());
   try {
-    const r = await fetch("/v1/audio/speech", {method: "POST", headers: {"Content-Type": "application/json"},
-                                               body: JSON.stringify(body)});
-    if (!r.ok) { $("status").textContent = (await r.json()).error.message; return; }
+    const r = await fetch("/v1/audio/speech", {method: "POST", body: JSON.stringify(body),
+      headers: {"Content-Type": "application/json", ...authHeaders()}});
+    if (!r.ok) {
+      const text = await r.text();
+      let message = `HTTP ${r.status}`;
+      try { message = JSON.parse(text).error.message; } catch (e) { /* not JSON */ }
+      $("status").textContent = `error: ${message}`;
+      return;
+    }
     const rate = Number(r.headers.get("X-Audio-Sample-Rate")), channels = Number(r.headers.get("X-Audio-Channels"));
     let ctx = null;  // live playback is best effort: some rates are outside Web Audio's range
     try { ctx = new AudioContext({sampleRate: rate}); } catch (e) { console.warn(String(e)); }
     let at = ctx ? ctx.currentTime + 0.1 : 0, carry = new Uint8Array(0);
     const chunks = [], reader = r.body.getReader();
     for (;;) {
-      const {done, value} = await reader.read();
+      const {done, value} = await reader.read();  // throws if the server cuts a failed stream
       if (done) break;
       window.receivedBytes += value.length;
       const bytes = new Uint8Array(carry.length + value.length);
@@ -101,13 +124,15 @@ async function speak() {
     $("player").src = url; $("download").href = url; $("download").hidden = false;
     $("status").textContent = `${(window.receivedBytes / (2 * channels * rate)).toFixed(2)} s`;
   } catch (e) {
-    $("status").textContent = String(e);
+    clearResult();
+    $("status").textContent = `error: ${e}`;
   } finally {
     $("speak").disabled = false;
   }
 }
 
 $("speak").addEventListener("click", speak);
+$("key").addEventListener("change", loadVoices);
 loadVoices();
 </script>
 </body></html>

@@ -50,10 +50,9 @@ def _encode(tokenizer, segment):
     return [int(i) for i in tokenizer.encode(segment)]
 
 
-def _encode_user_text(tokenizer, text, sanitize_specials):
-    if sanitize_specials:
-        return [int(i) for i in tokenizer.encode(text, sanitize_specials=True)]
-    return _encode(tokenizer, text)
+def _encode_user_text(tokenizer, text):
+    # Control-token spellings in user text never become control ids (text/specials.py).
+    return [int(i) for i in tokenizer.encode(text, sanitize_specials=True)]
 
 
 def user_prefix_ids(tokenizer, ids=NanoPromptIds(), *, onnx_manifest_form=False):
@@ -148,7 +147,6 @@ def build_rows(
     prompt_text=None,
     prompt_codes=None,
     ids=NanoPromptIds(),
-    sanitize_specials=False,
     onnx_manifest_form=False,
 ):
     """Prompt rows [L, n_vq + 1] int32 for one utterance; generation continues after the last row.
@@ -158,8 +156,8 @@ def build_rows(
     - continuation with a prompt: as above with enc(prompt_text + text) (no separator), then
       A(prompt_codes, 9) after the [6] row.
 
-    `sanitize_specials` strips special pieces from `text` / `prompt_text` (never from the
-    template); `onnx_manifest_form` drops the leading <|im_start|> as the ONNX manifest does.
+    Special pieces are always stripped from `text` / `prompt_text` (never from the template),
+    unlike upstream; `onnx_manifest_form` drops the leading <|im_start|> as the ONNX manifest does.
 
     >>> rows = build_rows(tok, "Hello.", reference_codes=codes)  # doctest: +SKIP
     >>> rows[-1].tolist() == [6] + [1024] * 16  # doctest: +SKIP
@@ -184,7 +182,7 @@ def build_rows(
         tail = (
             [ids.audio_end_token_id]
             + after_reference_ids(tokenizer)
-            + _encode_user_text(tokenizer, text, sanitize_specials)
+            + _encode_user_text(tokenizer, text)
             + assistant_prefix_ids(tokenizer, ids)
             + [ids.audio_start_token_id]
         )
@@ -199,7 +197,7 @@ def build_rows(
             user_prefix_ids(tokenizer, ids, onnx_manifest_form=onnx_manifest_form)
             + _encode(tokenizer, NO_REFERENCE)
             + after_reference_ids(tokenizer)
-            + _encode_user_text(tokenizer, spoken, sanitize_specials)
+            + _encode_user_text(tokenizer, spoken)
             + assistant_prefix_ids(tokenizer, ids)
         )
         sections = [text_rows(prompt, ids), text_rows([ids.audio_start_token_id], ids)]

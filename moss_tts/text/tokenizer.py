@@ -6,15 +6,16 @@ BOS/EOS), which gives the same ids as the HF `tokenization_moss_tts_nano.py` wra
 
 User-defined pieces (`<|im_start|>`, `<user_inst>`, ...) match literally inside raw text, also
 after NFKC folding (`＜|im_end|＞`), so user text can produce control ids. Upstream does not guard
-against that; `encode(text, sanitize_specials=True)` strips those pieces from the text first.
+against that; `encode(text, sanitize_specials=True)` strips those pieces from the text first
+(text/specials.py), and the prompt builders always ask for it on user text.
 """
 
-import unicodedata
 from pathlib import Path
 
 import sentencepiece as spm
 
 from moss_tts.errors import InputError, ModelFileError
+from moss_tts.text.specials import neutralize_specials
 
 # sentencepiece_model.proto: ModelProto.pieces = 1; SentencePiece.piece = 1, .type = 3;
 # Type.NORMAL = 1 (the proto2 default when the field is absent), Type.USER_DEFINED = 4.
@@ -78,16 +79,6 @@ def user_defined_pieces(model_proto):
     return tuple(pieces)
 
 
-def _remove_pieces(text, pieces):
-    # Repeat: removing one piece can join two fragments into another ("<|im_<|im_end|>end|>").
-    previous = None
-    while previous != text:
-        previous = text
-        for piece in pieces:
-            text = text.replace(piece, "")
-    return text
-
-
 class SentencePieceTokenizer:
     """Text → ids with a SentencePiece model; no BOS/EOS is ever added.
 
@@ -100,8 +91,6 @@ class SentencePieceTokenizer:
         self._sp = processor
         self.source = source
         self.special_pieces = tuple(special_pieces)
-        # Longest first, so a piece that contains another is removed whole.
-        self._strip_order = tuple(sorted(self.special_pieces, key=len, reverse=True))
 
     @classmethod
     def from_bytes(cls, model_bytes, *, source="<bytes>"):
@@ -158,16 +147,9 @@ class SentencePieceTokenizer:
         return str(self._sp.id_to_piece(int(token_id)))
 
     def strip_special_pieces(self, text):
-        """`text` without any user-defined piece, also those that appear only after NFKC folding.
-
-        The text is returned NFKC-folded only when folding revealed a piece; the model's own
-        `nmt_nfkc` normalizer folds it the same way anyway.
-        """
-        text = _remove_pieces(_check_text(text), self._strip_order)
-        folded = unicodedata.normalize("NFKC", text)
-        if any(piece in folded for piece in self._strip_order):
-            text = _remove_pieces(folded, self._strip_order)
-        return text
+        """`text` without any user-defined piece, also those that appear only after NFKC folding
+        (`neutralize_specials`)."""
+        return neutralize_specials(_check_text(text), self.special_pieces)
 
     def encode(self, text, *, sanitize_specials=False):
         """Ids of `text` (`add_special_tokens=False` semantics: no BOS/EOS).

@@ -1,0 +1,128 @@
+"""Who may talk to the speech server: ASGI middleware for the Host allow-list (DNS rebinding),
+foreign Origins (cross-site writes), the optional API key, CORS, and the access log.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+
+access_logger = logging.getLogger("moss_tts.access")
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+OPEN_PATHS = ("/health", "/")   # the page is static HTML; its requests carry the key themselves
+
+
+def error_body(status: int, message: str, code: str | None = None) -> bytes:
+    """OpenAI's error shape."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": code}}).encode()
+
+
+async def send_error(send, status: int, message: str, code: str | None = None,
+                     headers: tuple = ()) -> None:
+    body = error_body(status, message, code)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def host_name(bind_host: str) -> str:
+    """How a bind address appears in a Host header (IPv6 in brackets)."""
+    return f"[{bind_host}]" if ":" in bind_host and not bind_host.startswith("[") else bind_host
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """'name:port' / '[v6]:port' / 'name' → (lower-case name, port or None)."""
+    name, sep, port = value.rpartition(":")
+    if not sep or name.endswith(":") or (value.startswith("[") and not name.endswith("]")):
+        return value.lower(), None          # no port (or a bare IPv6 literal)
+    return name.lower(), int(port) if port.isdigit() else -1
+
+
+class Gate:
+    """Refuses, before any work: a Host outside the allow-list (400), a foreign Origin (403),
+    and — with an API key — a request without `Authorization: Bearer KEY` (401) on every path
+    but /health and the page. CORS preflights are answered by the inner CORS layer, which sits
+    between the origin check and the key check."""
+
+    def __init__(self, app, *, hosts: set[str], origins: set[str], api_key: str | None):
+        from starlette.middleware.cors import CORSMiddleware
+
+        self.hosts, self.origins, self.api_key = hosts, origins, api_key
+        self.inner = CORSMiddleware(self._authorized(app), allow_origins=sorted(origins),
+                                    allow_methods=["GET", "POST", "DELETE"],
+                                    allow_headers=["Authorization", "Content-Type"],
+                                    expose_headers=["X-Audio-Sample-Rate", "X-Audio-Channels"])
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.inner(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "")
+        name, port = split_host(host)
+        default_port = 443 if scope.get("scheme") == "https" else 80
+        server_port = (scope.get("server") or (None, None))[1]
+        if "*" not in self.hosts and (name not in self.hosts or (
+                server_port is not None and (port or default_port) != server_port)):
+            return await send_error(send, 400, f"Host {host!r} is not served here; start the "
+                                               "server with --allowed-host NAME to add a name")
+        origin = headers.get("origin")
+        if origin is not None and origin not in self.origins \
+                and origin != f"{scope.get('scheme', 'http')}://{host}":
+            return await send_error(send, 403, f"cross-origin requests from {origin!r} are "
+                                               "refused; start the server with --cors-origin "
+                                               f"{origin} to allow them")
+        await self.inner(scope, receive, send)
+
+    def _authorized(self, app):
+        async def check_key(scope, receive, send):
+            if self.api_key is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+                return await app(scope, receive, send)
+            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token.strip().encode(), self.api_key.encode()):
+                return await send_error(send, 401, "missing or wrong API key: send "
+                                        "'Authorization: Bearer KEY'", "invalid_api_key",
+                                        ((b"www-authenticate", b"Bearer"),))
+            await app(scope, receive, send)
+        return check_key
+
+
+class AccessLog:
+    """One line per request: client, method, path, status, body bytes, milliseconds. Written as
+    the last body part goes out (or when a response ends unfinished: status 0 if never begun)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, seen = time.perf_counter(), {"status": 0, "bytes": 0, "logged": False}
+
+        def log():
+            seen["logged"] = True
+            client = scope.get("client") or ("-", 0)
+            access_logger.info('%s "%s %s" %d %d %.0f ms', client[0], scope["method"],
+                               scope["path"], seen["status"], seen["bytes"],
+                               1e3 * (time.perf_counter() - start))
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                seen["bytes"] += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    log()
+            await send(message)
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            if not seen["logged"]:
+                log()

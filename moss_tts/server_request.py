@@ -1,0 +1,199 @@
+"""Request bodies of the speech server: JSON only, read under a size limit, parsed with bounded
+depth, and every field checked by name. A failure is a `RequestError` carrying its HTTP status.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import math
+from dataclasses import dataclass
+
+from .errors import InputError
+from .models.nano_tts import MAX_FRAMES
+from .sampling import SamplingOptions
+from .server_formats import FORMATS, STREAMED_FORMATS, format_problem
+
+MAX_INPUT_CHARS = 4096
+MAX_UPLOAD_BYTES = 10 * 2**20        # decoded reference / voice audio
+MAX_BODY_BYTES = 15 * 2**20          # that upload as base64 (×4/3) plus the other fields
+SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
+
+# Fields OpenAI clients send that this server does not use: accepted and ignored (README).
+IGNORED = ("model", "instructions")
+SPEECH_FIELDS = ("input", "voice", "response_format", "speed", "stream_format", "pcm_layout",
+                 "seed", "temperature", "top_k", "top_p", "repetition_penalty", "max_new_frames",
+                 "reference_audio") + IGNORED
+VOICE_FIELDS = ("name", "audio")
+
+
+class RequestError(InputError):
+    """A request the server refuses; `status` is its HTTP status (400, 413, 415)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    text: str
+    response_format: str
+    stream_format: str | None
+    speed: float
+    pcm_layout: str
+    voice: str | None
+    reference_audio: str | None      # base64, decoded by the model worker
+    seed: int | None
+    max_frames: int
+    options: SamplingOptions
+
+
+def check_content_type(headers) -> None:
+    """JSON POSTs only: a cross-site page can send text/plain without asking (no CORS preflight)."""
+    media = headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise RequestError(415, f"Content-Type must be application/json, got {media or 'none'!r}")
+
+
+async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body, refused with 413 as soon as it passes `limit` (never read whole first)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body is {declared} bytes; the limit is {limit}")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise RequestError(413, f"the body is larger than {limit} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_object(raw: bytes, allowed: tuple[str, ...]) -> dict:
+    """A JSON object with only `allowed` keys; invalid JSON, NaN/Infinity, deep nesting or a
+    non-object → 400."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        raise RequestError(400, "the JSON body is nested too deeply") from None
+    except ValueError as e:  # includes UnicodeDecodeError
+        raise RequestError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, f"the body must be a JSON object, got {_kind(body)}")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise RequestError(400, f"unknown field {unknown[0]!r}; accepted: {', '.join(allowed)}")
+    return body
+
+
+def _kind(value) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "an object", type(None): "null"}.get(type(value), "a value")
+
+
+def _string(body: dict, name: str, default: str | None = None,
+            choices: tuple[str, ...] | None = None) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise RequestError(400, f"'{name}' must be a string, got {_kind(value)}")
+    if choices is not None and value not in choices:
+        raise RequestError(400, f"'{name}' must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _number(body: dict, name: str, default, low, high, *, integer: bool = False,
+            low_open: bool = False):
+    """A number in [low, high] ((low, high] with low_open); bool is not a number here."""
+    value = body.get(name)
+    if value is None:
+        return default
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise RequestError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, "
+                                f"got {_kind(value)}")
+    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+        bounds = f"{'(' if low_open else '['}{low}, {high}]"
+        raise RequestError(400, f"'{name}' must be in {bounds}, got {value}")
+    return value
+
+
+def parse_speech(raw: bytes) -> SpeechRequest:
+    """POST /v1/audio/speech → a checked request (OpenAI fields plus this server's extensions)."""
+    body = parse_object(raw, SPEECH_FIELDS)
+    for name in IGNORED:
+        _string(body, name)
+    text = body.get("input")
+    if not isinstance(text, str):
+        raise RequestError(400, f"'input' must be a string, got {_kind(text)}")
+    if not text.strip():
+        raise RequestError(400, "'input' is empty: give the text to speak")
+    if len(text) > MAX_INPUT_CHARS:
+        raise RequestError(413, f"'input' is longer than {MAX_INPUT_CHARS} characters")
+    stream_format = _string(body, "stream_format", None, ("sse", "audio"))
+    fmt = _string(body, "response_format", "pcm" if stream_format == "sse" else "mp3", FORMATS)
+    problem = format_problem(fmt)
+    if problem:
+        raise RequestError(400, problem)
+    if stream_format == "audio" and fmt not in STREAMED_FORMATS:
+        raise RequestError(400, f"stream_format 'audio' streams {' or '.join(STREAMED_FORMATS)}, "
+                                f"not {fmt}; leave stream_format out for a whole {fmt} file")
+    if stream_format == "sse" and fmt != "pcm":
+        raise RequestError(400, "stream_format 'sse' carries base64 pcm: use response_format pcm")
+    speed = float(_number(body, "speed", 1.0, 0.25, 4.0))
+    if stream_format is not None and speed != 1.0:
+        raise RequestError(400, "'speed' is applied after synthesis: it cannot be streamed")
+    defaults = SamplingOptions()
+    options = SamplingOptions(
+        audio_temperature=float(_number(body, "temperature", defaults.audio_temperature, 0, 10,
+                                        low_open=True)),
+        audio_top_k=_number(body, "top_k", defaults.audio_top_k, 0, 2**31 - 1, integer=True),
+        audio_top_p=float(_number(body, "top_p", defaults.audio_top_p, 0, 1, low_open=True)),
+        audio_repetition_penalty=float(_number(body, "repetition_penalty",
+                                               defaults.audio_repetition_penalty, 0, 10,
+                                               low_open=True)))
+    return SpeechRequest(
+        text=text, response_format=fmt, stream_format=stream_format, speed=speed,
+        pcm_layout=_string(body, "pcm_layout", "openai", ("openai", "native")),
+        voice=_string(body, "voice"), reference_audio=_string(body, "reference_audio"),
+        seed=_number(body, "seed", None, 0, SEED_LIMIT - 1, integer=True),
+        max_frames=_number(body, "max_new_frames", MAX_FRAMES, 1, MAX_FRAMES, integer=True),
+        options=options)
+
+
+def parse_voice(raw: bytes) -> tuple[str, str]:
+    """POST /v1/audio/voices → (name, base64 audio); the name's rules are checked by voices.py."""
+    body = parse_object(raw, VOICE_FIELDS)
+    name, audio = body.get("name"), body.get("audio")
+    if not isinstance(name, str):
+        raise RequestError(400, f"'name' must be a string, got {_kind(name)}")
+    if not isinstance(audio, str) or not audio:
+        raise RequestError(400, "'audio' must be a base64 WAV/FLAC file, got "
+                                f"{_kind(audio) if not isinstance(audio, str) else 'nothing'}")
+    return name, audio
+
+
+def decode_upload(data: str, what: str):
+    """base64 WAV/FLAC → (samples float32 [n, channels], rate). Runs in the model worker: a
+    10 MiB upload takes long enough to stall the event loop."""
+    import soundfile as sf
+
+    if len(data) > MAX_UPLOAD_BYTES * 4 // 3 + 4:
+        raise RequestError(413, f"'{what}' is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(400, f"'{what}' is not valid base64") from None
+    try:
+        samples, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    except Exception:  # libsndfile reports every unreadable input as a plain RuntimeError
+        raise RequestError(400, f"'{what}' is not a readable WAV/FLAC file") from None
+    return samples, rate

@@ -1,0 +1,116 @@
+"""Shared by the server tests and bench/serve_soak.py: uvicorn on loopback, a JSON client, the
+tiny Nano model behind it, and a stub model for the speed-dependent cases."""
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import numpy as np
+import soundfile as sf
+
+from converters.codec import convert as convert_codec
+from converters.nano import convert as convert_nano
+from fixtures.make_codec import make_tiny_nano_checkpoint
+from fixtures.make_nano import make_tiny_nano_tts_checkpoint
+from fixtures.make_spm import make_tiny_spm
+from moss_tts.errors import InputError
+from moss_tts.models.nano_tts import Reference
+
+SR = 1600  # the tiny codec's rate
+
+
+class Served:
+    """uvicorn in a thread on an ephemeral loopback port; stopped at teardown."""
+
+    def __init__(self, app):
+        import uvicorn
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.time() + 10
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def call(url, path, body=None, method=None, headers=None, data=None, timeout=60):
+    """(status, lower-case headers, body bytes); a JSON body unless raw `data` is given."""
+    if data is None and body is not None:
+        data = json.dumps(body).encode()
+    sent = {"Content-Type": "application/json"} if data is not None else {}
+    req = urllib.request.Request(url + path, data=data, method=method,
+                                 headers=sent | (headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def tiny_model_files(d, rate=SR):
+    """(nano.gguf, codec.gguf) of the tiny fixture model at `rate`, converted under `d`."""
+    codec_dir = make_tiny_nano_checkpoint(d / "codec", seed=1)
+    if rate != SR:  # the codec's windows scale with the rate; the towers are unchanged
+        config = json.loads((codec_dir / "config.json").read_text())
+        config["sampling_rate"] = config["sample_rate"] = rate
+        (codec_dir / "config.json").write_text(json.dumps(config))
+    tts_dir = make_tiny_nano_tts_checkpoint(d / "tts", seed=0,
+                                            tokenizer_model_bytes=make_tiny_spm(),
+                                            audio_tokenizer_sample_rate=rate, stop_bias=-50)
+    return convert_nano(tts_dir, d / "nano.gguf"), convert_codec(codec_dir, d / "codec.gguf")
+
+
+class StubTTS:
+    """Generation by the text: 'endless' never stops, 'slow' takes a second, 'fail-early' /
+    'fail-late' raise before / after the first audio, 'bug' raises a non-package error."""
+
+    sample_rate = SR
+    config = SimpleNamespace(n_vq=2)
+
+    def __init__(self, chunk_frames=32, encode_seconds=0.0):
+        self.chunk = np.full((chunk_frames, 2), 0.25, np.float32)
+        self.encode_seconds = encode_seconds
+        self.produced, self.stopped, self.threads = [], threading.Event(), set()
+
+    def stream(self, text, reference=None, **kwargs):
+        self.threads.add(threading.current_thread().name)
+        if text == "fail-early":
+            raise InputError("early failure")
+        if text == "bug":
+            raise RuntimeError("a bug")
+        try:
+            for i in range(100_000 if text == "endless" else 3):
+                if text == "fail-late" and i == 2:
+                    raise InputError("late failure")
+                time.sleep(1.0 if text == "slow" else 0.002)
+                self.produced.append(i)
+                yield self.chunk
+        finally:
+            self.stopped.set()
+
+    def encode_reference(self, samples, rate):
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.encode_seconds)
+        return Reference(np.zeros((4, 2), np.int32))
+
+
+def silent_wav_b64(seconds=1.0):
+    """A base64 WAV of silence at the tiny rate: real audio for upload paths."""
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros((int(SR * seconds), 1), np.float32), SR, format="WAV")
+    return base64.b64encode(buf.getvalue()).decode()
