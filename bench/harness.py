@@ -56,7 +56,10 @@ class Contention:
 
     def share(self) -> float:
         t, busy, own = self._snap()
-        return max(0.0, (busy - self.busy) - (own - self.own)) / ((t - self.t) * os.cpu_count())
+        # /proc/stat counts in clock ticks (10 ms): over a shorter span one tick would read as
+        # many cores' worth, so the share is clamped to what the cores can give
+        foreign = max(0.0, (busy - self.busy) - (own - self.own))
+        return min(1.0, foreign / ((t - self.t) * os.cpu_count()))
 
 
 def timed_runs(fn, runs: int):
