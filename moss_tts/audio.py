@@ -3,6 +3,7 @@ atomic writes so a failed run never leaves a half-written file."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import Iterator
@@ -188,19 +189,28 @@ def to_channels(x: np.ndarray, channels: int) -> np.ndarray:
 
 def write_audio(path: str | os.PathLike, samples: np.ndarray, sample_rate: int) -> Path:
     """Write [n, channels] float32 to .wav (float32) or .flac (24-bit) atomically."""
+    path = Path(path)
+    data = encode_audio(samples, sample_rate, path.suffix, name=str(path))
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+    return path
+
+
+def encode_audio(samples: np.ndarray, sample_rate: int, suffix: str, *, name: str = "output") -> bytes:
+    """[n, channels] float32 → the bytes of a .wav (float32) or .flac (24-bit) file; a batch
+    worker sends these to the process that owns the output directory."""
     import soundfile as sf
 
-    path = Path(path)
-    fmt = WRITE_FORMATS.get(path.suffix.lower())
+    fmt = WRITE_FORMATS.get(suffix.lower())
     if fmt is None:
-        raise InputError(f"{path}: unsupported output format {path.suffix!r}; use .wav or .flac")
+        raise InputError(f"{name}: unsupported output format {suffix!r}; use .wav or .flac")
     subtype = "FLOAT" if fmt == "WAV" else "PCM_24"
     data = np.asarray(samples, dtype=np.float32)
     if fmt == "FLAC":
         data = np.clip(data, -1.0, 1.0)  # FLAC is integer PCM
-    with atomic_output(path) as tmp:
-        sf.write(tmp, data, int(sample_rate), subtype=subtype, format=fmt)
-    return path
+    buf = io.BytesIO()
+    sf.write(buf, data, int(sample_rate), subtype=subtype, format=fmt)
+    return buf.getvalue()
 
 
 class PcmStreamWriter:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .batch.command import add_parser as add_batch_parser
 from .errors import InputError, MossTTSError
 
 
@@ -429,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tts_nano(sub)
     _add_voice_commands(sub)
     _add_serve(sub)
+    add_batch_parser(sub)
     return p
 
 
