@@ -77,7 +77,8 @@ class Job:
         self._record(task, outcome)
 
     def lost(self, task: dict, why: str) -> None:
-        """The worker running `task` died (a crash, a kill): a retryable failure of the line."""
+        """The worker running `task` died (a crash, a kill) or its result was lost: a
+        retryable failure of the line."""
         self.finish(task, {"status": "failed", "error": why, "retry": True, "seconds": None})
 
     def _record(self, task: dict, outcome: dict) -> None:

@@ -38,7 +38,10 @@ class _Worker:
 
     def send(self, task: dict) -> None:
         self.task = task
-        self.conn.send(task)
+        try:
+            self.conn.send(task)
+        except OSError:     # it died while idle: its sentinel fires and _collect re-runs the task
+            pass
 
     def stop(self, graceful: bool) -> None:
         if graceful and self.process.is_alive():

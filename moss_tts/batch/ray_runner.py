@@ -80,11 +80,12 @@ def _run(ray, job, workers: int | None, threads: int, chunk: int) -> None:
         i, tasks = running.pop(ref)
         try:
             outcomes = ray.get(ref)
-        except ray.exceptions.RayActorError as e:
+        except ray.exceptions.RayError as e:     # the chunk's results are lost: re-run it
             for task in tasks:
-                job.lost(task, f"Ray actor died ({type(e).__name__})")
-            job.summary.replaced_workers += 1
-            actors[i] = new_actor()
+                job.lost(task, f"Ray lost the line's chunk ({type(e).__name__})")
+            if isinstance(e, ray.exceptions.RayActorError):
+                job.summary.replaced_workers += 1
+                actors[i] = new_actor()
         else:
             for task, outcome in zip(tasks, outcomes):
                 job.finish(task, outcome)

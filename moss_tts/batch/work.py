@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import traceback
 
-from ..errors import MossTTSError
+from ..errors import ModelFileError, MossTTSError
 from ..ggml.weights import KIND_KEY, GGUFFile
 
 MAX_VOICES = 32  # encoded references kept per worker (a corpus usually has a few speakers)
@@ -68,7 +68,6 @@ class LineRunner:
         if key not in self.models:
             family = model_family(model)
             if family not in FAMILIES:
-                from ..errors import ModelFileError
                 raise ModelFileError(f"{model}: model family {family!r} is not supported by batch "
                                      f"(supported: {', '.join(sorted(FAMILIES))})")
             self.models[key] = FAMILIES[family](model, codec, self.threads)

@@ -31,3 +31,14 @@ def test_a_killed_actor_is_replaced_and_the_outputs_equal_the_local_run(batch_mo
     assert sorted(r["id"] for r in recs) == [f"line{i:03d}" for i in range(12)]  # once each
     assert sum(r["attempts"] for r in recs) > 12                                 # some re-ran
     assert outputs(out) == outputs(local) and no_partials(out)                   # same audio
+
+
+def test_ray_auto_without_a_running_cluster_is_one_error(batch_models, tmp_path, monkeypatch):
+    from moss_tts.errors import InputError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(1))
+    with pytest.raises(InputError, match=r"--ray auto: no Ray cluster there .*--ray local"):
+        run_batch(manifest, tmp_path / "out", model=str(batch_models["nano0"]),
+                  codec=str(batch_models["codec"]), ray="auto")
+    assert records(tmp_path / "out") == []        # nothing ran, nothing recorded
