@@ -68,8 +68,13 @@ class Job:
         """A worker's outcome: write the audio, then the record (so a record never points at a
         missing file); a retryable failure goes back in the queue while attempts remain."""
         if outcome["status"] == "ok":
-            with atomic_output(self.ledger.dir / f"{task['id']}{self.suffix}") as tmp:
-                tmp.write_bytes(outcome["audio"])
+            path = self.ledger.dir / f"{task['id']}{self.suffix}"
+            try:
+                with atomic_output(path) as tmp:
+                    tmp.write_bytes(outcome["audio"])
+            except OSError as e:    # the output disk, not the line: stop; a rerun resumes
+                raise InputError(f"{path}: cannot write ({e.strerror or e}); free space or "
+                                 "fix permissions, then rerun to resume") from None
             self.summary.audio_seconds += outcome["duration"]
         elif outcome.get("retry") and task["attempt"] <= self.retries:
             self.pending.append(dict(task, attempt=task["attempt"] + 1))

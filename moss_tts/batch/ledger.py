@@ -47,9 +47,14 @@ class Ledger:
 
     def __init__(self, out_dir: str | os.PathLike):
         self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / RESULTS
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        self._fd = None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise InputError(f"{self.dir}: cannot use as the output directory "
+                             f"({e.strerror or e})") from None
         try:    # held until close; the kernel drops it when a killed run's process ends
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

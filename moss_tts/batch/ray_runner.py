@@ -40,7 +40,7 @@ def _connect(ray, address: str) -> None:
         options["address"] = address
     try:
         ray.init(**options)
-    except ConnectionError as e:
+    except (ConnectionError, ValueError) as e:   # no cluster there / not an address
         raise InputError(f"--ray {address}: no Ray cluster there ({str(e).splitlines()[0]}); "
                          "start one with `ray start --head`, or pass --ray local") from None
 

@@ -145,3 +145,15 @@ def test_bad_arguments_are_one_error(batch_models, tmp_path, kw, message):
     with pytest.raises(InputError, match=message):
         run(write_jsonl(tmp_path / "m.jsonl", speech_rows(1)), tmp_path / "out", batch_models, **kw)
 
+
+
+def test_an_unwritable_output_stops_the_run_with_one_error_and_no_record(tmp_path):
+    from moss_tts.batch.manifest import Line
+    with Ledger(tmp_path) as ledger:
+        job = Job(ledger, suffix=".wav", retries=0)
+        job.add(Line(number=1, id="a", text="x", seed=1), model="m", model_sha256="0",
+                model_error=None, codec="c", codec_sha256="0")
+        (tmp_path / "a.wav").mkdir()            # the rename onto a directory fails
+        with pytest.raises(InputError, match=r"a\.wav: cannot write .*rerun to resume"):
+            job.finish(job.take()[0], {"status": "ok", "audio": b"RIFF", "duration": 1.0})
+    assert records(tmp_path) == [] and no_partials(tmp_path)

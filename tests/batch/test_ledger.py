@@ -65,3 +65,9 @@ def test_file_sha256_is_the_files_sha256_and_notices_a_change(tmp_path):
     f.write_bytes(b"GGUF" + bytes(10))
     os.utime(f, ns=(1, 1))                                       # a new mtime and size
     assert file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+def test_an_output_directory_that_is_a_file_is_one_error(tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(InputError, match="taken: cannot use as the output directory"):
+        Ledger(tmp_path / "taken")
