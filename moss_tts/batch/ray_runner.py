@@ -1,14 +1,15 @@
-"""Batch lines on Ray actors: one model set per actor, lines sent in chunks, each chunk's
-outcomes (audio bytes included) returned to the driver, which owns the output directory.
+"""Batch lines on Ray actors: one model set per actor, lines sent in chunks, each line's
+outcome (audio bytes included) streamed back to the driver, which owns the output directory.
 
-An actor that dies is replaced and its chunk handed out again: nothing of that chunk was
-recorded, so no line is written twice. Every node needs moss-tts installed (its ggml is built
+An actor that dies is replaced and the lines of its chunk that had not come back are handed
+out again; the driver records each line once, so none is written twice. Every node needs moss-tts installed (its ggml is built
 for that machine) and the model files at the same paths as the driver.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from pathlib import Path
 
 from ..errors import InputError
@@ -23,8 +24,10 @@ class LineActor:
     def __init__(self, threads: int):
         self.runner = LineRunner(threads)
 
-    def run_chunk(self, tasks: list[dict]) -> list[dict]:
-        return [self.runner.run(task) for task in tasks]
+    def run_chunk(self, tasks: list[dict]):
+        """Yield each line's outcome as it is made (a Ray streaming generator)."""
+        for task in tasks:
+            yield self.runner.run(task)
 
 
 def _connect(ray, address: str) -> None:
@@ -68,25 +71,29 @@ def _run(ray, job, workers: int | None, threads: int, chunk: int) -> None:
         return actor_class.options(name=f"worker-{made}").remote(threads)
 
     actors = [new_actor() for _ in range(min(count, len(job.pending)))]
-    running = {}                       # ObjectRef → (actor index, tasks)
+    running = {}                       # outcome stream → (actor index, its lines not yet back)
     idle = list(range(len(actors)))
     while True:
         while idle and (tasks := job.take(chunk)):
             i = idle.pop()
-            running[actors[i].run_chunk.remote(tasks)] = (i, tasks)
+            stream = actors[i].run_chunk.options(num_returns="streaming").remote(tasks)
+            running[stream] = (i, deque(tasks))
         if not running:
             return
-        (ref,), _ = ray.wait(list(running), num_returns=1)
-        i, tasks = running.pop(ref)
+        (stream,), _ = ray.wait(list(running), num_returns=1)
+        i, tasks = running[stream]
         try:
-            outcomes = ray.get(ref)
-        except ray.exceptions.RayError as e:     # the chunk's results are lost: re-run it
+            outcome = ray.get(next(stream))
+        except StopIteration:          # the chunk is done
+            del running[stream]
+            idle.append(i)
+        except ray.exceptions.RayError as e:     # the rest of the chunk is lost: re-run it
+            del running[stream]
             for task in tasks:
-                job.lost(task, f"Ray lost the line's chunk ({type(e).__name__})")
+                job.lost(task, f"Ray lost the line ({type(e).__name__})")
             if isinstance(e, ray.exceptions.RayActorError):
                 job.summary.replaced_workers += 1
                 actors[i] = new_actor()
+            idle.append(i)
         else:
-            for task, outcome in zip(tasks, outcomes):
-                job.finish(task, outcome)
-        idle.append(i)
+            job.finish(tasks.popleft(), outcome)
