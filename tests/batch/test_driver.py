@@ -89,25 +89,27 @@ def test_each_line_is_its_models_synthesis_with_its_seed_and_bad_lines_fail_alon
     assert by_id["nobody"]["status"] == "failed" and by_id["nobody"]["attempts"] == 1
 
 
-def test_a_killed_worker_is_replaced_and_its_line_rerun_once(batch_models, tmp_path):
+def test_killed_workers_are_replaced_and_their_lines_rerun_once(batch_models, tmp_path):
     manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(8))
     clean = tmp_path / "clean"
     run(manifest, clean, batch_models, workers=1)
     killed = []
 
-    def kill_a_worker(done, total, audio, elapsed):
-        if not killed:
-            victim = multiprocessing.active_children()[0]
-            os.kill(victim.pid, signal.SIGKILL)
-            killed.append(victim.pid)
+    def kill_the_workers(done, total, audio, elapsed):
+        if not killed:  # one has just finished a line (idle), the other is mid-line
+            for worker in multiprocessing.active_children():
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.join()         # dead before the driver sends the idle one a line
+                killed.append(worker.pid)
 
     out = tmp_path / "out"
-    summary = run(manifest, out, batch_models, workers=2, progress=kill_a_worker)
-    assert killed and summary.replaced_workers == 1 and summary.made == 8 and not summary.failed
+    summary = run(manifest, out, batch_models, workers=2, progress=kill_the_workers)
+    assert len(killed) == 2 and summary.replaced_workers == 2
+    assert summary.made == 8 and not summary.failed
     recs = records(out)
     assert sorted(r["id"] for r in recs) == [f"line{i:03d}" for i in range(8)]   # once each
-    assert sum(r["attempts"] for r in recs) == 9
-    assert outputs(out) == outputs(clean) and no_partials(out)    # 1 or 2 workers: same bytes
+    assert sum(r["attempts"] for r in recs) == 10         # each dead worker cost one attempt
+    assert outputs(out) == outputs(clean) and no_partials(out)    # 1 or 2 workers: same audio
 
 
 def test_retryable_failures_are_retried_then_recorded_and_input_errors_are_not(tmp_path):
