@@ -53,17 +53,18 @@ def read_manifest(path: str | Path) -> list[Line]:
     """Parse a .jsonl (one JSON object per line) or .csv (a header row) manifest."""
     path = Path(path)
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_text(encoding="utf-8-sig")    # spreadsheets often save CSV with a BOM
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read the manifest ({e})") from None
     rows = _csv_rows(path, raw) if path.suffix.lower() == ".csv" else _jsonl_rows(path, raw)
     lines, seen = [], {}
     for number, row in rows:
         line = _line(path, number, row)
-        if line.id in seen:
-            raise InputError(f"{path}:{number}: id {line.id!r} repeats line {seen[line.id]}; "
-                             "ids must be unique (they name the output files)")
-        seen[line.id] = number
+        folded = line.id.casefold()    # "A" and "a" are one file on macOS' and Windows' disks
+        if folded in seen:
+            raise InputError(f"{path}:{number}: id {line.id!r} repeats line {seen[folded]}; ids "
+                             "must be unique, ignoring case (they name the output files)")
+        seen[folded] = number
         lines.append(line)
     if not lines:
         raise InputError(f"{path}: the manifest has no lines")

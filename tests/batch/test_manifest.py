@@ -43,10 +43,16 @@ def test_an_unsafe_id_stops_the_run_naming_its_line(tmp_path, bad_id):
         read_manifest(write_jsonl(tmp_path / "m.jsonl", rows))
 
 
-def test_a_duplicate_id_stops_the_run_naming_both_lines(tmp_path):
-    rows = [{"id": "a", "text": "1"}, {"id": "b", "text": "2"}, {"id": "a", "text": "3"}]
-    with pytest.raises(InputError, match=r"m\.jsonl:3: id 'a' repeats line 1"):
+@pytest.mark.parametrize("again", ["a", "A"])
+def test_a_duplicate_id_stops_the_run_naming_both_lines(tmp_path, again):
+    rows = [{"id": "a", "text": "1"}, {"id": "b", "text": "2"}, {"id": again, "text": "3"}]
+    with pytest.raises(InputError, match=rf"m\.jsonl:3: id '{again}' repeats line 1"):
         read_manifest(write_jsonl(tmp_path / "m.jsonl", rows))
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads_its_header(tmp_path):
+    (tmp_path / "m.csv").write_bytes("id,text\na,Hello.\n".encode("utf-8-sig"))
+    assert [(line.id, line.text) for line in read_manifest(tmp_path / "m.csv")] == [("a", "Hello.")]
 
 
 @pytest.mark.parametrize("content, message", [
