@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import InputError, MossTTSError
 from ..fileio import atomic_output
 from ..hub import resolve_gguf
+from ..voices import voices_dir
 from .ledger import Ledger, file_sha256, line_key
 from .manifest import Line, read_manifest
 
@@ -47,8 +48,11 @@ class Job:
         self.summary.total += 1
         key = line_key(line, model_sha256=model_sha256 or "", codec_sha256=codec_sha256,
                        suffix=self.suffix)
+        # paths as the driver sees them: a Ray actor runs elsewhere, with its own cwd and env
+        reference = os.path.abspath(line.reference) if line.reference else None
         task = {"id": line.id, "line": line.number, "key": key, "text": line.text,
-                "seed": line.seed, "voice": line.voice, "reference": line.reference,
+                "seed": line.seed, "voice": line.voice, "voices_dir": str(voices_dir()),
+                "reference": reference,
                 "options": line.options, "model": model, "model_sha256": model_sha256,
                 "codec": codec, "codec_sha256": codec_sha256, "suffix": self.suffix, "attempt": 1}
         if self.ledger.done(line.id, key):

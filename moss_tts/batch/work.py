@@ -88,7 +88,8 @@ class LineRunner:
                 self.voices.pop(next(iter(self.voices)))
             if key[1] == "voice":
                 from ..voices import load_voice
-                self.voices[key] = Reference(load_voice(key[2])[0][:, : tts.config.n_vq])
+                codes = load_voice(key[2], root=task["voices_dir"])[0]
+                self.voices[key] = Reference(codes[:, : tts.config.n_vq])
             else:
                 from ..audio import REFERENCE_MAX_SECONDS, read_audio
                 self.voices[key] = tts.encode_reference(

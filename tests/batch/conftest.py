@@ -15,6 +15,7 @@ from converters.nano import convert as convert_nano
 from fixtures.make_codec import make_tiny_nano_checkpoint
 from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
+from moss_tts.voices import add_voice
 
 SR = 1600           # the tiny Nano codec's rate
 FRAMES = 10         # stop_bias −50 never stops: every line is exactly FRAMES frames of 32 samples
@@ -32,6 +33,18 @@ def batch_models(tmp_path_factory):
                                              audio_tokenizer_sample_rate=SR, stop_bias=-50)
         out[f"nano{seed}"] = convert_nano(ckpt, d / f"nano{seed}.gguf")
     return out
+
+
+@pytest.fixture(scope="session")
+def voice_env(tmp_path_factory):
+    """A stored voice 'alice' (random codes) and a reference WAV, as a worker would find them."""
+    d = tmp_path_factory.mktemp("voices")
+    codes = np.random.default_rng(5).integers(0, 64, size=(12, 4))
+    add_voice("alice", codes, {"source": "test"}, root=d / "voices")
+    t = np.arange(SR) / SR
+    sf.write(d / "ref.wav", np.stack([0.3 * np.sin(2 * np.pi * 110 * t),
+                                      0.2 * np.sin(2 * np.pi * 70 * t)], 1).astype(np.float32), SR)
+    return {"root": d / "voices", "codes": codes, "ref": d / "ref.wav"}
 
 
 def write_jsonl(path, rows):

@@ -16,21 +16,8 @@ from moss_tts.batch.driver import Job
 from moss_tts.batch.ledger import Ledger
 from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS, Reference
-from moss_tts.voices import add_voice
 
 from .conftest import FRAMES, SR, no_partials, outputs, read, records, speech_rows, write_jsonl
-
-
-@pytest.fixture(scope="module")
-def voice_env(tmp_path_factory):
-    """A stored voice 'alice' (random codes) and a reference WAV, as a worker would find them."""
-    d = tmp_path_factory.mktemp("voices")
-    codes = np.random.default_rng(5).integers(0, 64, size=(12, 4))
-    add_voice("alice", codes, {"source": "test"}, root=d / "voices")
-    t = np.arange(SR) / SR
-    sf.write(d / "ref.wav", np.stack([0.3 * np.sin(2 * np.pi * 110 * t),
-                                      0.2 * np.sin(2 * np.pi * 70 * t)], 1).astype(np.float32), SR)
-    return {"root": d / "voices", "codes": codes, "ref": d / "ref.wav"}
 
 
 def run(manifest, out, models, **kw):
