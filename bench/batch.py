@@ -36,8 +36,9 @@ def tiny_models(root: Path) -> tuple[Path, Path]:
     from fixtures.make_nano import make_tiny_nano_tts_checkpoint
     from fixtures.make_spm import make_tiny_spm
 
-    ckpt = make_tiny_nano_tts_checkpoint(root / "tts", seed=0, tokenizer_model_bytes=make_tiny_spm(),
-                                         audio_tokenizer_sample_rate=1600, stop_bias=-50)
+    ckpt = make_tiny_nano_tts_checkpoint(root / "tts", seed=0, stop_bias=-50,
+                                         tokenizer_model_bytes=make_tiny_spm(),
+                                         audio_tokenizer_sample_rate=1600)
     return (convert_nano(ckpt, root / "nano.gguf"),
             convert_codec(make_tiny_nano_checkpoint(root / "codec", seed=1), root / "codec.gguf"))
 

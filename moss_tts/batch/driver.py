@@ -106,7 +106,8 @@ class Job:
             self.summary.failed.append((task["id"], outcome.get("error")))
         if self.progress:
             done = self.summary.made + len(self.summary.failed)
-            self.progress(done, self.to_run, self.summary.audio_seconds, time.monotonic() - self.start)
+            self.progress(done, self.to_run, self.summary.audio_seconds,
+                          time.monotonic() - self.start)
 
 
 def usable_cores() -> int:
@@ -125,7 +126,7 @@ def run_batch(manifest, out_dir, *, model: str, codec: str, workers: int | None 
     threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead."""
     if fmt not in FORMATS:
         raise InputError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
-    if retries < 0 or (workers is not None and workers < 1) or (threads is not None and threads < 1):
+    if retries < 0 or any(n is not None and n < 1 for n in (workers, threads)):
         raise InputError("--retries must be ≥ 0, --workers and --threads ≥ 1")
     lines = read_manifest(manifest)
     codec_path = str(resolve_gguf(codec, "codec"))

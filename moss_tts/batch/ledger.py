@@ -3,7 +3,8 @@ line, appended with one write and an fsync, so a killed run loses at most the li
 
 A rerun reads it back: the last record of an id wins, and a line is skipped when that record
 succeeded with the same key (text, voice, reference, seed, options, model and codec hashes,
-format) and its audio file exists. One run at a time owns a directory (an flock on the results file).
+format) and its audio file exists. One run at a time owns a directory (an flock on the
+results file).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ class Line:
 def derive_seed(line_id: str) -> int:
     """The seed of a line that gives none: the first 31 bits of sha256(id), so a rerun (or
     another machine) samples the same audio."""
-    return int.from_bytes(hashlib.sha256(line_id.encode("utf-8")).digest()[:4], "big") >> (32 - SEED_BITS)
+    digest = hashlib.sha256(line_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big") >> (32 - SEED_BITS)
 
 
 def read_manifest(path: str | Path) -> list[Line]:
@@ -78,8 +79,8 @@ def _jsonl_rows(path: Path, raw: str):
         try:
             row = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{number}: not a JSON object ({e.msg}); each line of a "
-                             ".jsonl manifest is one object like {{\"id\": ..., \"text\": ...}}") from None
+            raise InputError(f"{path}:{number}: not a JSON object ({e.msg}); each line of a .jsonl "
+                             'manifest is one object like {"id": ..., "text": ...}') from None
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
         yield number, row

@@ -2,8 +2,9 @@
 outcome (audio bytes included) streamed back to the driver, which owns the output directory.
 
 An actor that dies is replaced and the lines of its chunk that had not come back are handed
-out again; the driver records each line once, so none is written twice. Every node needs moss-tts installed (its ggml is built
-for that machine) and the model files at the same paths as the driver.
+out again; the driver records each line once, so none is written twice. Every node needs
+moss-tts installed (its ggml is built for that machine) and the model, voice and reference
+files at the same paths as the driver.
 """
 
 from __future__ import annotations

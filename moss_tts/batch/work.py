@@ -8,8 +8,8 @@ the results file, so a worker killed at any moment leaves no file behind.
 from __future__ import annotations
 
 import time
-import traceback
 
+from ..audio import encode_audio
 from ..errors import ModelFileError, MossTTSError
 from ..ggml.weights import KIND_KEY, GGUFFile
 
@@ -44,22 +44,19 @@ class LineRunner:
         self.voices: dict[tuple, object] = {}
 
     def run(self, task: dict) -> dict:
-        """task (see driver.make_task) → outcome: status, error, retry, duration, seconds, audio."""
+        """task (see driver.Job.add) → outcome: status, error, retry, duration, seconds, audio."""
         start = time.perf_counter()
         outcome = {"id": task["id"], "status": "failed", "audio": None, "duration": None}
         try:
             tts = self._model(task["model"], task["codec"])
-            audio, sr = tts.synthesize(task["text"], reference=self._voice(tts, task), seed=task["seed"],
-                                       **_synthesis_options(task["options"]))
-            from ..audio import encode_audio
-
-            outcome.update(status="ok", audio=encode_audio(audio, sr, task["suffix"], name=task["id"]),
-                           duration=len(audio) / sr)
+            audio, sr = tts.synthesize(task["text"], reference=self._voice(tts, task),
+                                       seed=task["seed"], **_synthesis_options(task["options"]))
+            outcome.update(status="ok", duration=len(audio) / sr,
+                           audio=encode_audio(audio, sr, task["suffix"], name=task["id"]))
         except MossTTSError as e:       # the line's input or model is wrong: another try won't help
             outcome.update(error=str(e), retry=False)
         except Exception as e:          # anything else may be transient (memory, I/O): retried
-            outcome.update(error=f"{type(e).__name__}: {e}", retry=True,
-                           trace=traceback.format_exc(limit=5))
+            outcome.update(error=f"{type(e).__name__}: {e}", retry=True)
         outcome["seconds"] = time.perf_counter() - start
         return outcome
 

@@ -21,7 +21,8 @@ def wait_for_records(out, n, proc, timeout=60):
     raise AssertionError(f"no {n} results before the run ended: {proc.poll()}")
 
 
-def test_csv_manifest_to_flac_then_a_rerun_skips_and_an_edit_redoes_one_line(batch_models, tmp_path):
+def test_csv_manifest_to_flac_then_a_rerun_skips_and_an_edit_redoes_one_line(batch_models,
+                                                                              tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("id,text,seed,max_frames\na,First line.,1,10\nb,Second line.,2,10\n"
                         "c,,3,10\n")

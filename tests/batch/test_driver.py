@@ -46,7 +46,8 @@ def test_each_line_is_its_models_synthesis_with_its_seed_and_bad_lines_fail_alon
     errors = dict(summary.failed)
     assert errors["empty"] == "text is empty"
     assert "no voice named 'bob'" in errors["nobody"]
-    assert "model family 'codec' is not supported by batch (supported: nano)" in errors["codec-as-model"]
+    assert ("model family 'codec' is not supported by batch (supported: nano)"
+            in errors["codec-as-model"])
     assert "missing.gguf" in errors["no-model"] and len(errors) == 4
     assert set(outputs(out)) == {f"{r['id']}.wav" for r in good} and no_partials(out)
 
