@@ -3,6 +3,7 @@ atomic writes so a failed run never leaves a half-written file."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import Iterator

@@ -19,6 +19,7 @@ from . import __version__
 from .audio import DEFAULT_SAMPLE_FORMAT, SAMPLE_FORMATS
 from .cli_args import (check_output, non_negative_int, port, positive_float, positive_int,
                        probability, writing)
+from .batch.command import add_parser as add_batch_parser
 from .errors import InputError, MossTTSError
 
 AUDIO_SUFFIXES = (".wav", ".flac")
@@ -573,6 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tts_nano(sub, common)
     _add_voice_commands(sub, common)
     _add_serve(sub, common)
+    add_batch_parser(sub, common)
     return p
 
 

@@ -1,0 +1,167 @@
+"""The batch driver: reads the manifest, skips what the results file says is done, hands lines
+to a runner (local processes or Ray actors), and alone writes the audio files and the results,
+retrying failed lines up to a limit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import InputError, MossTTSError
+from ..fileio import atomic_output
+from ..hub import resolve_gguf
+from ..voices import voices_dir
+from .ledger import Ledger, file_sha256, line_key
+from .manifest import Line, read_manifest
+
+FORMATS = ("wav", "flac")
+
+
+@dataclass
+class Summary:
+    total: int = 0
+    skipped: int = 0
+    made: int = 0
+    failed: list = field(default_factory=list)   # (id, error) of lines that finally failed
+    audio_seconds: float = 0.0
+    replaced_workers: int = 0
+
+
+class Job:
+    """The driver's side of a run: tasks waiting, attempts made, results written."""
+
+    def __init__(self, ledger: Ledger, *, suffix: str, retries: int, progress=None):
+        self.ledger, self.suffix, self.retries = ledger, suffix, retries
+        self.pending: deque[dict] = deque()
+        self.summary = Summary()
+        self.progress = progress
+        self.to_run = 0
+        self.start = time.monotonic()
+
+    def add(self, line: Line, *, model: str | None, model_sha256: str | None,
+            model_error: str | None, codec: str, codec_sha256: str) -> None:
+        self.summary.total += 1
+        key = line_key(line, model_sha256=model_sha256 or "", codec_sha256=codec_sha256,
+                       suffix=self.suffix)
+        # paths as the driver sees them: a Ray actor runs elsewhere, with its own cwd and env
+        reference = os.path.abspath(line.reference) if line.reference else None
+        task = {"id": line.id, "line": line.number, "key": key, "text": line.text,
+                "seed": line.seed, "voice": line.voice, "voices_dir": str(voices_dir()),
+                "reference": reference,
+                "options": line.options, "model": model, "model_sha256": model_sha256,
+                "codec": codec, "codec_sha256": codec_sha256, "suffix": self.suffix, "attempt": 1}
+        if self.ledger.done(line.id, key):
+            self.summary.skipped += 1
+            return
+        self.to_run += 1
+        error = line.error or model_error
+        if error:      # known bad before any work: reported, never retried
+            self._record(task, {"status": "failed", "error": error, "seconds": 0.0})
+        else:
+            self.pending.append(task)
+
+    def take(self, n: int = 1) -> list[dict]:
+        return [self.pending.popleft() for _ in range(min(n, len(self.pending)))]
+
+    def finish(self, task: dict, outcome: dict) -> None:
+        """A worker's outcome: write the audio, then the record (so a record never points at a
+        missing file); a retryable failure goes back in the queue while attempts remain."""
+        if outcome["status"] == "ok":
+            path = self.ledger.dir / f"{task['id']}{self.suffix}"
+            try:
+                with atomic_output(path) as tmp:
+                    tmp.write_bytes(outcome["audio"])
+            except OSError as e:    # the output disk, not the line: stop; a rerun resumes
+                raise InputError(f"{path}: cannot write ({e.strerror or e}); free space or "
+                                 "fix permissions, then rerun to resume") from None
+            self.summary.audio_seconds += outcome["duration"]
+        elif outcome.get("retry") and task["attempt"] <= self.retries:
+            self.pending.append(dict(task, attempt=task["attempt"] + 1))
+            return
+        self._record(task, outcome)
+
+    def lost(self, task: dict, why: str) -> None:
+        """The worker running `task` died (a crash, a kill) or its result was lost: a
+        retryable failure of the line."""
+        self.finish(task, {"status": "failed", "error": why, "retry": True, "seconds": None})
+
+    def _record(self, task: dict, outcome: dict) -> None:
+        ok = outcome["status"] == "ok"
+        self.ledger.append({
+            "id": task["id"], "line": task["line"], "status": outcome["status"], "key": task["key"],
+            "output": f"{task['id']}{self.suffix}" if ok else None,
+            "duration": outcome.get("duration"), "seed": task["seed"], "model": task["model"],
+            "model_sha256": task["model_sha256"], "codec_sha256": task["codec_sha256"],
+            "seconds": outcome.get("seconds"), "attempts": task["attempt"],
+            "error": outcome.get("error"),
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        if ok:
+            self.summary.made += 1
+        else:
+            self.summary.failed.append((task["id"], outcome.get("error")))
+        if self.progress:
+            done = self.summary.made + len(self.summary.failed)
+            self.progress(done, self.to_run, self.summary.audio_seconds,
+                          time.monotonic() - self.start)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:      # not Linux
+        return os.cpu_count() or 1
+
+
+def run_batch(manifest, out_dir, *, model: str, codec: str, workers: int | None = None,
+              threads: int | None = None, fmt: str = "wav", retries: int = 2,
+              ray: str | None = None, chunk: int = 4, progress=None) -> Summary:
+    """Synthesize every line of `manifest` into `out_dir`/<id>.<fmt>, resuming a previous run.
+
+    Local worker processes by default (`workers`, default 1, each with cores // workers
+    threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead."""
+    if fmt not in FORMATS:
+        raise InputError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if retries < 0 or any(n is not None and n < 1 for n in (workers, threads)):
+        raise InputError("--retries must be ≥ 0, --workers and --threads ≥ 1")
+    lines = read_manifest(manifest)
+    codec_path = str(resolve_gguf(codec, "codec"))
+    models = _ModelFiles(model)
+    with Ledger(out_dir) as ledger:
+        job = Job(ledger, suffix=f".{fmt}", retries=retries, progress=progress)
+        codec_sha = file_sha256(codec_path)
+        for line in lines:
+            model_path, model_sha, model_error = models.get(line.model)
+            job.add(line, model=model_path, model_sha256=model_sha, model_error=model_error,
+                    codec=codec_path, codec_sha256=codec_sha)
+        if job.pending:
+            if ray:
+                from .ray_runner import run_ray
+                run_ray(job, ray, workers=workers, threads=threads or 1, chunk=chunk)
+            else:
+                from .local import run_local
+                n = min(workers or 1, len(job.pending))
+                run_local(job, n, threads or max(1, usable_cores() // n))
+    return job.summary
+
+
+class _ModelFiles:
+    """A line's `model` (or the default) → (GGUF path, sha256, error), resolved once per name."""
+
+    def __init__(self, default: str):
+        self.default = default
+        self.known: dict[str, tuple] = {}
+
+    def get(self, spec: str | None) -> tuple:
+        spec = spec or self.default
+        if spec not in self.known:
+            try:
+                path = str(Path(resolve_gguf(spec, "nano")).resolve())
+                self.known[spec] = (path, file_sha256(path), None)
+            except (MossTTSError, OSError) as e:
+                self.known[spec] = (None, None, f"model {spec!r}: {e}")
+        return self.known[spec]

@@ -1,0 +1,154 @@
+"""A batch manifest (JSONL or CSV) → lines to synthesize.
+
+Structural problems (unreadable rows, unknown fields, a missing, duplicate or unsafe id) stop
+the run before any work, naming the line. A problem with one line's content (empty text, an
+option that is not a number) is kept on that line, reported as its failure, and the rest run.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+
+# ids become file names: no separators, no leading dot (hidden/partial files), no ".."
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# per-line sampling options → their type; the names are the CLI's flag names
+OPTIONS = {"greedy": bool, "temperature": float, "text_temperature": float, "top_k": int,
+           "top_p": float, "repetition_penalty": float, "max_frames": int,
+           "max_text_tokens": int}
+FIELDS = {"id", "text", "voice", "reference", "seed", "model", *OPTIONS}
+SEED_BITS = 31
+
+
+@dataclass(frozen=True)
+class Line:
+    """One manifest line. `error` holds a content problem found while parsing (the line fails,
+    the others run); `seed` is the given seed or `derive_seed(id)`."""
+
+    number: int
+    id: str
+    text: str
+    seed: int
+    voice: str | None = None
+    reference: str | None = None
+    model: str | None = None
+    options: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+def derive_seed(line_id: str) -> int:
+    """The seed of a line that gives none: the first 31 bits of sha256(id), so a rerun (or
+    another machine) samples the same audio."""
+    digest = hashlib.sha256(line_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big") >> (32 - SEED_BITS)
+
+
+def read_manifest(path: str | Path) -> list[Line]:
+    """Parse a .jsonl (one JSON object per line) or .csv (a header row) manifest."""
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8-sig")    # spreadsheets often save CSV with a BOM
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read the manifest ({e})") from None
+    rows = _csv_rows(path, raw) if path.suffix.lower() == ".csv" else _jsonl_rows(path, raw)
+    lines, seen = [], {}
+    for number, row in rows:
+        line = _line(path, number, row)
+        folded = line.id.casefold()    # "A" and "a" are one file on macOS' and Windows' disks
+        if folded in seen:
+            raise InputError(f"{path}:{number}: id {line.id!r} repeats line {seen[folded]}; ids "
+                             "must be unique, ignoring case (they name the output files)")
+        seen[folded] = number
+        lines.append(line)
+    if not lines:
+        raise InputError(f"{path}: the manifest has no lines")
+    return lines
+
+
+def _jsonl_rows(path: Path, raw: str):
+    for number, text in enumerate(raw.splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{number}: not a JSON object ({e.msg}); each line of a .jsonl "
+                             'manifest is one object like {"id": ..., "text": ...}') from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+        yield number, row
+
+
+def _csv_rows(path: Path, raw: str):
+    reader = csv.DictReader(io.StringIO(raw, newline=""))
+    for row in reader:
+        number = reader.line_num
+        if None in row:
+            raise InputError(f"{path}:{number}: more cells than header columns")
+        # an empty cell means "not given", as a missing key does in JSONL
+        yield number, {k: v for k, v in row.items() if v not in ("", None)}
+
+
+def _line(path: Path, number: int, row: dict) -> Line:
+    unknown = sorted(set(row) - FIELDS)
+    if unknown:
+        raise InputError(f"{path}:{number}: unknown field(s) {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(sorted(FIELDS))}")
+    line_id = row.get("id")
+    if isinstance(line_id, int) and not isinstance(line_id, bool):
+        line_id = str(line_id)
+    if not isinstance(line_id, str) or not SAFE_ID.match(line_id) or ".." in line_id:
+        raise InputError(f"{path}:{number}: id {line_id!r} is not a safe file name: use 1-128 "
+                         "letters, digits, '_', '-' or '.', starting with a letter or digit")
+    problems = []
+    text = row.get("text")
+    if not isinstance(text, str) or not text.strip():
+        problems.append("text is empty")
+        text = text if isinstance(text, str) else ""
+    seed = _typed(row, "seed", int, problems)
+    options = {k: v for k in OPTIONS if (v := _typed(row, k, OPTIONS[k], problems)) is not None}
+    strings = {k: _typed(row, k, str, problems) for k in ("voice", "reference", "model")}
+    return Line(number=number, id=line_id, text=text,
+                seed=derive_seed(line_id) if seed is None else seed, options=options,
+                error="; ".join(problems) or None, **strings)
+
+
+def _typed(row: dict, key: str, kind: type, problems: list):
+    """row[key] as `kind` (CSV cells arrive as text), or None; a bad value joins `problems`."""
+    value = row.get(key)
+    if value is None:
+        return None
+    try:
+        return _convert(value, kind)
+    except (TypeError, ValueError):
+        problems.append(f"{key} {value!r} is not a valid {kind.__name__}")
+        return None
+
+
+def _convert(value, kind: type):
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(value)
+    if kind is str:
+        if not isinstance(value, str) or not value:
+            raise ValueError(value)
+        return value
+    if isinstance(value, bool):
+        raise TypeError(value)
+    if kind is int:
+        if isinstance(value, str):
+            return int(value)
+        if not float(value).is_integer():
+            raise ValueError(value)
+        return int(value)
+    return float(value)

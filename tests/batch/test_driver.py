@@ -1,0 +1,150 @@
+"""run_batch in this process on local workers: the audio of each line is what NanoTTS makes for
+that line's seed and model; bad lines fail alone; a dead worker's line is re-run."""
+
+import hashlib
+import multiprocessing
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from moss_tts.audio import quantize
+from moss_tts.batch import derive_seed, run_batch
+from moss_tts.batch.driver import Job
+from moss_tts.batch.ledger import Ledger
+from moss_tts.errors import InputError
+from moss_tts.models.nano_tts import NanoTTS, Reference
+
+from .conftest import FRAMES, SR, no_partials, outputs, read, records, speech_rows, write_jsonl
+
+
+def run(manifest, out, models, **kw):
+    return run_batch(manifest, out, model=str(models["nano0"]), codec=str(models["codec"]),
+                     threads=1, **kw)
+
+
+def test_each_line_is_its_models_synthesis_with_its_seed_and_bad_lines_fail_alone(
+        batch_models, voice_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
+    good = [{"id": "given-seed", "text": "Hello there.", "seed": 11, "max_frames": FRAMES},
+            {"id": "derived-seed", "text": "Hello there.", "max_frames": FRAMES},
+            {"id": "other-model", "text": "Hello there.", "seed": 11, "max_frames": FRAMES,
+             "model": str(batch_models["nano1"])},
+            {"id": "voice", "text": "Hello there.", "seed": 11, "max_frames": FRAMES,
+             "voice": "alice"},
+            {"id": "reference", "text": "Hello there.", "seed": 11, "max_frames": FRAMES,
+             "reference": str(voice_env["ref"]), "temperature": 0.5, "top_k": 5}]
+    bad = [{"id": "empty", "text": ""}, {"id": "nobody", "text": "Hi.", "voice": "bob"},
+           {"id": "codec-as-model", "text": "Hi.", "model": str(batch_models["codec"])},
+           {"id": "no-model", "text": "Hi.", "model": str(tmp_path / "missing.gguf")}]
+    out = tmp_path / "out"
+    summary = run(write_jsonl(tmp_path / "m.jsonl", bad[:2] + good + bad[2:]), out, batch_models,
+                  workers=2)
+    assert (summary.total, summary.made, summary.skipped) == (9, 5, 0)
+    errors = dict(summary.failed)
+    assert errors["empty"] == "text is empty"
+    assert "no voice named 'bob'" in errors["nobody"]
+    assert ("model family 'codec' is not supported by batch (supported: nano)"
+            in errors["codec-as-model"])
+    assert "missing.gguf" in errors["no-model"] and len(errors) == 4
+    assert set(outputs(out)) == {f"{r['id']}.wav" for r in good} and no_partials(out)
+
+    with NanoTTS.load(batch_models["nano0"], codec=batch_models["codec"], threads=1) as tts0, \
+            NanoTTS.load(batch_models["nano1"], codec=batch_models["codec"], threads=1) as tts1:
+        def want(tts, seed, **kw):
+            return tts.synthesize("Hello there.", seed=seed, max_frames=FRAMES, **kw)[0]
+        expected = {
+            "given-seed": want(tts0, 11), "derived-seed": want(tts0, derive_seed("derived-seed")),
+            "other-model": want(tts1, 11),
+            "voice": want(tts0, 11, reference=Reference(voice_env["codes"])),
+            "reference": want(tts0, 11, reference=tts0.encode_reference(*sf.read(
+                voice_env["ref"], dtype="float32")), options=__import__(
+                    "moss_tts").SamplingOptions(audio_temperature=0.5, audio_top_k=5))}
+    for line_id, audio in expected.items():
+        assert np.array_equal(read(out / f"{line_id}.wav"), quantize(audio, "s16")), line_id
+    # sensitivity: the model, the seed and the voice each change the audio
+    assert not np.array_equal(expected["given-seed"], expected["other-model"])
+    assert not np.array_equal(expected["given-seed"], expected["derived-seed"])
+    assert not np.array_equal(expected["given-seed"], expected["voice"])
+
+    by_id = {r["id"]: r for r in records(out)}
+    sha0 = hashlib.sha256(batch_models["nano0"].read_bytes()).hexdigest()
+    assert by_id["given-seed"]["model_sha256"] == sha0 != by_id["other-model"]["model_sha256"]
+    assert by_id["derived-seed"]["seed"] == derive_seed("derived-seed")
+    assert by_id["given-seed"]["duration"] == FRAMES * 32 / SR
+    assert by_id["nobody"]["status"] == "failed" and by_id["nobody"]["attempts"] == 1
+
+
+def test_killed_workers_are_replaced_and_their_lines_rerun_once(batch_models, tmp_path):
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(8))
+    clean = tmp_path / "clean"
+    run(manifest, clean, batch_models, workers=1)
+    killed = []
+
+    def kill_the_workers(done, total, audio, elapsed):
+        if not killed:  # one has just finished a line (idle), the other is mid-line
+            for worker in multiprocessing.active_children():
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.join()         # dead before the driver sends the idle one a line
+                killed.append(worker.pid)
+
+    out = tmp_path / "out"
+    summary = run(manifest, out, batch_models, workers=2, progress=kill_the_workers)
+    assert len(killed) == 2 and summary.replaced_workers == 2
+    assert summary.made == 8 and not summary.failed
+    recs = records(out)
+    assert sorted(r["id"] for r in recs) == [f"line{i:03d}" for i in range(8)]   # once each
+    assert sum(r["attempts"] for r in recs) == 10         # each dead worker cost one attempt
+    assert outputs(out) == outputs(clean) and no_partials(out)    # 1 or 2 workers: same audio
+
+
+def test_retryable_failures_are_retried_then_recorded_and_input_errors_are_not(tmp_path):
+    from moss_tts.batch.manifest import Line
+    with Ledger(tmp_path) as ledger:
+        job = Job(ledger, suffix=".wav", retries=2)
+        for line_id in ("flaky", "wrong"):
+            job.add(Line(number=1, id=line_id, text="x", seed=1), model="m", model_sha256="0",
+                    model_error=None, codec="c", codec_sha256="0")
+        tries = {"flaky": 0, "wrong": 0}
+        while tasks := job.take():
+            task = tasks[0]
+            tries[task["id"]] += 1
+            if task["id"] == "flaky":
+                job.lost(task, "worker process died (exit code -9)")
+            else:
+                job.finish(task, {"status": "failed", "error": "text is empty", "retry": False})
+    assert tries == {"flaky": 3, "wrong": 1}
+    assert {r["id"]: (r["status"], r["attempts"], r["error"]) for r in records(tmp_path)} == {
+        "flaky": ("failed", 3, "worker process died (exit code -9)"),
+        "wrong": ("failed", 1, "text is empty")}
+
+
+def test_ray_flag_without_ray_says_how_to_install_it(batch_models, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)               # import ray → ImportError
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(1))
+    with pytest.raises(InputError, match=r'--ray needs Ray: pip install -e "\.\[batch\]"'):
+        run(manifest, tmp_path / "out", batch_models, ray="local")
+
+
+@pytest.mark.parametrize("kw, message", [({"fmt": "mp3"}, "format 'mp3'"),
+                                         ({"retries": -1}, "--retries must be"),
+                                         ({"workers": 0}, "--workers")])
+def test_bad_arguments_are_one_error(batch_models, tmp_path, kw, message):
+    with pytest.raises(InputError, match=message):
+        run(write_jsonl(tmp_path / "m.jsonl", speech_rows(1)), tmp_path / "out", batch_models, **kw)
+
+
+
+def test_an_unwritable_output_stops_the_run_with_one_error_and_no_record(tmp_path):
+    from moss_tts.batch.manifest import Line
+    with Ledger(tmp_path) as ledger:
+        job = Job(ledger, suffix=".wav", retries=0)
+        job.add(Line(number=1, id="a", text="x", seed=1), model="m", model_sha256="0",
+                model_error=None, codec="c", codec_sha256="0")
+        (tmp_path / "a.wav").mkdir()            # the rename onto a directory fails
+        with pytest.raises(InputError, match=r"a\.wav: cannot write .*rerun to resume"):
+            job.finish(job.take()[0], {"status": "ok", "audio": b"RIFF", "duration": 1.0})
+    assert records(tmp_path) == [] and no_partials(tmp_path)

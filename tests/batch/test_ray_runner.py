@@ -1,0 +1,112 @@
+"""The batch command on real Ray clusters on loopback: one started with `ray start --head` in
+its own process group (another environment and cwd than this driver, as on a remote machine),
+with one actor killed mid-job — the dead actor is replaced, its unfinished lines re-run, each
+line is recorded once, and the audio equals the local run's; and `--ray local`."""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from moss_tts.batch import run_batch
+from moss_tts.batch.ray_runner import NAMESPACE
+
+from .conftest import no_partials, outputs, records, speech_rows, write_jsonl
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e \".[batch]\")")
+
+
+@pytest.fixture(autouse=True)
+def no_ray_tokens(monkeypatch):
+    """Loopback clusters only: no token to share between `ray start` and this driver (a
+    driver process keeps the first mode it saw, so every test here uses the same)."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A one-node Ray cluster on 127.0.0.1, started in /, without this process's MOSS_TTS_*
+    variables; stopped by signalling its process group (never `ray stop`: that stops every
+    Ray on the machine)."""
+    log = tmp_path_factory.mktemp("ray") / "ray.log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_TTS_")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+           "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+           "--include-dashboard", "false", "--disable-usage-stats"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd="/", env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.time() + 90
+    while "Ray runtime started" not in log.read_text():
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    yield f"127.0.0.1:{port}"
+    # its workers run in process groups of their own, but all in the session `ray start` began
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in session_pids(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        time.sleep(2)
+    proc.wait()
+    current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    if current.exists() and current.read_text().strip().endswith(f":{port}"):
+        current.unlink()    # else `--ray auto` would keep trying this dead cluster
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == sid:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def test_ray_local_starts_a_private_cluster_for_the_run(batch_models, tmp_path):
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(2))
+    summary = run_batch(manifest, tmp_path / "out", model=str(batch_models["nano0"]),
+                        codec=str(batch_models["codec"]), ray="local", workers=1)
+    assert summary.made == 2 and not summary.failed and not ray.is_initialized()
+
+
+def test_a_killed_actor_is_replaced_and_the_outputs_equal_the_local_run(
+        batch_models, voice_env, ray_cluster, tmp_path, monkeypatch):
+    # a stored voice from MOSS_TTS_VOICES and a reference relative to the cwd: actors have
+    # neither the driver's environment nor its cwd
+    monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
+    monkeypatch.chdir(voice_env["ref"].parent)
+    rows = speech_rows(12, max_frames=40)
+    rows[1]["voice"] = "alice"
+    rows[2]["reference"] = voice_env["ref"].name
+    manifest = write_jsonl(tmp_path / "m.jsonl", rows)
+    kw = {"model": str(batch_models["nano0"]), "codec": str(batch_models["codec"]), "threads": 1}
+    local = tmp_path / "local"
+    run_batch(manifest, local, workers=1, **kw)
+    killed = []
+
+    def kill_an_actor(done, total, audio, elapsed):
+        if not killed:      # after the first line: both actors are mid-chunk
+            ray.kill(ray.get_actor("worker-1", namespace=NAMESPACE))
+            killed.append(done)
+
+    out = tmp_path / "ray"
+    summary = run_batch(manifest, out, ray=ray_cluster, workers=2, chunk=4, progress=kill_an_actor,
+                        **kw)
+    assert killed and killed[0] < 12
+    assert summary.replaced_workers == 1 and summary.made == 12 and not summary.failed
+    recs = records(out)
+    assert sorted(r["id"] for r in recs) == [f"line{i:03d}" for i in range(12)]  # once each
+    assert sum(r["attempts"] for r in recs) > 12          # the killed actor's unfinished lines
+    assert outputs(out) == outputs(local) and no_partials(out)                   # same audio
