@@ -282,7 +282,7 @@ def _add_codec_commands(sub, common) -> None:
 def _serve(args) -> int:
     import uvicorn
 
-    from .models.nano_tts import NanoTTS
+    from .cli_tts import load_models
     from .server import create_app
 
     api_key = args.api_key or os.environ.get("MOSS_TTS_API_KEY") or None
@@ -291,14 +291,13 @@ def _serve(args) -> int:
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it "
               "can use it", file=sys.stderr)
-    tts = NanoTTS.load(_resolve(args.model, "nano", "--model"),
-                       codec=_resolve(args.codec, "codec", "--codec"),
-                       backend=args.backend, threads=args.threads)
-    app = create_app(tts, queue_depth=args.queue, api_key=api_key, cors_origins=args.cors_origin,
-                     allowed_hosts=args.allowed_host, bind_host=args.host,
-                     access_log=args.access_log, write_timeout=args.write_timeout)
-    _say(args, f"serving MOSS-TTS-Nano on http://{args.host}:{args.port} (POST /v1/audio/speech"
-               f"{', API key required' if api_key else ''})")
+    models = load_models(args)
+    app = create_app(models, queue_depth=args.queue, api_key=api_key,
+                     cors_origins=args.cors_origin, allowed_hosts=args.allowed_host,
+                     bind_host=args.host, access_log=args.access_log,
+                     write_timeout=args.write_timeout)
+    _say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
+               f"/v1/audio/speech{', API key required' if api_key else ''})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -308,8 +307,13 @@ def _add_serve(sub, common) -> None:
 
     p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
                        parents=[common])
-    p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF or Hugging Face repo id")
-    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id")
+    p.add_argument("--model", action="append", default=None,
+                   help="a model GGUF of any family, published MOSS-TTS-GGUF directory or Nano "
+                        f"repo id; repeatable: a request's 'model' picks one, the first serves "
+                        f"OpenAI's names (default {DEFAULT_NANO})")
+    p.add_argument("--codec", action="append", default=None,
+                   help="each --model's codec GGUF or repo id, in the same order (default for "
+                        f"Nano: {DEFAULT_NANO_CODEC})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=8080)
     p.add_argument("--queue", type=positive_int, default=4,

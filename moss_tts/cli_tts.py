@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 from pathlib import Path
 
@@ -84,7 +85,7 @@ def _tts(args) -> int:
                          f"{args.family} models only — use `python -m moss_tts tts`")
     check_family_flags(args, cls)
     options = sampling_options(args, cls.OPTIONS)
-    codec = _resolve(_codec_spec(args, cls), "codec", "--codec")
+    codec = _resolve(_codec_spec(args.codec, cls), "codec", "--codec")
     with cls.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
         chunks = tts.stream(text, reference=_reference(args, tts), options=options,
                             seed=args.seed, **_prompt(args, tts),
@@ -100,13 +101,44 @@ def _tts(args) -> int:
     return 0
 
 
-def _codec_spec(args, cls) -> str:
+def _codec_spec(given: str | None, cls) -> str:
+    """--codec, or the family's default codec (Nano's; the others have none)."""
     from .hub import DEFAULT_NANO_CODEC
 
-    spec = args.codec or {"nano": DEFAULT_NANO_CODEC}.get(cls.FAMILY)
+    spec = given or {"nano": DEFAULT_NANO_CODEC}.get(cls.FAMILY)
     if spec is None:
         raise InputError(f"--codec is required for {cls.NAME}: pass {cls.CODEC_NAME}")
     return spec
+
+
+def load_models(args) -> dict:
+    """serve's --model (repeatable; Nano's default without one) and --codec paired with them
+    in order → {name: loaded TTS}, named moss-tts-<family> (the file's stem when two share a
+    family). A failure closes what was loaded."""
+    from .hub import DEFAULT_NANO
+    from .load import tts_class
+
+    specs, codecs = args.model or [DEFAULT_NANO], args.codec or []
+    if len(codecs) > len(specs):
+        raise InputError(f"{len(codecs)} --codec for {len(specs)} --model: give each model's "
+                         "codec after it, in the same order")
+    models: dict = {}
+    try:
+        for spec, codec in itertools.zip_longest(specs, codecs):
+            path = model_path(spec)
+            cls = tts_class(path)
+            name = f"moss-tts-{cls.FAMILY}" if f"moss-tts-{cls.FAMILY}" not in models \
+                else Path(spec).stem
+            if name in models:
+                raise InputError(f"--model {spec}: the name {name!r} is taken; rename the file")
+            models[name] = cls.load(path, codec=_resolve(_codec_spec(codec, cls), "codec",
+                                                         "--codec"),
+                                    backend=args.backend, threads=args.threads)
+    except BaseException:
+        for tts in models.values():
+            tts.close()
+        raise
+    return models
 
 
 def _reference(args, tts):
