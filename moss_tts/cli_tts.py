@@ -52,8 +52,9 @@ def check_family_flags(args, cls) -> None:
     unused += ["--" + dest.replace("_", "-") for dest, field in SAMPLING_FLAGS.items()
                if field not in fields and getattr(args, dest) is not None]
     if unused:
-        raise InputError(f"{unused[0]} is not a {cls.NAME} option (the model is {cls.NAME}); "
-                         "leave it out or pass a model of the family it is for")
+        raise InputError(f"{unused[0]} is not a {cls.NAME} option (the --model is a "
+                         f"{cls.NAME} one): leave it out, or pass a model of the family "
+                         "`--help` names for it")
 
 
 def sampling_options(args, options_class):
