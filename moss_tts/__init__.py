@@ -9,9 +9,15 @@ def __getattr__(name):
     if name == "Codec":
         from .codec import Codec
         return Codec
-    if name in ("NanoTTS", "Reference"):
-        from .models import nano_tts
-        return getattr(nano_tts, name)
+    if name == "NanoTTS":
+        from .models.nano_tts import NanoTTS
+        return NanoTTS
+    if name in ("TTS", "Reference"):    # the protocol every family offers, and its voice type
+        from . import tts
+        return getattr(tts, name)
+    if name == "load_tts":       # any family's TTS from its GGUF (the family is its kind)
+        from .load import load_tts
+        return load_tts
     if name == "SamplingOptions":
         from .sampling import SamplingOptions
         return SamplingOptions
@@ -25,6 +31,6 @@ def __getattr__(name):
 
 __version__ = "0.1.0"
 
-__all__ = ["Codec", "NanoTTS", "Reference", "SamplingOptions", "read_audio", "load_voice",
+__all__ = ["Codec", "NanoTTS", "TTS", "Reference", "load_tts", "SamplingOptions", "read_audio", "load_voice",
            "MossTTSError", "ConfigError", "ModelFileError", "ShapeError", "BackendError",
            "InputError", "__version__"]

@@ -13,14 +13,12 @@ import os
 import platform
 import sys
 
-from pathlib import Path
 
 from . import __version__
 from .audio import DEFAULT_SAMPLE_FORMAT, SAMPLE_FORMATS
-from .cli_args import (check_output, non_negative_int, port, positive_float, positive_int,
-                       probability, writing)
 from .batch.command import add_parser as add_batch_parser
-from .errors import InputError, MossTTSError
+from .cli_args import check_output, port, positive_float, positive_int, writing
+from .errors import MossTTSError
 
 AUDIO_SUFFIXES = (".wav", ".flac")
 # fixtures/ ships with a checkout, not in the wheel (pyproject includes moss_tts and converters)
@@ -282,150 +280,10 @@ def _add_codec_commands(sub, common) -> None:
         p.set_defaults(func=func)
 
 
-def _read_text(args) -> str:
-    if args.text is not None:
-        return args.text
-    if args.text_file is not None:
-        try:
-            data = Path(args.text_file).read_bytes()
-        except OSError as e:
-            raise InputError(f"{args.text_file}: cannot read ({e.strerror})") from None
-        return _utf8(data, args.text_file)
-    if sys.stdin is None or sys.stdin.isatty():
-        raise InputError("no text: pass --text, --text-file, or pipe text on stdin")
-    return _utf8(sys.stdin.buffer.read(), "stdin")
-
-
-def _utf8(data: bytes, source: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{source}: not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}"
-                         "); convert it, e.g. iconv -t UTF-8") from None
-
-
-def _tts_nano(args) -> int:
-    from .audio import REFERENCE_MAX_SECONDS, read_audio
-    from .models.nano_tts import NanoTTS, Reference
-    from .sampling import SamplingOptions
-    from .voices import load_voice
-
-    text = _read_text(args)
-    options = SamplingOptions(
-        do_sample=not args.greedy, text_temperature=args.text_temperature,
-        audio_temperature=args.temperature, audio_top_k=args.top_k, audio_top_p=args.top_p,
-        audio_repetition_penalty=args.repetition_penalty)
-    _check_audio_output(args, stdout_ok=True)
-    _check_tts_flags(args)
-    model = _resolve(args.model, "nano", "--model")
-    codec = _resolve(args.codec, "codec", "--codec")
-    with NanoTTS.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
-        reference = prompt = None
-        if args.voice:
-            codes, _ = load_voice(args.voice)
-            reference = Reference(codes[:, : tts.config.n_vq])
-        elif args.reference:
-            reference = tts.encode_reference(*read_audio(args.reference,
-                                                         max_seconds=REFERENCE_MAX_SECONDS))
-        if args.prompt_audio:
-            prompt = tts.encode_reference(*read_audio(args.prompt_audio), max_seconds=None)
-        chunks = tts.stream(text, reference=reference, prompt_text=args.prompt_text,
-                            prompt=prompt, options=options, seed=args.seed,
-                            max_frames=args.max_frames,
-                            max_text_tokens=args.voice_clone_max_text_tokens)
-        with Progress("generating", args.quiet) as bar:
-            if args.out == "-":
-                _stream_to_stdout(args, chunks, tts.sample_rate, bar)
-                return 0
-            audio = _collect(chunks, tts.sample_rate, bar)
-        _write_audio(args, audio, tts.sample_rate)
-        _say(args, f"{args.out}: {len(audio) / tts.sample_rate:.2f} s at {tts.sample_rate} Hz, stereo")
-    return 0
-
-
-def _check_tts_flags(args) -> None:
-    """Flag combinations the model would refuse only after loading, in the flags' own words."""
-    if args.out != "-" and args.format != "wav":
-        raise InputError("--format raw is for -o - (stdout); a file's format follows its name")
-    if (args.prompt_text is None) != (args.prompt_audio is None):
-        raise InputError("--prompt-text and --prompt-audio go together: continuation needs the "
-                         "recording and its transcript")
-    if args.prompt_audio is not None and (args.reference or args.voice):
-        raise InputError("--prompt-audio continues a recording and --reference/--voice clone a "
-                         "voice: use one of the two")
-
-
-def _stream_to_stdout(args, chunks, sample_rate: int, bar) -> None:
-    from .audio import PcmStreamWriter
-
-    done = 0
-    with writing("-"):
-        with PcmStreamWriter(sys.stdout.buffer, sample_rate, 2, fmt=args.format,
-                             sample_format=args.sample_format) as out:
-            for part in chunks:
-                out.write(part)
-                done += len(part)
-                bar.audio(done / sample_rate)
-
-
-def _collect(chunks, sample_rate: int, bar):
-    import numpy as np
-
-    parts, done = [], 0
-    for part in chunks:
-        parts.append(part)
-        done += len(part)
-        bar.audio(done / sample_rate)
-    return np.concatenate(parts) if parts else np.zeros((0, 2), np.float32)
-
-
-def _add_tts_nano(sub, common) -> None:
-    from .hub import DEFAULT_NANO, DEFAULT_NANO_CODEC
-
-    p = sub.add_parser("tts-nano", help="text → 48 kHz stereo speech with MOSS-TTS-Nano",
-                       parents=[common])
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--text", help="the text to speak (or --text-file, or stdin)")
-    src.add_argument("--text-file", help="read the text from this UTF-8 file")
-    p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF, checkpoint directory or "
-                   f"Hugging Face repo id (default {DEFAULT_NANO}; converted once into the cache)")
-    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF, checkpoint directory "
-                   f"or repo id (default {DEFAULT_NANO_CODEC})")
-    voice = p.add_mutually_exclusive_group()
-    voice.add_argument("--reference", "--prompt-speech", dest="reference",
-                       help="reference speech to clone (WAV/FLAC)")
-    voice.add_argument("--voice", help="a stored voice (python -m moss_tts voice add ...)")
-    p.add_argument("--prompt-text", help="continuation: the transcript of --prompt-audio")
-    p.add_argument("--prompt-audio", help="continuation: speech the output continues")
-    p.add_argument("--out", "-o", required=True,
-                   help="output .wav/.flac, or - to stream WAV (or --format raw) to stdout")
-    p.add_argument("--format", choices=["wav", "raw"], default="wav",
-                   help="stdout format: WAV with a streaming header, or raw interleaved samples")
-    _add_sample_format(p)
-    p.add_argument("--seed", type=non_negative_int, default=None,
-                   help="random seed, 0 or more (default: unseeded)")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    p.add_argument("--temperature", type=positive_float, default=0.8,
-                   help="audio temperature (0.8)")
-    p.add_argument("--text-temperature", type=positive_float, default=1.0,
-                   help="stop decision temperature")
-    p.add_argument("--top-k", type=non_negative_int, default=25, help="audio top-k (25; 0 = off)")
-    p.add_argument("--top-p", type=probability, default=0.95, help="audio top-p (0.95)")
-    p.add_argument("--repetition-penalty", type=positive_float, default=1.2,
-                   help="per-channel audio repetition penalty (1.2; 1 = off)")
-    p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
-                   default=1000,
-                   help="hard cap of frames per text chunk (80 ms each; default 1000)")
-    p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=75,
-                   help="text tokens per chunk of a long text, 1-250 (75)")
-    _add_runtime_flags(p)
-    p.set_defaults(func=_tts_nano)
-
-
 def _serve(args) -> int:
     import uvicorn
 
-    from .models.nano_tts import NanoTTS
+    from .cli_tts import load_models
     from .server import create_app
 
     api_key = args.api_key or os.environ.get("MOSS_TTS_API_KEY") or None
@@ -434,14 +292,13 @@ def _serve(args) -> int:
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it "
               "can use it", file=sys.stderr)
-    tts = NanoTTS.load(_resolve(args.model, "nano", "--model"),
-                       codec=_resolve(args.codec, "codec", "--codec"),
-                       backend=args.backend, threads=args.threads)
-    app = create_app(tts, queue_depth=args.queue, api_key=api_key, cors_origins=args.cors_origin,
-                     allowed_hosts=args.allowed_host, bind_host=args.host,
-                     access_log=args.access_log, write_timeout=args.write_timeout)
-    _say(args, f"serving MOSS-TTS-Nano on http://{args.host}:{args.port} (POST /v1/audio/speech"
-               f"{', API key required' if api_key else ''})")
+    models = load_models(args)
+    app = create_app(models, queue_depth=args.queue, api_key=api_key,
+                     cors_origins=args.cors_origin, allowed_hosts=args.allowed_host,
+                     bind_host=args.host, access_log=args.access_log,
+                     write_timeout=args.write_timeout)
+    _say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
+               f"/v1/audio/speech{', API key required' if api_key else ''})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -451,8 +308,13 @@ def _add_serve(sub, common) -> None:
 
     p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
                        parents=[common])
-    p.add_argument("--model", default=DEFAULT_NANO, help="Nano GGUF or Hugging Face repo id")
-    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id")
+    p.add_argument("--model", action="append", default=None,
+                   help="a model GGUF of any family, published MOSS-TTS-GGUF directory or Nano "
+                        f"repo id; repeatable: a request's 'model' picks one, the first serves "
+                        f"OpenAI's names (default {DEFAULT_NANO})")
+    p.add_argument("--codec", action="append", default=None,
+                   help="each --model's codec GGUF or repo id, in the same order (default for "
+                        f"Nano: {DEFAULT_NANO_CODEC})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=8080)
     p.add_argument("--queue", type=positive_int, default=4,
@@ -560,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--full", action="store_true", help="do not abbreviate long values")
     i.set_defaults(func=_info)
     from converters.registry import FAMILIES
+
+    from .cli_tts import add_tts_commands
     c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF", parents=[common])
     c.add_argument("family", choices=list(FAMILIES),
                    help="; ".join(f"{k}: {what}" for k, (_, what) in FAMILIES.items()))
@@ -571,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=_convert)
     _add_codec_commands(sub, common)
-    _add_tts_nano(sub, common)
+    add_tts_commands(sub, common)
     _add_voice_commands(sub, common)
     _add_serve(sub, common)
     add_batch_parser(sub, common)

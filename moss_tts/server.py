@@ -1,8 +1,10 @@
-"""`python -m moss_tts serve`: an OpenAI-style speech API over one NanoTTS instance.
+"""`python -m moss_tts serve`: an OpenAI-style speech API over one or more loaded TTS models
+(any family: the TTS protocol of tts.py), picked by the request's `model`.
 
 Starlette + uvicorn: a small ASGI core with streaming responses and no framework magic, and
 uvicorn is the de-facto server for it. All model work (synthesis, reference decode + encode,
-voice uploads) runs on one worker thread behind a bounded line (server_worker.py); a full line
+voice uploads) runs on its model's worker thread behind a bounded line (server_worker.py), so
+one model object is never used by two threads; a full line
 answers 503 with Retry-After. Requests are checked before any work (server_request.py), access
 rules sit in front (server_access.py), audio encodings in server_formats.py.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import inspect
 import json
 import logging
 import threading
@@ -33,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 WRITE_TIMEOUT = 15.0     # seconds a streamed response may wait for its client to read
 STREAM_BUFFER = 32       # chunks (frames) buffered per streaming client
-CHANNELS = 2             # NanoTTS speaks stereo
+# OpenAI's model names: a request naming one (or none) is served by the first model
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
 def first_line(e: BaseException) -> str:
@@ -88,9 +92,9 @@ class StreamEncoder:
     """Native audio chunks → the bytes of one streamed response: SSE events of base64 pcm, raw
     pcm, or a streamable WAV (header first, then native s16le)."""
 
-    def __init__(self, stream_format: str, fmt: str, pcm_layout: str, rate: int):
+    def __init__(self, stream_format: str, fmt: str, pcm_layout: str, rate: int, channels: int):
         self.sse = stream_format == "sse"
-        self.layout = PcmLayout("native" if fmt == "wav" else pcm_layout, rate, CHANNELS)
+        self.layout = PcmLayout("native" if fmt == "wav" else pcm_layout, rate, channels)
         self.header = wav_stream_header(self.layout.rate, self.layout.channels) \
             if fmt == "wav" else b""
         self.media_type = "text/event-stream" if self.sse else MEDIA_TYPES[fmt]
@@ -170,22 +174,69 @@ class AudioStream:
         # raw audio: returning unfinished makes the server close the connection mid-body
 
 
+class ServedModel:
+    """One loaded TTS behind its own worker, and what the event loop may know of it without
+    touching it (only the worker thread uses the model)."""
+
+    def __init__(self, name: str, tts, queue_depth: int, thread_name: str):
+        self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
+        self.options_class = type(tts).OPTIONS
+        self.takes_max_frames = takes_keyword(type(tts).stream, "max_frames")
+        self.worker = ModelWorker(tts, queue_depth, thread_name)
+
+    def stream_keywords(self, req) -> dict:
+        """`stream`'s options for a request: the family's sampling defaults under what it gave."""
+        try:
+            words = {"options": self.options_class(**req.sampling), "seed": req.seed}
+        except InputError as e:
+            raise RequestError(400, first_line(e)) from None
+        if req.max_frames is not None:
+            if not self.takes_max_frames:
+                raise RequestError(400, f"'max_new_frames' is not an option of model "
+                                        f"{self.name!r}; leave it out")
+            words["max_frames"] = req.max_frames
+        return words
+
+
+def takes_keyword(function, name: str) -> bool:
+    parameters = inspect.signature(function).parameters.values()
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def served_models(models, queue_depth: int) -> dict[str, ServedModel]:
+    """name → ServedModel, the first being the default; each model gets its own worker."""
+    return {name: ServedModel(name, tts, queue_depth,
+                              "moss-tts-model" if i == 0 else f"moss-tts-model-{name}")
+            for i, (name, tts) in enumerate(models.items())}
+
+
+def pick_model(served: dict, name: str | None) -> ServedModel:
+    """The request's model: by its name; OpenAI's names (or none) mean the first."""
+    if name is None or name in OPENAI_MODELS:
+        return next(iter(served.values()))
+    if name not in served:
+        raise RequestError(400, f"unknown model {name!r}; available: {', '.join(served)} "
+                                f"(or {', '.join(OPENAI_MODELS)} for {next(iter(served))})")
+    return served[name]
+
+
 def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                voices_root=None, api_key: str | None = None, cors_origins=(),
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
                write_timeout: float | None = None):
-    """The ASGI app over a loaded NanoTTS (or anything with its stream/encode_reference API).
-    Only the worker thread touches `tts` after this call."""
+    """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
+    name → TTS, the first being the default. Only a model's worker thread touches it after
+    this call; voice uploads are encoded by the first model's codec."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
-    from .models.nano_tts import Reference
+    from .tts import Reference
     from .voices import add_voice, check_name, list_voices, load_voice, remove_voice
 
-    worker = ModelWorker(tts, queue_depth)
+    served = served_models(tts if isinstance(tts, dict) else {model_name: tts}, queue_depth)
+    default = next(iter(served.values()))
     write_timeout = write_timeout or WRITE_TIMEOUT
-    sr = tts.sample_rate
 
     def reference_for(model, req):
         """Worker side: the request's voice, from uploaded audio or a stored name."""
@@ -196,22 +247,24 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
             return Reference(codes[:, : model.config.n_vq])
         return None   # OpenAI's voice names (alloy, ...) fall back to the default voice
 
-    def generate(model, req):
-        return model.stream(req.text, reference=reference_for(model, req), options=req.options,
-                            seed=req.seed, max_frames=req.max_frames)
+    def generate(model, req, words):
+        return model.stream(req.text, reference=reference_for(model, req), **words)
 
-    async def whole(request, req):
+    async def whole(request, req, served_model):
         cancel = threading.Event()
+
+        words = served_model.stream_keywords(req)
 
         def job(model):
             parts = []
-            for part in generate(model, req):
+            for part in generate(model, req, words):
                 if cancel.is_set():       # the client left: stop generating
                     return None
                 parts.append(part)
-            return np.concatenate(parts) if parts else np.zeros((0, CHANNELS), np.float32)
+            return np.concatenate(parts) if parts else \
+                np.zeros((0, served_model.channels), np.float32)
 
-        future = worker.submit(job)
+        future = served_model.worker.submit(job)
         if future is None:
             return busy_response()
         waiting = asyncio.wrap_future(future)
@@ -225,25 +278,27 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
             future.cancel()
             logger.info("client left; its synthesis was cancelled")
             return no_response
-        body, headers = await asyncio.to_thread(render_whole, audio, req)
+        body, headers = await asyncio.to_thread(render_whole, audio, req, served_model)
         return Response(body, media_type=MEDIA_TYPES[req.response_format], headers=headers)
 
-    def render_whole(audio, req):
+    def render_whole(audio, req, served_model):
+        sr = served_model.sample_rate
         audio = time_stretch(audio, req.speed, sr)  # post-hoc tempo change, pitch kept
         if req.response_format != "pcm":
             return encode_audio(audio, sr, req.response_format), {}
-        layout = PcmLayout(req.pcm_layout, sr, CHANNELS)
+        layout = PcmLayout(req.pcm_layout, sr, served_model.channels)
         return layout.push(audio) + layout.flush(), {
             "X-Audio-Sample-Rate": str(layout.rate), "X-Audio-Channels": str(layout.channels)}
 
-    async def streamed(request, req):
+    async def streamed(request, req, served_model):
         channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
+        words = served_model.stream_keywords(req)
 
         def job(model):
             if channel.cancelled.is_set():      # the client left while this waited
                 return
             try:
-                for part in generate(model, req):
+                for part in generate(model, req, words):
                     if not channel.put(part):
                         if channel.stalled:
                             logger.warning("a streaming client stopped reading; its synthesis "
@@ -253,7 +308,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
             except Exception as e:  # reported to the client by the response
                 channel.finish("error", e)
 
-        if worker.submit(job) is None:
+        if served_model.worker.submit(job) is None:
             return busy_response()
         # headers wait for the first audio, so errors before it are plain 4xx answers
         stayed, first = await unless_client_leaves(request.receive, channel.get())
@@ -262,17 +317,19 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
             return no_response
         if first[0] == "error":
             return failure_response(first[1])
-        encoder = StreamEncoder(req.stream_format, req.response_format, req.pcm_layout, sr)
+        encoder = StreamEncoder(req.stream_format, req.response_format, req.pcm_layout,
+                                served_model.sample_rate, served_model.channels)
         return AudioStream(first, channel, encoder, write_timeout)
 
     async def speech(request):
         try:
             check_content_type(request.headers)
             req = parse_speech(await read_body(request))
+            served_model = pick_model(served, req.model)
+            return await (whole(request, req, served_model) if req.stream_format is None
+                          else streamed(request, req, served_model))
         except RequestError as e:
             return error_response(e.status, first_line(e))
-        return await (whole(request, req) if req.stream_format is None
-                      else streamed(request, req))
 
     async def upload_voice(request):
         try:
@@ -287,7 +344,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
             add_voice(name, ref.codes, {"source": "upload"}, root=voices_root)
             return int(ref.codes.shape[0])
 
-        future = worker.submit(job)
+        future = default.worker.submit(job)
         if future is None:
             return busy_response()
         try:
@@ -317,15 +374,18 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "owned_by": "moss-tts"}]})
+            {"id": name, "object": "model", "owned_by": "moss-tts", "sample_rate": m.sample_rate,
+             "channels": m.channels} for name, m in served.items()]})
 
     async def health(request):
-        return JSONResponse({"status": "ok", "sample_rate": sr, "channels": CHANNELS})
+        return JSONResponse({"status": "ok", "sample_rate": default.sample_rate,
+                             "channels": default.channels})
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        await asyncio.to_thread(worker.close)
+        for m in served.values():
+            await asyncio.to_thread(m.worker.close)
 
     app = Starlette(routes=[
         Route("/", page, methods=["GET"]),

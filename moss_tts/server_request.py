@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .models.nano_tts import MAX_FRAMES
-from .sampling import SamplingOptions
 from .server_formats import FORMATS, STREAMED_FORMATS, format_problem
 
 MAX_INPUT_CHARS = 4096
@@ -22,10 +21,16 @@ MAX_BODY_BYTES = 15 * 2**20          # that upload as base64 (×4/3) plus the ot
 SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
 
 # Fields OpenAI clients send that this server does not use: accepted and ignored (README).
-IGNORED = ("model", "instructions")
-SPEECH_FIELDS = ("input", "voice", "response_format", "speed", "stream_format", "pcm_layout",
-                 "seed", "temperature", "top_k", "top_p", "repetition_penalty", "max_new_frames",
-                 "reference_audio") + IGNORED
+IGNORED = ("instructions",)
+# request field → (the options field it sets, its upper bound, whole number); the model's
+# family's options dataclass fills the fields a request leaves out
+SAMPLING_FIELDS = {"temperature": ("audio_temperature", 10, False),
+                   "top_k": ("audio_top_k", 2**31 - 1, True),
+                   "top_p": ("audio_top_p", 1, False),
+                   "repetition_penalty": ("audio_repetition_penalty", 10, False)}
+SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream_format",
+                 "pcm_layout", "seed", "max_new_frames", "reference_audio",
+                 *SAMPLING_FIELDS, *IGNORED)
 VOICE_FIELDS = ("name", "audio")
 
 
@@ -39,6 +44,7 @@ class RequestError(InputError):
 
 @dataclass(frozen=True)
 class SpeechRequest:
+    model: str | None                # None: the server's first model
     text: str
     response_format: str
     stream_format: str | None
@@ -47,8 +53,8 @@ class SpeechRequest:
     voice: str | None
     reference_audio: str | None      # base64, decoded by the model worker
     seed: int | None
-    max_frames: int
-    options: SamplingOptions
+    max_frames: int | None           # None: the model's own cap
+    sampling: dict                   # options field → value, for the fields the request gave
 
 
 def check_content_type(headers) -> None:
@@ -151,22 +157,22 @@ def parse_speech(raw: bytes) -> SpeechRequest:
     speed = float(_number(body, "speed", 1.0, 0.25, 4.0))
     if stream_format is not None and speed != 1.0:
         raise RequestError(400, "'speed' is applied after synthesis: it cannot be streamed")
-    defaults = SamplingOptions()
-    options = SamplingOptions(
-        audio_temperature=float(_number(body, "temperature", defaults.audio_temperature, 0, 10,
-                                        low_open=True)),
-        audio_top_k=_number(body, "top_k", defaults.audio_top_k, 0, 2**31 - 1, integer=True),
-        audio_top_p=float(_number(body, "top_p", defaults.audio_top_p, 0, 1, low_open=True)),
-        audio_repetition_penalty=float(_number(body, "repetition_penalty",
-                                               defaults.audio_repetition_penalty, 0, 10,
-                                               low_open=True)))
     return SpeechRequest(
+        model=_string(body, "model"),
         text=text, response_format=fmt, stream_format=stream_format, speed=speed,
         pcm_layout=_string(body, "pcm_layout", "openai", ("openai", "native")),
         voice=_string(body, "voice"), reference_audio=_string(body, "reference_audio"),
         seed=_number(body, "seed", None, 0, SEED_LIMIT - 1, integer=True),
-        max_frames=_number(body, "max_new_frames", MAX_FRAMES, 1, MAX_FRAMES, integer=True),
-        options=options)
+        max_frames=_number(body, "max_new_frames", None, 1, MAX_FRAMES, integer=True),
+        sampling=_sampling(body))
+
+
+def _sampling(body: dict) -> dict:
+    """The sampling fields the request gave, as options fields: top_k ≥ 0 (0 = off), the
+    others above 0."""
+    return {field: _number(body, name, None, 0, high, integer=whole, low_open=not whole)
+            for name, (field, high, whole) in SAMPLING_FIELDS.items()
+            if body.get(name) is not None}
 
 
 def parse_voice(raw: bytes) -> tuple[str, str]:

@@ -40,10 +40,10 @@ class ModelWorker:
     """Runs `job(model)` one at a time on its own thread; at most `depth` jobs wait behind the
     running one (speech, reference encodes and voice uploads alike)."""
 
-    def __init__(self, model, depth: int):
+    def __init__(self, model, depth: int, name: str = "moss-tts-model"):
         self._slots = threading.BoundedSemaphore(depth + 1)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="moss-tts-model", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.model = OwnedModel(model, self._thread)
         self._thread.start()
 

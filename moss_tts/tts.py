@@ -44,6 +44,8 @@ class CodecTTS(NativeResource):
     concatenated stream, the codec check, and closing the model and the codec it owns."""
 
     CODEC_NAME = "codec"      # what `_need_codec` asks for, e.g. "the MOSS-Audio-Tokenizer GGUF"
+    FAMILY = NAME = ""        # the GGUF kind ("nano") and the name people know ("MOSS-TTS-Nano")
+    OPTIONS: type = object    # the family's sampling dataclass: its defaults are the only ones
     model = codec = None
 
     def stream(self, text: str, **options) -> Iterator[np.ndarray]:

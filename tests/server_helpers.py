@@ -20,7 +20,8 @@ from fixtures.make_codec import make_tiny_nano_checkpoint
 from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from moss_tts.errors import InputError
-from moss_tts.models.nano_tts import Reference
+from moss_tts.sampling import SamplingOptions
+from moss_tts.tts import Reference
 
 SR = 1600  # the tiny codec's rate
 
@@ -79,7 +80,7 @@ class StubTTS:
     """Generation by the text: 'endless' never stops, 'slow' takes a second, 'fail-early' /
     'fail-late' raise before / after the first audio, 'bug' raises a non-package error."""
 
-    sample_rate = SR
+    sample_rate, channels, OPTIONS = SR, 2, SamplingOptions
     config = SimpleNamespace(n_vq=2)
 
     def __init__(self, chunk_frames=32, encode_seconds=0.0):

@@ -11,6 +11,7 @@ import pytest
 
 from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
+from moss_tts.sampling import SamplingOptions
 from moss_tts.server import create_app
 from moss_tts.voices import add_voice
 from tests.server_helpers import Served, tiny_model_files
@@ -118,7 +119,7 @@ def test_a_refused_request_shows_its_error_and_clears_the_old_result(server, bro
 class FailingTTS:
     """Two chunks of audio, then a failure: the raw stream is cut mid-body."""
 
-    sample_rate = RATE
+    sample_rate, channels, OPTIONS = RATE, 2, SamplingOptions
 
     def stream(self, text, **kwargs):
         for _ in range(2):

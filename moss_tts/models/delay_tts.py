@@ -18,7 +18,7 @@ from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import DelayPromptIds, build_generation_rows
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..tts import CodecTTS, Reference
-from .delay import MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
+from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
 from .delay_published import is_published_dir, load_published
 
 
@@ -49,6 +49,7 @@ class DelayTTS(CodecTTS):
     """
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer GGUF"
+    FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
 
     def __init__(self, model: DelayModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec

@@ -12,7 +12,6 @@ import logging
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,13 +19,14 @@ from ..audio import REFERENCE_MAX_SECONDS, as_sample_rate, as_samples, trim_refe
 from ..codec import Codec
 from ..errors import InputError, ModelFileError, whole_number
 from ..ggml import Weights, get_backend
-from ..ggml.backend import NativeResource, released_on_error
+from ..ggml.backend import released_on_error
 from ..sampling import SamplingOptions, decide_continue, sample_audio_code
 from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_samples,
                     prepare_texts, split_into_chunks)
 from ..text.chunking import contains_cjk
 from ..text.prompts import check_mode
-from .nano import TOKENIZER_KEY, NanoModel
+from ..tts import CodecTTS, Reference
+from .nano import KIND, TOKENIZER_KEY, NanoModel
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +41,6 @@ MAX_TEXT_TOKENS = 250
 # reuse the last one (caches allocated and graphs built): the step graph attends over every
 # slot, but masked slots cost flash attention next to nothing
 STATE_ROWS_STEP = 256
-
-
-@dataclass(frozen=True)
-class Reference:
-    """A voice: the codec codes [frames, n_vq] of reference speech. `reference=` also takes
-    the codes themselves or (samples, sample_rate), which are encoded."""
-
-    codes: np.ndarray
 
 
 def frame_budget(n_text_tokens: int, cap: int = MAX_FRAMES) -> int:
@@ -113,19 +105,23 @@ def continuation_prompt_text(chunk: str) -> str:
     return chunk if contains_cjk(chunk) else chunk + " "
 
 
-class NanoTTS(NativeResource):
+class NanoTTS(CodecTTS):
     """MOSS-TTS-Nano. `NanoTTS.load("nano.gguf", codec="codec-nano.gguf")`, then
-    `synthesize(text, reference=(samples, sr))` → (samples float32 [n, 2], 48000).
+    `synthesize(text, reference=(samples, sr))` → (samples float32 [n, 2], 48000). `reference=`
+    takes a Reference, its codes [frames, n_vq], or (samples, sample_rate), which are encoded.
 
     >>> tts = NanoTTS.load("nano.gguf", codec="nano-codec.gguf")          # doctest: +SKIP
     >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP
     """
 
+    CODEC_NAME = "the MOSS-Audio-Tokenizer-Nano GGUF"
+    FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Nano", SamplingOptions
+    _idle_state = None  # the last utterance's generation state, kept for the next
+
     def __init__(self, model: NanoModel, codec: Codec | None):
         self.model = model
         self.config = model.config
         self.codec = codec
-        self._idle_state = None  # the last utterance's generation state, kept for the next
         blob = model.weights.file.get(TOKENIZER_KEY)
         if blob is None:
             raise ModelFileError(f"{model.weights.file.path}: no embedded SentencePiece model "
@@ -165,6 +161,10 @@ class NanoTTS(NativeResource):
     @property
     def sample_rate(self) -> int:
         return self.config.sample_rate
+
+    @property
+    def channels(self) -> int:
+        return 2
 
     # -- references ---------------------------------------------------------------------------
     def encode_reference(self, samples, sample_rate: int, *,
@@ -338,7 +338,8 @@ class NanoTTS(NativeResource):
                     prompt_text = continuation_prompt_text(chunk)
                     prompt = Reference(np.array(frames, dtype=np.int32))
                 if i + 1 < len(chunks):
-                    yield np.zeros((pause_samples(chunk, self.sample_rate), 2), dtype=np.float32)
+                    yield np.zeros((pause_samples(chunk, self.sample_rate), self.channels),
+                                   dtype=np.float32)
         finally:
             if decoder is not None:
                 decoder.close()
@@ -349,28 +350,12 @@ class NanoTTS(NativeResource):
                        "before the model ended it: its audio is cut; raise max_frames or lower "
                        "max_text_tokens", index + 1, n_chunks, budget, seconds)
 
-    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
-        """Text → (samples float32 [n, 2], sample_rate). Same options as `stream`."""
-        parts = list(self.stream(text, **kwargs))
-        audio = np.concatenate(parts) if parts else np.zeros((0, 2), np.float32)
-        return audio, self.sample_rate
-
     def _need_open(self) -> None:
         if self.model is None:
             raise InputError("this NanoTTS is closed; load it again with NanoTTS.load(...)")
 
-    def _need_codec(self) -> Codec:
-        if self.codec is None:
-            raise InputError("no codec loaded: pass codec=... (the MOSS-Audio-Tokenizer-Nano GGUF)")
-        return self.codec
-
     def close(self) -> None:
-        if getattr(self, "_idle_state", None) is not None:
+        if self._idle_state is not None:
             self._idle_state.close()
             self._idle_state = None
-        if getattr(self, "codec", None) is not None:
-            self.codec.close()
-            self.codec = None
-        if getattr(self, "model", None) is not None:
-            self.model.close()
-            self.model = None
+        super().close()

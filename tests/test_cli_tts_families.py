@@ -1,0 +1,135 @@
+"""`python -m moss_tts tts`: the family comes from the model GGUF (tiny Nano and tiny Delay),
+the same audio as the Python API for the same seed, to a file and streamed to stdout; flags
+of another family are refused in one line before the model loads."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from converters.codec import convert as convert_codec
+from converters.delay import convert as convert_delay
+from converters.nano import convert as convert_nano
+from fixtures.make_codec import make_tiny_nano_checkpoint, make_tiny_v1_checkpoint
+from fixtures.make_delay import SAMPLE_RATE as DELAY_SR, make_tiny_delay_checkpoint
+from fixtures.make_nano import make_tiny_nano_tts_checkpoint
+from fixtures.make_spm import make_tiny_spm
+from moss_tts.cli import main
+from moss_tts.models.delay_tts import DelayTTS
+from moss_tts.sampling import DelaySamplingOptions
+
+NANO_SR = 1600
+TEXT = "Hello there."
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tts_families")
+    nano = make_tiny_nano_tts_checkpoint(d / "nano", seed=0, tokenizer_model_bytes=make_tiny_spm(),
+                                         audio_tokenizer_sample_rate=NANO_SR, stop_bias=-50)
+    return {
+        "nano": convert_nano(str(nano), d / "nano.gguf"),
+        "nano_codec": convert_codec(make_tiny_nano_checkpoint(d / "nc", seed=1), d / "nc.gguf"),
+        # gen_bias 4 makes the tiny Delay model start audio at once (tests/models/test_delay_tts)
+        "delay": convert_delay(str(make_tiny_delay_checkpoint(d / "delay", seed=0, gen_bias=4.0)),
+                               d / "delay.gguf", strict=True),
+        "delay_codec": convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf"),
+    }
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "moss_tts", *map(str, args)],
+                          capture_output=True, env=dict(os.environ))
+
+
+def delay_args(models, *extra):
+    return ("tts", "--model", models["delay"], "--codec", models["delay_codec"], "--text", TEXT,
+            "--seed", 7, "--max-new-rows", 24, "--threads", 1, *extra)
+
+
+def test_delay_through_tts_equals_the_api_to_a_file_and_to_stdout(models, tmp_path):
+    out = tmp_path / "d.wav"
+    r = cli(*delay_args(models, "--sample-format", "f32", "-o", out))
+    assert r.returncode == 0, r.stderr
+    audio, sr = sf.read(out, dtype="float32", always_2d=True)
+    with DelayTTS.load(models["delay"], codec=models["delay_codec"], threads=1) as tts:
+        want, _ = tts.synthesize(TEXT, options=DelaySamplingOptions(), seed=7, max_new_rows=24)
+    assert sr == DELAY_SR and audio.shape[1] == 1 and len(audio) > 0
+    np.testing.assert_array_equal(audio, want)          # f32 WAV: the samples as made
+    raw = cli(*delay_args(models, "--sample-format", "f32", "-o", "-", "--format", "raw"))
+    assert raw.returncode == 0, raw.stderr
+    np.testing.assert_array_equal(np.frombuffer(raw.stdout, "<f4").reshape(-1, 1), want)
+
+
+def test_delay_greedy_and_duration_flags_reach_the_model(models, tmp_path):
+    a, b = tmp_path / "a.wav", tmp_path / "b.wav"
+    f32 = ("--greedy", "--sample-format", "f32")
+    assert cli(*delay_args(models, *f32, "-o", a)).returncode == 0
+    r = cli(*delay_args(models, *f32, "--seconds", 0.5, "--language", "en", "-o", b))
+    assert r.returncode == 0, r.stderr
+    with DelayTTS.load(models["delay"], codec=models["delay_codec"], threads=1) as tts:
+        greedy = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+        want, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24, seconds=0.5,
+                                 language="en")
+        plain, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24)
+    np.testing.assert_array_equal(sf.read(b, dtype="float32", always_2d=True)[0], want)
+    np.testing.assert_array_equal(sf.read(a, dtype="float32", always_2d=True)[0], plain)
+    assert want.shape != plain.shape or not np.array_equal(want, plain)   # the flags matter
+
+
+def test_nano_through_tts_equals_tts_nano(models, tmp_path):
+    outs = []
+    for command in ("tts", "tts-nano"):
+        out = tmp_path / f"{command}.wav"
+        r = cli(command, "--model", models["nano"], "--codec", models["nano_codec"], "--text",
+                TEXT, "--seed", 3, "--max-frames", 12, "--top-k", 5, "-o", out)
+        assert r.returncode == 0, r.stderr
+        outs.append(sf.read(out, dtype="float32")[0])
+    assert outs[0].shape == (12 * 32, 2)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def in_process(capsys, *args) -> str:
+    assert main([str(a) for a in args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flag, value, family", [
+    ("--max-frames", 5, "delay"), ("--voice-clone-max-text-tokens", 5, "delay"),
+    ("--prompt-text", "hi", "delay"), ("--language", "en", "nano"),
+    ("--instruction", "calm", "nano"), ("--tokens", 5, "nano"), ("--seconds", 1, "nano"),
+    ("--text-top-k", 5, "nano"), ("--text-top-p", 0.5, "nano"), ("--max-new-rows", 5, "nano")])
+def test_a_flag_of_another_family_is_one_line_naming_flag_and_family(models, tmp_path, capsys,
+                                                                     flag, value, family):
+    extra = (flag, value) + (("--prompt-audio", models["nano"]) if flag == "--prompt-text" else ())
+    out = tmp_path / "o.wav"
+    err = in_process(capsys, "tts", "--model", models[family], "--codec",
+                     models[f"{family}_codec"], "--text", "hi", "-o", out, *extra)
+    name = {"nano": "MOSS-TTS-Nano", "delay": "MOSS-TTS (Delay)"}[family]
+    assert f"{flag} is not a {name} option" in err
+    assert not out.exists()
+
+
+def test_tts_nano_refuses_a_delay_model_and_delay_needs_its_codec(models, tmp_path, capsys):
+    out = tmp_path / "o.wav"
+    err = in_process(capsys, "tts-nano", "--model", models["delay"], "--text", "hi", "-o", out)
+    assert "a MOSS-TTS (Delay) model" in err and "python -m moss_tts tts" in err
+    err = in_process(capsys, "tts", "--model", models["delay"], "--text", "hi", "-o", out)
+    assert "--codec is required for MOSS-TTS (Delay)" in err
+    err = in_process(capsys, "tts", "--model", models["delay"], "--codec", models["nano_codec"],
+                     "--text", "hi", "-o", out)
+    assert "mismatched codec" in err
+    assert not out.exists()
+
+
+def test_help_shows_each_familys_default_from_its_dataclass(capsys):
+    with pytest.raises(SystemExit):
+        main(["tts", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(family default: nano 0.8, delay 1.7)" in text          # --temperature
+    assert "(family default: delay 50)" in text                     # --text-top-k
