@@ -22,7 +22,7 @@ SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # per-line sampling options → their type; the names are the CLI's flag names
 OPTIONS = {"greedy": bool, "temperature": float, "text_temperature": float, "top_k": int,
            "top_p": float, "repetition_penalty": float, "max_frames": int,
-           "max_text_tokens": int}
+           "max_text_tokens": int, "max_new_rows": int}
 FIELDS = {"id", "text", "voice", "reference", "seed", "model", *OPTIONS}
 SEED_BITS = 31
 

@@ -7,11 +7,11 @@ the results file, so a worker killed at any moment leaves no file behind.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..audio import DEFAULT_SAMPLE_FORMAT, container_of, encode_file
-from ..errors import ModelFileError, MossTTSError
-from ..ggml.weights import KIND_KEY, GGUFFile
+from ..errors import InputError, MossTTSError
 
 MAX_VOICES = 32  # encoded references kept per worker (a corpus usually has a few speakers)
 # manifest option name → SamplingOptions field
@@ -20,19 +20,9 @@ SAMPLING_FIELDS = {"temperature": "audio_temperature", "text_temperature": "text
                    "repetition_penalty": "audio_repetition_penalty"}
 
 
-def _load_nano(model: str, codec: str, threads: int):
-    from ..models.nano_tts import NanoTTS
-
-    return NanoTTS.load(model, codec=codec, threads=threads)
-
-
-# moss.kind → loader; a family the batch command supports adds itself here
-FAMILIES = {"nano": _load_nano}
-
-
-def model_family(path: str) -> str:
-    with GGUFFile(path) as f:
-        return f.get(KIND_KEY) or "(none)"
+# stream keywords a manifest line may give, per family (moss.kind); sampling options go to the
+# family's own options dataclass
+FAMILY_OPTIONS = {"nano": ("max_frames", "max_text_tokens"), "delay": ("max_new_rows",)}
 
 
 class LineRunner:
@@ -50,7 +40,8 @@ class LineRunner:
         try:
             tts = self._model(task["model"], task["codec"])
             audio, sr = tts.synthesize(task["text"], reference=self._voice(tts, task),
-                                       seed=task["seed"], **_synthesis_options(task["options"]))
+                                       seed=task["seed"],
+                                       **synthesis_options(task["options"], type(tts)))
             outcome.update(status="ok", duration=len(audio) / sr,
                            audio=encode_file(audio, sr, container_of(task["id"] + task["suffix"],
                                                                    DEFAULT_SAMPLE_FORMAT),
@@ -65,11 +56,9 @@ class LineRunner:
     def _model(self, model: str, codec: str):
         key = (model, codec)
         if key not in self.models:
-            family = model_family(model)
-            if family not in FAMILIES:
-                raise ModelFileError(f"{model}: model family {family!r} is not supported by batch "
-                                     f"(supported: {', '.join(sorted(FAMILIES))})")
-            self.models[key] = FAMILIES[family](model, codec, self.threads)
+            from ..load import tts_class   # the family from the GGUF kind, as `tts` does
+
+            self.models[key] = tts_class(model).load(model, codec=codec, threads=self.threads)
         return self.models[key]
 
     def _voice(self, tts, task: dict):
@@ -102,12 +91,19 @@ class LineRunner:
         self.voices.clear()
 
 
-def _synthesis_options(options: dict) -> dict:
-    """Manifest options → synthesize() keywords (SamplingOptions checks the values)."""
-    from ..sampling import SamplingOptions
-
+def synthesis_options(options: dict, tts_class) -> dict:
+    """Manifest options → synthesize() keywords for a family: the sampling fields over its
+    options dataclass's defaults (which checks them), greedy as the `tts` command makes it, and
+    the stream keywords the family takes; another family's keyword is this line's error."""
+    fields = {f.name for f in dataclasses.fields(tts_class.OPTIONS)}
     sampling = {field: options[name] for name, field in SAMPLING_FIELDS.items() if name in options}
-    if "greedy" in options:
+    if "greedy" in options and "do_sample" in fields:
         sampling["do_sample"] = not options["greedy"]
-    extra = {k: options[k] for k in ("max_frames", "max_text_tokens") if k in options}
-    return {"options": SamplingOptions(**sampling), **extra}
+    elif options.get("greedy"):     # a family without a switch is greedy at temperature 0
+        sampling.update(text_temperature=0, audio_temperature=0)
+    own = FAMILY_OPTIONS.get(tts_class.FAMILY, ())
+    for name in (n for names in FAMILY_OPTIONS.values() for n in names):
+        if name in options and name not in own:
+            raise InputError(f"{name} is not a {tts_class.NAME} option; leave it out for this "
+                             "model")
+    return {"options": tts_class.OPTIONS(**sampling), **{k: options[k] for k in own if k in options}}

@@ -84,8 +84,9 @@ def no_partials(out):
     return not [p for p in out.iterdir() if p.name.endswith(".partial")]
 
 
-def read(path):
-    """The samples a file stores: 16-bit, the package's default sample format."""
+def read(path, channels=2):
+    """The samples a file stores: 16-bit, the package's default sample format (the tiny Nano
+    codec's rate unless another family's mono file)."""
     audio, sr = sf.read(path, dtype="int16", always_2d=True)
-    assert sr == SR
+    assert audio.shape[1] == channels and (channels != 2 or sr == SR)
     return audio

@@ -47,8 +47,7 @@ def test_each_line_is_its_models_synthesis_with_its_seed_and_bad_lines_fail_alon
     errors = dict(summary.failed)
     assert errors["empty"] == "text is empty"
     assert "no voice named 'bob'" in errors["nobody"]
-    assert ("model family 'codec' is not supported by batch (supported: nano)"
-            in errors["codec-as-model"])
+    assert "a 'codec' GGUF, not a speech model" in errors["codec-as-model"]
     assert "missing.gguf" in errors["no-model"] and len(errors) == 4
     assert set(outputs(out)) == {f"{r['id']}.wav" for r in good} and no_partials(out)
 
@@ -148,3 +147,38 @@ def test_an_unwritable_output_stops_the_run_with_one_error_and_no_record(tmp_pat
         with pytest.raises(InputError, match=r"a\.wav: cannot write .*rerun to resume"):
             job.finish(job.take()[0], {"status": "ok", "audio": b"RIFF", "duration": 1.0})
     assert records(tmp_path) == [] and no_partials(tmp_path)
+
+
+def test_a_delay_model_runs_its_lines_with_its_own_options(tmp_path):
+    """The family comes from the model GGUF (as `tts`): a MossTTSDelay line gets DelayTTS's
+    synthesis with the line's seed, its sampling over Delay's defaults and its row cap; a
+    Nano-only option on a Delay line fails that line alone."""
+    from converters.codec import convert as convert_codec
+    from converters.delay import convert as convert_delay
+    from fixtures.make_codec import make_tiny_v1_checkpoint
+    from fixtures.make_delay import make_tiny_delay_checkpoint
+    from moss_tts.models.delay_tts import DelayTTS
+    from moss_tts.sampling import DelaySamplingOptions
+
+    delay = convert_delay(str(make_tiny_delay_checkpoint(tmp_path / "hf", seed=0, gen_bias=4.0)),
+                          tmp_path / "delay.gguf")
+    codec = convert_codec(str(make_tiny_v1_checkpoint(tmp_path / "v1", seed=0)),
+                          tmp_path / "codec.gguf")
+    rows = [{"id": "sampled", "text": "Hello there.", "seed": 3, "max_new_rows": 24,
+             "top_k": 5},
+            {"id": "greedy", "text": "Hello there.", "greedy": True, "max_new_rows": 24},
+            {"id": "nano-option", "text": "Hello there.", "max_frames": 10}]
+    out = tmp_path / "out"
+    summary = run_batch(write_jsonl(tmp_path / "m.jsonl", rows), out, model=str(delay),
+                        codec=str(codec), threads=1)
+    errors = {r["id"]: r["error"] for r in records(out) if r["status"] == "failed"}
+    assert list(errors) == ["nano-option"] and len(summary.failed) == 1
+    assert "max_frames is not a MOSS-TTS" in errors["nano-option"]
+    with DelayTTS.load(delay, codec=codec, threads=1) as tts:
+        sampled = tts.synthesize("Hello there.", seed=3, max_new_rows=24,
+                                 options=DelaySamplingOptions(audio_top_k=5))[0]
+        greedy = tts.synthesize("Hello there.", max_new_rows=24, options=DelaySamplingOptions(
+            text_temperature=0, audio_temperature=0))[0]
+    assert np.array_equal(read(out / "sampled.wav", channels=1), quantize(sampled, "s16"))
+    assert np.array_equal(read(out / "greedy.wav", channels=1), quantize(greedy, "s16"))
+    assert not np.array_equal(sampled, greedy)   # guard: the line's options reach the model
