@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import CACHE, table  # noqa: E402
 from bench.harness import fmt, median, peak_rss_gb  # noqa: E402
-from converters.delay import is_matmul  # noqa: E402
+from converters.delay import tensor_types  # noqa: E402
 from converters.gguf_io import Lazy, write_gguf  # noqa: E402
 from moss_tts.ggml import Weights, get_backend  # noqa: E402
 from moss_tts.models.delay import (FORMAT_VERSION, KIND, TOKENIZER_KEY, DelayConfig,  # noqa: E402
@@ -58,7 +58,7 @@ def random_gguf(cfg: DelayConfig, outtype: str, tag: str) -> Path:
     tensors = {n: Lazy(s, np.float32, lambda n=n, s=s: load(n, s))
                for n, s in cfg.tensor_shapes().items()}
     return write_gguf(path, tensors, cfg.to_metadata() | {TOKENIZER_KEY: "{}"}, kind=KIND,
-                      version=FORMAT_VERSION, outtype=outtype, is_matmul=is_matmul)
+                      version=FORMAT_VERSION, type_for=tensor_types(outtype))
 
 
 def read_bandwidth_gbs(nbytes: int = 1 << 29) -> float:
