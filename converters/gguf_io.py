@@ -36,6 +36,11 @@ class Lazy:
             raise ConfigError(f"tensor loaded with shape {arr.shape}, declared {self.shape}")
         return arr
 
+    def encoded(self, t: GGMLType):
+        """The tensor in ggml's layout of t, as blocks of whole rows written one after another
+        (here one block; a source that makes its rows in pieces overrides this)."""
+        yield _encode(self.load(), t)
+
 
 # type_for(name, spec) → the GGUF type of one tensor (spec has shape, ndim, dtype): the hook
 # every converter's type choice goes through
@@ -114,23 +119,46 @@ def write_gguf(path: str | os.PathLike, tensors: dict, meta: dict, *, kind: str,
         w.add_uint32(VERSION_KEY, version)
         for key, value in meta.items():
             _add_meta(w, key, value)
-        plan = []
-        for name, value in tensors.items():
-            spec = value if isinstance(value, Lazy) else np.asarray(value)
-            t = type_for(name, spec)
-            shape, dtype, nbytes, raw = _stored(t, tuple(spec.shape))
-            w.add_tensor_info(name, shape, dtype, nbytes, raw_dtype=raw)
-            plan.append((name, value, t))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for i, (name, value, t) in enumerate(plan):
-            arr = value.load() if isinstance(value, Lazy) else np.asarray(value)
-            w.write_tensor_data(_encode(arr, t))
-            if progress:
-                progress(i + 1, len(plan), name)
-        w.close()
+        write_tensors(w, tensors, type_for, progress)
     return path
+
+
+def write_tensors(w: gguf.GGUFWriter, tensors: dict, type_for: TypeFor, progress=None) -> None:
+    """Declare every tensor in the type `type_for` picks, write the header (metadata already
+    added to `w`) and the tensors one at a time, and close `w`."""
+    plan = []
+    for name, value in tensors.items():
+        spec = value if isinstance(value, Lazy) else np.asarray(value)
+        t = type_for(name, spec)
+        shape, dtype, nbytes, raw = _stored(t, tuple(spec.shape))
+        w.add_tensor_info(name, shape, dtype, nbytes, raw_dtype=raw)
+        plan.append((name, value, t, nbytes))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for i, (name, value, t, nbytes) in enumerate(plan):
+        blocks = value.encoded(t) if isinstance(value, Lazy) else [_encode(np.asarray(value), t)]
+        w.write_tensor_data(_Pieces(name, blocks, nbytes))
+        if progress:
+            progress(i + 1, len(plan), name)
+    w.close()
+
+
+class _Pieces:
+    """One tensor's data for `GGUFWriter.write_tensor_data`, which needs only its `nbytes`
+    and `tofile`: the blocks are encoded and written as they come, never joined in memory."""
+
+    def __init__(self, name: str, blocks, nbytes: int):
+        self.name, self.blocks, self.nbytes = name, blocks, nbytes
+
+    def tofile(self, f) -> None:
+        written = 0
+        for block in self.blocks:
+            block.tofile(f)
+            written += block.nbytes
+        if written != self.nbytes:
+            raise ConfigError(f"tensor {self.name}: {written} bytes written, {self.nbytes} "
+                              "declared")
 
 
 _ARRAY_TYPES = {np.dtype(np.uint8): gguf.GGUFValueType.UINT8, np.dtype(np.int8): gguf.GGUFValueType.INT8,
