@@ -38,6 +38,7 @@ from converters.delay import tensor_types  # noqa: E402
 from converters.gguf_io import Lazy, write_tensors  # noqa: E402
 from fixtures.make_delay import add_llama_qwen3_keys  # noqa: E402
 from moss_tts.ggml import F16, Graph, get_backend, ops  # noqa: E402
+from moss_tts.models.delay import TEXT_HEAD as TEXT  # noqa: E402
 from moss_tts.models.delay import DelayConfig, audio_seen, next_row, row_feed  # noqa: E402
 from moss_tts.models.delay_published import HEAD, TABLE, TOKENIZER, load_published  # noqa: E402
 from moss_tts.models.delay_state import DelayState  # noqa: E402
@@ -375,19 +376,24 @@ def cpu_line() -> str:
     return f"{model}, {os.cpu_count()} CPUs; {' '.join(simd)}"
 
 
-def step_bytes(d: Path, cfg: DelayConfig, n_past: int) -> int:
-    """Bytes one step of ours reads: every matrix of the backbone GGUF but the text embedding
-    (one row of it), the f16 audio heads and one row of each audio table, the KV prefix."""
+def step_bytes(d: Path, cfg: DelayConfig, n_past: int, side: str) -> dict[str, int]:
+    """Bytes one step reads, by part: the backbone (every block matrix, one row of each
+    embedding table, the KV prefix) and the heads (the text head, which runs inside llama.cpp's
+    backbone for the peer, and the audio heads: f16 in ours, f32 in upstream's numpy)."""
     from moss_tts.ggml import GGUFFile
 
     with GGUFFile(next(d.glob("*.gguf"))) as f:
         infos = f.tensors
         embd = infos["token_embd.weight"]
-        read = sum(i.nbytes for n, i in infos.items() if n != "token_embd.weight")
-        read += embd.nbytes // embd.shape[0]
-    lc, h = cfg.language_config, cfg.language_config.hidden_size
-    read += cfg.n_vq * cfg.audio_rows * h * 2 + cfg.n_vq * h * 2
-    return read + 2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * KV_BYTES * n_past
+        blocks = sum(i.nbytes for n, i in infos.items() if n not in ("token_embd.weight", TEXT))
+        text_head = infos[TEXT].nbytes
+    h = cfg.language_config.hidden_size
+    tables = embd.nbytes // embd.shape[0] + cfg.n_vq * h * (2 if side == "ours" else 4)
+    backbone = blocks + tables + kv_bytes(cfg, n_past)
+    audio = cfg.n_vq * cfg.audio_rows * h * (2 if side == "ours" else 4)
+    if side == "peer":
+        return {"backbone": backbone + text_head, "heads": audio}
+    return {"backbone": backbone, "heads": text_head + audio}
 
 
 def kv_bytes(cfg: DelayConfig, rows: int) -> int:
@@ -402,16 +408,19 @@ def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[d
     d = weights_dir(argparse.Namespace(**kw))       # written here, before any timing
     flags = {k.replace("_", "-"): v for k, v in kw.items()}
     gbps = probe.gbps(5)
-    floor_ms = 1e3 * step_bytes(d, cfg, args.prompt + args.steps // 2) / (gbps * 1e9)
     kv = kv_bytes(cfg, args.prompt + args.steps)
     out = []
     for side in ("ours", "peer"):
         if side == "peer" and args.no_peer:
             continue
         r = driver.worker(side, timing=not args.no_wait, **flags)
-        budget = weight_bytes(d, fp32_tables=side == "peer") + kv + 1e9
-        out.append({"type": outtype, "side": side, "floor_ms": floor_ms, "read_gbs": gbps,
-                    "budget_gb": budget / 1e9} | r)
+        parts = step_bytes(d, cfg, args.prompt + args.steps // 2, side)
+        # where the time goes: each part's bytes over its time, beside the read bandwidth
+        rates = {f"{k}_gbs": parts[k] / r[f"{k}_ms"] / 1e6 for k in parts if f"{k}_ms" in r}
+        out.append({"type": outtype, "side": side, "read_gbs": gbps,
+                    "floor_ms": 1e3 * sum(parts.values()) / (gbps * 1e9),
+                    "budget_gb": (weight_bytes(d, fp32_tables=side == "peer") + kv + 1e9) / 1e9}
+                   | rates | r)
     return out
 
 
@@ -422,19 +431,23 @@ def report(results: list[dict]) -> str:
         peer = next((r for r in results if r["type"] == t and r["side"] == "peer"), {})
         lines.append({
             "type": t, "ours ms/step": fmt(ours.get("step_ms")), "floor ms": fmt(ours["floor_ms"]),
+            "peer floor ms": fmt(peer.get("floor_ms")),
             "ours/floor": fmt(ours.get("step_ms", float("nan")) / ours["floor_ms"]),
             "peer ms/step": fmt(peer.get("step_ms")) or peer.get("error", "not run")[:40],
             "peer/ours": fmt(peer.get("step_ms", float("nan")) / ours.get("step_ms", float("nan"))),
             "read GB/s": fmt(ours["read_gbs"], "{:.1f}")})
     cols = ["type", "ours ms/step", "floor ms", "ours/floor", "peer ms/step", "peer/ours",
-            "read GB/s"]
+            "peer floor ms", "read GB/s"]
     split = [{"type": r["type"], "side": r["side"],
               **{c: fmt(r.get(f"{c}_ms")) for c in ("backbone", "heads", "sampling", "python",
                                                      "step", "prefill", "first_audio")},
+              "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
+              "heads GB/s": fmt(r.get("heads_gbs"), "{:.1f}"),
               "peak RSS GB": fmt(r.get("peak_rss_gb")), "budget GB": fmt(r["budget_gb"]),
               "threads": r.get("threads", "")} for r in results if "error" not in r]
     split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
-                  "first_audio", "peak RSS GB", "budget GB", "threads"]
+                  "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB", "budget GB",
+                  "threads"]
     return "\n\n".join([table(lines, cols), "per step (ms), prefill and first audio (ms):",
                         table(split, split_cols) if split else "(no side ran)"])
 
