@@ -9,7 +9,8 @@ Per type: a step split into backbone / heads / sampling / Python, the prefill of
 prompt, the first audio frame (prefill + n_vq steps; codec decode not included), peak RSS
 against weight bytes + KV + 1 GB; the floor = bytes a step must read ÷ read bandwidth measured
 just before. Each side runs in its own process, after waiting for a quiet machine (--no-wait
-skips that). The peer needs `pip install llama-cpp-python` (not a package dependency).
+skips that; --profile adds a `perf` profile of one of our workers). The peer needs
+`pip install llama-cpp-python` (not a package dependency).
 
 The weights are written once per type in upstream's published llama.cpp layout (a Qwen3 GGUF +
 `embeddings/*.npy` + `lm_heads/*.npy` + `tokenizer/`, models/delay_published.py), so both sides
@@ -32,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.harness import Driver, fmt, median, peak_rss_gb  # noqa: E402
+from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb, perf_top  # noqa: E402
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
 from converters.gguf_io import Lazy, write_tensors  # noqa: E402
@@ -452,6 +453,18 @@ def report(results: list[dict]) -> str:
                         table(split, split_cols) if split else "(no side ran)"])
 
 
+def profile(args) -> str:
+    """Where a step's cycles go (all threads, self time): one of our workers under `perf`, with
+    a 40-row prompt so that the steps dominate."""
+    outtype = args.types.split(",")[0]
+    cmd = [sys.executable, str(Path(__file__).relative_to(ROOT)), "--worker", "ours", "--type",
+           outtype, "--steps", str(args.steps), "--prompt", "40", "--data", args.data]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    cmd += ["--tiny"] if args.tiny else []
+    top = perf_top(cmd, Path(args.data) / "delay-perf.data", n=16)
+    return "\n".join([f"perf, ours {outtype} (prefill of 40 rows + {args.steps} steps):", *top])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="q4_K,q8_0", help="backbone types, comma-separated")
@@ -464,6 +477,8 @@ def main(argv=None) -> int:
                     help="where the random-weight files are written once and reused")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    ap.add_argument("--profile", action="store_true",
+                    help="also `perf record` one of our workers (first type, a short prompt)")
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
     ap.add_argument("--worker", choices=["ours", "peer"], help=argparse.SUPPRESS)
     ap.add_argument("--type", help=argparse.SUPPRESS)
@@ -482,6 +497,8 @@ def main(argv=None) -> int:
     for outtype in args.types.split(","):
         results += measure_type(driver, args, outtype, probe)
     driver.say(report(results))
+    if args.profile:
+        driver.say(profile(args))
     driver.say("command: " + " ".join([sys.executable, *sys.argv]))
     print(json.dumps(results))
     return 0
