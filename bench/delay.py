@@ -38,9 +38,10 @@ from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
 from converters.gguf_io import Lazy, write_tensors  # noqa: E402
 from fixtures.make_delay import add_llama_qwen3_keys  # noqa: E402
-from moss_tts.ggml import F16, Graph, get_backend, ops  # noqa: E402
+from moss_tts.ggml import F16, I32, Graph, get_backend, ops  # noqa: E402
 from moss_tts.models.delay import TEXT_HEAD as TEXT  # noqa: E402
-from moss_tts.models.delay import DelayConfig, audio_seen, next_row, row_feed  # noqa: E402
+from moss_tts.models.delay import (FEW_TEXT_IDS, DelayConfig, audio_seen,  # noqa: E402
+                                   few_text_ids, next_row, row_feed, step_run)
 from moss_tts.models.delay_published import HEAD, TABLE, TOKENIZER, load_published  # noqa: E402
 from moss_tts.models.delay_state import DelayState  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
@@ -212,26 +213,76 @@ class Steps:
 
 
 class HeadsProbe:
-    """The text and audio head matmuls of one row alone: they run inside our step graph, so
-    each step is followed by one run of this graph, and the step's backbone share is its
+    """The heads of one row alone, as a step ran them (the text head whole, or only the rows of
+    the few ids the next row may take: models/delay.py `step_run`): they run inside our step
+    graph, so each step is followed by one run of this, and the step's backbone share is its
     graph time minus that (interleaved, so a busy machine slows both alike)."""
 
     def __init__(self, model):
-        self.g = Graph(model.backend, name="heads")
-        h = self.g.input("h", (model.config.language_config.hidden_size,))
-        self.g.output(ops.mul_mat(model.w.text_head, h), "text")
-        self.g.output(ops.mul_mat(model.w.audio_heads, h), "audio")
-        self.g.build()
-        self.g.allocate()
-        self.g.set_input("h", np.random.default_rng(0).standard_normal(h.ne[0]).astype(np.float32))
+        self.graphs = {few: self._graph(model, few) for few in (False, True)}
+        h = np.random.default_rng(0).standard_normal(model.config.language_config.hidden_size)
+        self.feeds = {False: {"h": h.astype(np.float32)},
+                      True: {"h": h.astype(np.float32),
+                             "text_ids": np.arange(FEW_TEXT_IDS, dtype=np.int32)}}
 
-    def seconds(self) -> float:
+    @staticmethod
+    def _graph(model, few: bool) -> Graph:
+        g = Graph(model.backend, name="heads")
+        h = g.input("h", (model.config.language_config.hidden_size,))
+        head = model.w.text_head
+        if few:
+            head = ops.get_rows(head, g.input("text_ids", (FEW_TEXT_IDS,), I32))
+        g.output(ops.mul_mat(head, h), "text")
+        g.output(ops.mul_mat(model.w.audio_heads, h), "audio")
+        g.build()
+        g.allocate()
+        return g
+
+    def seconds(self, few: bool) -> float:
+        """One run, inputs written each time (the allocator may reuse their memory)."""
+        g = self.graphs[few]
+        for name, value in self.feeds[few].items():
+            g.set_input(name, value)
         t0 = time.perf_counter()
-        self.g.compute()
+        g.compute()
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        self.g.close()
+        for g in self.graphs.values():
+            g.close()
+
+
+def generate_timed(model, session, steps: "Steps", rows: np.ndarray, n: int, heads,
+                   compute: list, *, few: bool = True) -> float:
+    """Prefill `rows`, then n steps, each split into parts in `steps.parts` (graph time from
+    `compute`); `few` False computes the whole text head on every step (the A/B). Returns the
+    prefill's seconds."""
+    cfg = model.config
+
+    def run(feed):
+        return step_run(session, feed, steps.state, cfg) if few else full_step(session, feed)
+
+    t0 = time.perf_counter()
+    text, audio = run(rows)
+    prefill = time.perf_counter() - t0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        row = steps.sample(text, audio)
+        t1 = time.perf_counter()
+        k = len(compute)
+        used_few = few and few_text_ids(steps.state, cfg) is not None
+        text, audio = run(row[None])
+        t2 = time.perf_counter()
+        graph = sum(compute[k:])
+        heads_s = heads.seconds(used_few)
+        steps.parts.append({"backbone": graph - heads_s, "heads": heads_s,
+                            "sampling": t1 - t0, "python": t2 - t1 - graph})
+    return prefill
+
+
+def full_step(session, rows):
+    out = session.run(row_feed(rows), len(rows), variant=True)
+    return out["text_logits"][0], out["audio_logits"][0]
 
 
 def run_ours(args) -> dict:
@@ -248,24 +299,18 @@ def run_ours(args) -> dict:
     model.backend.compute = timed_compute
     steps = Steps(cfg, rows)
     with model.make_session(len(rows) + args.steps) as session:
-        t0 = time.perf_counter()
-        out = session.run(row_feed(rows), len(rows), variant=True)
-        prefill = time.perf_counter() - t0
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            row = steps.sample(out["text_logits"][0], out["audio_logits"][0])
-            t1 = time.perf_counter()
-            n = len(compute)
-            out = session.run(row_feed(row[None]), 1, variant=True)
-            t2 = time.perf_counter()
-            graph = sum(compute[n:])
-            heads_s = heads.seconds()
-            steps.parts.append({"backbone": graph - heads_s, "heads": heads_s,
-                                "sampling": t1 - t0, "python": t2 - t1 - graph})
+        prefill = generate_timed(model, session, steps, rows, args.steps, heads, compute)
+    out = steps.summary(prefill)
+    if args.ab_text_head:    # the same again with the whole text head on every step
+        full = Steps(cfg, rows)
+        with model.make_session(len(rows) + args.steps) as session:
+            generate_timed(model, session, full, rows, args.steps, heads, compute, few=False)
+        out |= {f"full_head_{k}": v for k, v in full.summary(0.0).items()
+                if k in ("step_ms", "heads_ms", "backbone_ms")}
     model.backend.compute = plain
     heads.close()
     model.close()
-    return steps.summary(prefill) | {"threads": get_backend(None, args.threads).threads}
+    return out | {"threads": get_backend(None, args.threads).threads}
 
 
 class LlamaBackbone:
@@ -379,8 +424,9 @@ def cpu_line() -> str:
 
 def step_bytes(d: Path, cfg: DelayConfig, n_past: int, side: str) -> dict[str, int]:
     """Bytes one step reads, by part: the backbone (every block matrix, one row of each
-    embedding table, the KV prefix) and the heads (the text head, which runs inside llama.cpp's
-    backbone for the peer, and the audio heads: f16 in ours, f32 in upstream's numpy)."""
+    embedding table, the KV prefix) and the heads: the audio heads (f16 in ours, f32 in
+    upstream's numpy) and the text head — whole in the peer (inside llama.cpp's backbone),
+    FEW_TEXT_IDS rows of it in ours, as a step in audio takes no other text token (P3)."""
     from moss_tts.ggml import GGUFFile
 
     with GGUFFile(next(d.glob("*.gguf"))) as f:
@@ -394,7 +440,7 @@ def step_bytes(d: Path, cfg: DelayConfig, n_past: int, side: str) -> dict[str, i
     audio = cfg.n_vq * cfg.audio_rows * h * (2 if side == "ours" else 4)
     if side == "peer":
         return {"backbone": backbone + text_head, "heads": audio}
-    return {"backbone": backbone, "heads": text_head + audio}
+    return {"backbone": backbone, "heads": text_head * FEW_TEXT_IDS // cfg.vocab_size + audio}
 
 
 def kv_bytes(cfg: DelayConfig, rows: int) -> int:
@@ -405,7 +451,8 @@ def kv_bytes(cfg: DelayConfig, rows: int) -> int:
 def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[dict]:
     cfg = config(args.tiny)
     kw = dict(type=outtype, head_type=args.head_type, steps=args.steps, prompt=args.prompt,
-              threads=args.threads, data=args.data, tiny=args.tiny)
+              threads=args.threads, data=args.data, tiny=args.tiny,
+              ab_text_head=args.ab_text_head)
     d = weights_dir(argparse.Namespace(**kw))       # written here, before any timing
     flags = {k.replace("_", "-"): v for k, v in kw.items()}
     gbps = probe.gbps(5)
@@ -449,8 +496,16 @@ def report(results: list[dict]) -> str:
     split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
                   "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB", "budget GB",
                   "threads"]
-    return "\n\n".join([table(lines, cols), "per step (ms), prefill and first audio (ms):",
-                        table(split, split_cols) if split else "(no side ran)"])
+    ab = [{"type": r["type"], "few text ids": fmt(r["step_ms"]),
+           "whole text head": fmt(r["full_head_step_ms"]),
+           "heads few / whole": f"{fmt(r['heads_ms'])} / {fmt(r['full_head_heads_ms'])}"}
+          for r in results if "full_head_step_ms" in r]
+    parts = [table(lines, cols), "per step (ms), prefill and first audio (ms):",
+             table(split, split_cols) if split else "(no side ran)"]
+    if ab:
+        parts += ["ours, step ms in one process (--ab-text-head):",
+                  table(ab, list(ab[0]))]
+    return "\n\n".join(parts)
 
 
 def profile(args) -> str:
@@ -477,6 +532,8 @@ def main(argv=None) -> int:
                     help="where the random-weight files are written once and reused")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    ap.add_argument("--ab-text-head", action="store_true",
+                    help="ours again with the whole text head on every step (A/B, one process)")
     ap.add_argument("--profile", action="store_true",
                     help="also `perf record` one of our workers (first type, a short prompt)")
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
