@@ -159,7 +159,7 @@ def weights_dir(args) -> Path:
 def weight_bytes(d: Path, fp32_tables: bool) -> int:
     """The backbone file plus the audio tables and heads as held in memory (f16 in ours,
     converted to f32 by upstream's numpy route)."""
-    npys = [p for p in (d / "embeddings").glob("emb_ext_*.npy")] + list((d / "lm_heads").glob("*.npy"))
+    npys = [*(d / "embeddings").glob("emb_ext_*.npy"), *(d / "lm_heads").glob("*.npy")]
     tables = sum(np.load(p, mmap_mode="r").nbytes for p in npys)
     return next(d.glob("*.gguf")).stat().st_size + tables * (2 if fp32_tables else 1)
 

@@ -37,7 +37,8 @@ def test_written_layout_loads_with_the_policy_types(tmp_path):
         assert len(f["tokenizer.ggml.tokens"]) == bench.config(True).vocab_size
     # the tiny rows (64) do not fit q4_K blocks: f16; the text head q8_0 (P21)
     assert types["blk.0.ffn_up.weight"] == GGMLType.F16 and types["output.weight"] == GGMLType.Q8_0
-    assert types["token_embd.weight"] == GGMLType.F16 and types["output_norm.weight"] == GGMLType.F32
+    assert types["token_embd.weight"] == GGMLType.F16
+    assert types["output_norm.weight"] == GGMLType.F32
     model = load_published(d)
     try:
         rows = bench.voice_clone_prompt(model.config, 80)

@@ -31,7 +31,7 @@ WIDE["language_config"] |= dict(hidden_size=256, num_attention_heads=4, num_key_
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # The quantized model against the float64 reference of its own dequantized weights: what is
 # left is ggml rounding the activations to 8 bits per block (q8_K for q4_K rows, q8_0 for the
-# heads) and the f16 KV cache; measured ≤ 0.06 (hidden, |h| ≲ 4.4) and ≤ 0.09 (logits, ≲ 5.3)
+# heads) and the f16 KV cache; measured ≤ 0.06 (hidden, |h| ≲ 4.4), ≤ 0.09 (logits, ≲ 5.3)
 DEQUANT_ATOL = 0.2
 # ... and against the f32 conversion: q4_K weights cost ~12 % relative RMS through 2 random
 # blocks (measured 0.118 for hidden and text logits)
@@ -43,7 +43,8 @@ def wide(tmp_path_factory):
     d = tmp_path_factory.mktemp("wide")
     state = make_state(WIDE, seed=5)
     # the tokenizer is only embedded by the converter: a stub keeps the fixture fast
-    return make_tiny_delay_checkpoint(d / "hf", config=WIDE, state=state, tokenizer_json="{}"), state
+    ckpt = make_tiny_delay_checkpoint(d / "hf", config=WIDE, state=state, tokenizer_json="{}")
+    return ckpt, state
 
 
 def gguf_types(path) -> dict[str, GGMLType]:
