@@ -1,19 +1,28 @@
-"""MossTTSDelay per-step cost on seeded random weights at the real dimensions (36 × 4096, GQA
-32/8, head_dim 128, SwiGLU 12288, vocab 155648, 32 × 1025 audio heads): one generation step
-split into ggml compute (backbone + heads), sampling and Python; the prefill of a voice-clone-
-sized prompt; peak RSS; and the bandwidth floor — the bytes a step must read divided by this
-machine's measured read bandwidth. (The llama.cpp peer of issue 12 §3 is not run yet.)
+"""MossTTSDelay generation at the real dimensions (36 × 4096, GQA 32/8, head_dim 128, SwiGLU
+12288, vocab 155648, 32 × 1025 audio heads) on seeded random weights: ours (models/delay.py)
+beside the bandwidth floor and upstream's CPU route, llama.cpp's Qwen3 through llama-cpp-python
+plus numpy embeddings and audio heads (`moss_tts_delay/llama_cpp/pipeline.py`), on one file.
 
-    python bench/delay.py [--types q4_K,q8_0] [--steps 20] [--prompt 300] [--tiny]
+    python bench/delay.py [--types q4_K,q8_0] [--steps 40] [--prompt 300] [--threads N]
 
-Weights are generated one tensor at a time and quantized as written (no whole-model f32
-copy); the GGUFs are cached under bench/results/models.
+Per type: a step split into backbone / heads / sampling / Python, the prefill of a voice-clone
+prompt, the first audio frame (prefill + n_vq steps; codec decode not included), peak RSS
+against weight bytes + KV + 1 GB; the floor = bytes a step must read ÷ read bandwidth measured
+just before. Each side runs in its own process, after waiting for a quiet machine (--no-wait
+skips that; --profile adds a `perf` profile of one of our workers). The peer needs
+`pip install llama-cpp-python` (not a package dependency).
+
+The weights are written once per type in upstream's published llama.cpp layout (a Qwen3 GGUF +
+`embeddings/*.npy` + `lm_heads/*.npy` + `tokenizer/`, models/delay_published.py), so both sides
+read the same backbone file; under --data (default $MOSS_TTS_BENCH_DATA or bench/results/delay_data).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import time
 import zlib
@@ -23,145 +32,535 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import CACHE, table  # noqa: E402
-from bench.harness import fmt, median, peak_rss_gb  # noqa: E402
-from converters.delay import is_matmul  # noqa: E402
-from converters.gguf_io import Lazy, write_gguf  # noqa: E402
-from moss_tts.ggml import Weights, get_backend  # noqa: E402
-from moss_tts.models.delay import (FORMAT_VERSION, KIND, TOKENIZER_KEY, DelayConfig,  # noqa: E402
-                                   DelayModel, audio_seen, next_row, row_feed)
+from bench.common import table  # noqa: E402
+from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb, perf_top  # noqa: E402
+from bench.matmul import ReadProbe  # noqa: E402
+from converters.delay import tensor_types  # noqa: E402
+from converters.gguf_io import Lazy, write_tensors  # noqa: E402
+from fixtures.make_delay import add_llama_qwen3_keys  # noqa: E402
+from moss_tts.ggml import F16, I32, Graph, get_backend, ops  # noqa: E402
+from moss_tts.models.delay import TEXT_HEAD as TEXT  # noqa: E402
+from moss_tts.models.delay import (FEW_TEXT_IDS, DelayConfig, audio_seen,  # noqa: E402
+                                   few_text_ids, next_row, row_feed, step_run)
+from moss_tts.models.delay_published import HEAD, TABLE, TOKENIZER, load_published  # noqa: E402
 from moss_tts.models.delay_state import DelayState  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
 from moss_tts.sampling import DelaySamplingOptions  # noqa: E402
+from moss_tts.text.delay_prompts import delay  # noqa: E402
 
 REAL = Qwen3Config(4096, 36, 32, 8, 128, 12288, 1e6)
 TINY = Qwen3Config(64, 2, 4, 2, 16, 96, 1e6)      # a smoke run of the script itself
+TEXT_TABLE = "embeddings/embed_tokens.npy"        # upstream's numpy lookup reads this one
+KV_BYTES = 2                                      # f16 K and V on both sides (upstream default)
+# the embedding table in the backbone GGUF: a step reads one row of it, so its type only
+# changes the file size
+EMBED_TYPE = "f16"
 
 
-def config(args) -> DelayConfig:
-    lc = TINY if args.tiny else REAL
-    return DelayConfig(lc, vocab_size=151680 if args.tiny else 155648)
+def config(tiny: bool) -> DelayConfig:
+    return DelayConfig(TINY if tiny else REAL, vocab_size=151680 if tiny else 155648)
 
 
-def random_gguf(cfg: DelayConfig, outtype: str, tag: str) -> Path:
-    """Seeded random weights in `outtype`, written one tensor at a time (cached)."""
-    path = CACHE / f"delay-{tag}-{outtype}.gguf"
-    if path.exists():
-        return path
+# -- the weights ------------------------------------------------------------------------------
+class PooledRows(Lazy):
+    """Seeded random rows ~ N(0, 1/width) already in the target type. Speed does not depend on
+    the values, and ggml quantizes q4_K at only a few M values/s here (7 B values: an hour), so
+    a pool of rows per (type, width) is quantized once and each tensor takes its rows from
+    it, cyclically from an offset of its own."""
 
-    def load(name, shape):
-        rng = np.random.default_rng(zlib.crc32(name.encode()))   # the same on every run
-        if len(shape) == 1:
-            return np.ones(shape, np.float32)
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(shape[-1] ** -0.5)
+    POOL_ROWS = 1024
+    _pools: dict = {}
 
-    tensors = {n: Lazy(s, np.float32, lambda n=n, s=s: load(n, s))
-               for n, s in cfg.tensor_shapes().items()}
-    return write_gguf(path, tensors, cfg.to_metadata() | {TOKENIZER_KEY: "{}"}, kind=KIND,
-                      version=FORMAT_VERSION, outtype=outtype, is_matmul=is_matmul)
+    def __init__(self, name: str, shape: tuple):
+        super().__init__(shape, np.float32, lambda: None)
+        self.name = name
+
+    def pool(self, t) -> np.ndarray:
+        key = (t, self.shape[-1])
+        if key not in self._pools:
+            width = self.shape[-1]
+            rows = np.random.default_rng(width).standard_normal((self.POOL_ROWS, width),
+                                                                dtype=np.float32)
+            self._pools[key] = next(Lazy(rows.shape, np.float32,
+                                         lambda: rows * np.float32(width ** -0.5)).encoded(t))
+        return self._pools[key]
+
+    def encoded(self, t):
+        pool, n = self.pool(t), self.shape[0]
+        first = zlib.crc32(self.name.encode()) % self.POOL_ROWS
+        for start in range(0, n, self.POOL_ROWS):
+            yield pool[(first + np.arange(start, min(n, start + self.POOL_ROWS))) % self.POOL_ROWS]
+
+    def as_f16(self) -> np.ndarray:
+        """The whole tensor as an f16 array (the published .npy tables are fp16)."""
+        return np.concatenate(list(self.encoded(F16))).view(np.float16).reshape(self.shape)
 
 
-def read_bandwidth_gbs(nbytes: int = 1 << 29) -> float:
-    """Streaming read bandwidth of this machine (best of 5 sums over nbytes)."""
-    a = np.ones(nbytes // 8)
-    best = min(_timed(a.sum) for _ in range(5))
-    return nbytes / best / 1e9
+def gpt2_byte_tokens() -> list[str]:
+    """GPT-2's byte → printable-character map: llama.cpp's BPE vocabulary must hold a token for
+    each byte (it looks up the newline token at load time)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def add_llama_vocab(w, n_vocab: int, cfg: DelayConfig) -> None:
+    """A stand-in vocabulary llama.cpp loads (the bench feeds embeddings, never token ids):
+    the 256 byte tokens, fillers up to n_vocab, one merge, Qwen2's pre-tokenizer."""
+    tokens = gpt2_byte_tokens()
+    tokens += [f"[t{i}]" for i in range(len(tokens), n_vocab)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_merges([f"{tokens[ord('a')]} {tokens[ord('b')]}"])
+    w.add_eos_token_id(cfg.im_end_token_id)
+    w.add_pad_token_id(cfg.pad_token_id)
 
 
-def step_bytes(weights: Weights, cfg: DelayConfig, n_past: int, kv_bytes: int) -> int:
-    """Bytes one step reads: every block and head matrix, the rows it embeds, the KV prefix."""
-    infos = weights.file.tensors
-    per_row = {n: i.nbytes // i.shape[0] for n, i in infos.items()
-               if n.startswith(("token_embd", "emb_ext"))}
-    read = sum(i.nbytes for n, i in infos.items() if n not in per_row)
+def write_published(out: Path, cfg: DelayConfig, outtype: str, head: str | None) -> Path:
+    """The published layout with random weights, written into a temp directory renamed into
+    place (an interrupted run leaves nothing that looks complete)."""
+    import gguf
+
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for sub in ("embeddings", "lm_heads", "tokenizer"):
+        (tmp / sub).mkdir(parents=True)
     lc = cfg.language_config
-    kv = 2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * kv_bytes * n_past
-    return read + sum(per_row.values()) + kv
+    w = gguf.GGUFWriter(str(tmp / f"MOSS_TTS_{outtype.upper()}.gguf"), "qwen3")
+    add_llama_qwen3_keys(w, lc, context_length=40960)
+    add_llama_vocab(w, cfg.vocab_size, cfg)
+    tensors = {n: PooledRows(n, s) if len(s) == 2 else np.ones(s, np.float32)
+               for n, s in cfg.backbone_shapes().items()}
+    t0 = time.perf_counter()
+    write_tensors(w, tensors, tensor_types(outtype, head=head, embed=EMBED_TYPE))
+    d = lc.hidden_size
+    np.save(tmp / TEXT_TABLE, PooledRows("embed_tokens", (cfg.vocab_size, d)).as_f16())
+    for k in range(cfg.n_vq):
+        np.save(tmp / TABLE.format(k), PooledRows(f"emb_ext.{k}", (cfg.audio_rows, d)).as_f16())
+        np.save(tmp / HEAD.format(k), PooledRows(f"head.{k}", (cfg.audio_rows, d)).as_f16())
+    (tmp / TOKENIZER).write_text("{}")     # read by the loader, not used here
+    tmp.rename(out)
+    print(f"{out}: written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return out
 
 
-def prompt(cfg: DelayConfig, n: int) -> np.ndarray:
-    """n rows: text ids, the last one AUDIO_START (generation starts in audio)."""
-    rows = np.full((n, cfg.n_vq + 1), cfg.audio_pad_code, dtype=np.int64)
-    rows[:, 0] = np.random.default_rng(0).integers(100, 150000, n) % cfg.vocab_size
+def weights_dir(args) -> Path:
+    cfg = config(args.tiny)
+    head = args.head_type or "default"
+    out = Path(args.data) / f"delay-{'tiny' if args.tiny else 'real'}-{args.type}-head_{head}"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_published(out, cfg, args.type, args.head_type)
+    return out
+
+
+def weight_bytes(d: Path, fp32_tables: bool) -> int:
+    """The backbone file plus the audio tables and heads as held in memory (f16 in ours,
+    converted to f32 by upstream's numpy route)."""
+    npys = [*(d / "embeddings").glob("emb_ext_*.npy"), *(d / "lm_heads").glob("*.npy")]
+    tables = sum(np.load(p, mmap_mode="r").nbytes for p in npys)
+    return next(d.glob("*.gguf")).stat().st_size + tables * (2 if fp32_tables else 1)
+
+
+# -- the prompt ---------------------------------------------------------------------------------
+def voice_clone_prompt(cfg: DelayConfig, n: int) -> np.ndarray:
+    """n rows shaped like a voice-clone prompt: text, a reference block (AUDIO_START, user slots
+    carrying the delayed codes of random frames, AUDIO_END), text, AUDIO_START last."""
+    rng = np.random.default_rng(0)
+    pad = cfg.audio_pad_code
+    frames = max(1, n - 24 - cfg.n_vq)
+    codes = rng.integers(0, cfg.audio_vocab_size, (frames, cfg.n_vq))
+    block = np.full((frames + cfg.n_vq + 1, cfg.n_vq + 1), pad)
+    block[:, 0] = [cfg.audio_start_token_id] + [cfg.audio_user_slot_token_id] * \
+        (frames + cfg.n_vq - 1) + [cfg.audio_end_token_id]
+    block[1:-1, 1:] = delay(codes, pad)
+    text = rng.integers(1000, 150000, n - len(block))
+    rows = np.full((n, cfg.n_vq + 1), pad)
+    rows[:, 0][: len(text) - 1] = text[:-1]
+    rows[len(text) - 1: len(text) - 1 + len(block)] = block
     rows[-1, 0] = cfg.audio_start_token_id
-    return rows
+    return rows.astype(np.int64)
 
 
-def measure(model: DelayModel, args) -> dict:
-    cfg, backend = model.config, model.backend
-    compute = []
-    plain = backend.compute
+# -- the two sides, each in its own process -----------------------------------------------------
+class Steps:
+    """Per-step times by part, and the loop both sides share: sample the next row from the
+    logits, then feed it back (upstream's `_autoregressive_loop`)."""
 
-    def timed_compute(cgraph):   # ggml compute time of every graph run
+    def __init__(self, cfg: DelayConfig, rows: np.ndarray):
+        self.cfg, self.parts = cfg, []
+        self.state = DelayState.from_prompt(rows[:, 0], cfg.ids)
+        self.seen = audio_seen(rows[:, 1:], cfg)
+        self.rng, self.opts = np.random.default_rng(0), DelaySamplingOptions()
+
+    def sample(self, text_logits, audio_logits) -> np.ndarray:
+        row, self.state = next_row(self.state, text_logits, audio_logits, self.seen, self.cfg,
+                                   self.opts, self.rng)
+        self.seen |= audio_seen(row[None, 1:], self.cfg)
+        return row
+
+    def summary(self, prefill_s: float, skip: int = 2) -> dict:
+        warm = self.parts[skip:] or self.parts
+        out = {f"{k}_ms": 1e3 * median([p[k] for p in warm]) for k in self.parts[0]}
+        out["step_ms"] = 1e3 * median([sum(p.values()) for p in warm])
+        out["prefill_ms"] = 1e3 * prefill_s
+        # the first frame is whole after n_vq rows (the staircase); codec decode not included
+        out["first_audio_ms"] = 1e3 * (prefill_s + sum(sum(p.values())
+                                                       for p in self.parts[: self.cfg.n_vq]))
+        return out
+
+
+class HeadsProbe:
+    """The heads of one row alone, as a step ran them (the text head whole, or only the rows of
+    the few ids the next row may take: models/delay.py `step_run`): they run inside our step
+    graph, so each step is followed by one run of this, and the step's backbone share is its
+    graph time minus that (interleaved, so a busy machine slows both alike)."""
+
+    def __init__(self, model):
+        self.graphs = {few: self._graph(model, few) for few in (False, True)}
+        h = np.random.default_rng(0).standard_normal(model.config.language_config.hidden_size)
+        self.feeds = {False: {"h": h.astype(np.float32)},
+                      True: {"h": h.astype(np.float32),
+                             "text_ids": np.arange(FEW_TEXT_IDS, dtype=np.int32)}}
+
+    @staticmethod
+    def _graph(model, few: bool) -> Graph:
+        g = Graph(model.backend, name="heads")
+        h = g.input("h", (model.config.language_config.hidden_size,))
+        head = model.w.text_head
+        if few:
+            head = ops.get_rows(head, g.input("text_ids", (FEW_TEXT_IDS,), I32))
+        g.output(ops.mul_mat(head, h), "text")
+        g.output(ops.mul_mat(model.w.audio_heads, h), "audio")
+        g.build()
+        g.allocate()
+        return g
+
+    def seconds(self, few: bool) -> float:
+        """One run, inputs written each time (the allocator may reuse their memory)."""
+        g = self.graphs[few]
+        for name, value in self.feeds[few].items():
+            g.set_input(name, value)
+        t0 = time.perf_counter()
+        g.compute()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        for g in self.graphs.values():
+            g.close()
+
+
+def generate_timed(model, session, steps: "Steps", rows: np.ndarray, n: int, heads,
+                   compute: list, *, few: bool = True) -> float:
+    """Prefill `rows`, then n steps, each split into parts in `steps.parts` (graph time from
+    `compute`); `few` False computes the whole text head on every step (the A/B). Returns the
+    prefill's seconds."""
+    cfg = model.config
+
+    def run(feed):
+        return step_run(session, feed, steps.state, cfg) if few else full_step(session, feed)
+
+    t0 = time.perf_counter()
+    text, audio = run(rows)
+    prefill = time.perf_counter() - t0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        row = steps.sample(text, audio)
+        t1 = time.perf_counter()
+        k = len(compute)
+        used_few = few and few_text_ids(steps.state, cfg) is not None
+        text, audio = run(row[None])
+        t2 = time.perf_counter()
+        graph = sum(compute[k:])
+        heads_s = heads.seconds(used_few)
+        steps.parts.append({"backbone": graph - heads_s, "heads": heads_s,
+                            "sampling": t1 - t0, "python": t2 - t1 - graph})
+    return prefill
+
+
+def full_step(session, rows):
+    out = session.run(row_feed(rows), len(rows), variant=True)
+    return out["text_logits"][0], out["audio_logits"][0]
+
+
+def run_ours(args) -> dict:
+    model = load_published(weights_dir(args), get_backend(None, args.threads))
+    cfg, rows = model.config, voice_clone_prompt(model.config, args.prompt)
+    heads = HeadsProbe(model)
+    compute, plain = [], model.backend.compute
+
+    def timed_compute(cgraph):   # ggml time of every graph run
         t0 = time.perf_counter()
         plain(cgraph)
         compute.append(time.perf_counter() - t0)
 
-    backend.compute = timed_compute
-    rows = prompt(cfg, args.prompt)
-    opts, rng = DelaySamplingOptions(), np.random.default_rng(0)
-    try:
+    model.backend.compute = timed_compute
+    steps = Steps(cfg, rows)
+    with model.make_session(len(rows) + args.steps) as session:
+        prefill = generate_timed(model, session, steps, rows, args.steps, heads, compute)
+    out = steps.summary(prefill)
+    if args.ab_text_head:    # the same again with the whole text head on every step
+        full = Steps(cfg, rows)
         with model.make_session(len(rows) + args.steps) as session:
-            t0 = time.perf_counter()
-            out = session.run(row_feed(rows), len(rows), variant=True)
-            prefill = time.perf_counter() - t0
-            state, seen = DelayState.from_prompt(rows[:, 0], cfg.ids), audio_seen(rows[:, 1:], cfg)
-            steps = []
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                row, state = next_row(state, out["text_logits"][0], out["audio_logits"][0],
-                                      seen, cfg, opts, rng)
-                seen |= audio_seen(row[None, 1:], cfg)
-                t1 = time.perf_counter()
-                n_compute = len(compute)
-                out = session.run(row_feed(row[None]), 1, variant=True)
-                t2 = time.perf_counter()
-                steps.append((t2 - t0, t1 - t0, sum(compute[n_compute:])))
-    finally:
-        backend.compute = plain
-    warm = steps[2:] or steps
-    return {"prefill_ms": 1e3 * prefill, "step_ms": 1e3 * median([s[0] for s in warm]),
-            "sample_ms": 1e3 * median([s[1] for s in warm]),
-            "compute_ms": 1e3 * median([s[2] for s in warm]),
-            "python_ms": 1e3 * median([s[0] - s[1] - s[2] for s in warm]),
-            # the first frame is whole after n_vq rows (codec decode not included)
-            "first_frame_ms": 1e3 * (prefill + sum(s[0] for s in steps[:cfg.n_vq]))}
+            generate_timed(model, session, full, rows, args.steps, heads, compute, few=False)
+        out |= {f"full_head_{k}": v for k, v in full.summary(0.0).items()
+                if k in ("step_ms", "heads_ms", "backbone_ms")}
+    model.backend.compute = plain
+    heads.close()
+    model.close()
+    return out | {"threads": get_backend(None, args.threads).threads}
 
 
-def main(argv=None) -> None:
+class LlamaBackbone:
+    """llama.cpp fed embeddings, returning the hidden state (after the final norm) and the text
+    logits of the last row: upstream's `backbone_bridge.c` through llama-cpp-python."""
+
+    def __init__(self, path: Path, n_ctx: int, threads: int):
+        import llama_cpp as L
+
+        self.L = L
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, 512, 512
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.embeddings = True
+        cp.flash_attn_type = -1                # auto, as upstream's default config
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.n_embd = L.llama_model_n_embd(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+
+    def decode(self, embeds: np.ndarray, pos: int) -> None:
+        """Rows [n, n_embd] at positions pos…; output for the last row only."""
+        L, n = self.L, len(embeds)
+        batch = L.llama_batch_init(n, self.n_embd, 1)
+        try:
+            np.ctypeslib.as_array(batch.embd, shape=(n * self.n_embd,))[:] = embeds.ravel()
+            for i in range(n):
+                batch.pos[i], batch.n_seq_id[i], batch.logits[i] = pos + i, 1, i == n - 1
+                batch.seq_id[i][0] = 0
+            batch.n_tokens = n
+            if L.llama_decode(self.ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+        finally:
+            L.llama_batch_free(batch)
+
+    def outputs(self) -> tuple[np.ndarray, np.ndarray]:
+        L = self.L
+        text = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        hidden = np.ctypeslib.as_array(L.llama_get_embeddings_ith(self.ctx, -1),
+                                       shape=(self.n_embd,))
+        return text.copy(), hidden.copy()
+
+    def close(self) -> None:
+        self.L.llama_free(self.ctx)
+        self.L.llama_model_free(self.model)
+
+
+def run_peer(args) -> dict:
+    """Upstream's CPU loop: numpy embedding lookup (f32 audio tables; the text table mapped and
+    read by row), llama.cpp backbone + text head, one stacked f32 numpy audio-head matmul."""
+    d = weights_dir(args)
+    cfg = config(args.tiny)
+    rows = voice_clone_prompt(cfg, args.prompt)
+    text_table = np.load(d / TEXT_TABLE, mmap_mode="r")
+    tables = [np.load(d / TABLE.format(k)).astype(np.float32) for k in range(cfg.n_vq)]
+    heads = np.concatenate([np.load(d / HEAD.format(k)).astype(np.float32)
+                            for k in range(cfg.n_vq)])
+
+    def embed(r):
+        x = text_table[r[:, 0]].astype(np.float32)
+        for k in range(cfg.n_vq):
+            x = x + tables[k][r[:, k + 1]]
+        return x
+
+    threads = args.threads or os.cpu_count()
+    backbone = LlamaBackbone(next(d.glob("*.gguf")), len(rows) + args.steps + 64, threads)
+    steps = Steps(cfg, rows)
+    t0 = time.perf_counter()
+    backbone.decode(embed(rows), 0)
+    prefill = time.perf_counter() - t0
+    for pos in range(len(rows), len(rows) + args.steps):
+        t0 = time.perf_counter()
+        text, hidden = backbone.outputs()
+        t1 = time.perf_counter()
+        audio = (hidden @ heads.T).reshape(cfg.n_vq, cfg.audio_rows)
+        audio[:, cfg.audio_pad_code] = -np.inf
+        t2 = time.perf_counter()
+        row = steps.sample(text, audio)
+        t3 = time.perf_counter()
+        x = embed(row[None])
+        t4 = time.perf_counter()
+        backbone.decode(x, pos)
+        t5 = time.perf_counter()
+        steps.parts.append({"backbone": (t1 - t0) + (t5 - t4), "heads": t2 - t1,
+                            "sampling": t3 - t2, "python": t4 - t3})
+    backbone.close()
+    return steps.summary(prefill) | {"threads": threads}
+
+
+def worker(args) -> None:
+    run = {"ours": run_ours, "peer": run_peer}[args.worker]
+    out = run(args) | {"peak_rss_gb": peak_rss_gb()}
+    print(json.dumps(out))
+
+
+# -- the driver ---------------------------------------------------------------------------------
+def cpu_line() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                  if ln.startswith("model name")), "unknown CPU")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                  if ln.startswith("flags")), [])
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return f"{model}, {os.cpu_count()} CPUs; {' '.join(simd)}"
+
+
+def step_bytes(d: Path, cfg: DelayConfig, n_past: int, side: str) -> dict[str, int]:
+    """Bytes one step reads, by part: the backbone (every block matrix, one row of each
+    embedding table, the KV prefix) and the heads: the audio heads (f16 in ours, f32 in
+    upstream's numpy) and the text head — whole in the peer (inside llama.cpp's backbone),
+    FEW_TEXT_IDS rows of it in ours, as a step in audio takes no other text token (P3)."""
+    from moss_tts.ggml import GGUFFile
+
+    with GGUFFile(next(d.glob("*.gguf"))) as f:
+        infos = f.tensors
+        embd = infos["token_embd.weight"]
+        blocks = sum(i.nbytes for n, i in infos.items() if n not in ("token_embd.weight", TEXT))
+        text_head = infos[TEXT].nbytes
+    h = cfg.language_config.hidden_size
+    tables = embd.nbytes // embd.shape[0] + cfg.n_vq * h * (2 if side == "ours" else 4)
+    backbone = blocks + tables + kv_bytes(cfg, n_past)
+    audio = cfg.n_vq * cfg.audio_rows * h * (2 if side == "ours" else 4)
+    if side == "peer":
+        return {"backbone": backbone + text_head, "heads": audio}
+    return {"backbone": backbone, "heads": text_head * FEW_TEXT_IDS // cfg.vocab_size + audio}
+
+
+def kv_bytes(cfg: DelayConfig, rows: int) -> int:
+    lc = cfg.language_config
+    return 2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * KV_BYTES * rows
+
+
+def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[dict]:
+    cfg = config(args.tiny)
+    kw = dict(type=outtype, head_type=args.head_type, steps=args.steps, prompt=args.prompt,
+              threads=args.threads, data=args.data, tiny=args.tiny,
+              ab_text_head=args.ab_text_head)
+    d = weights_dir(argparse.Namespace(**kw))       # written here, before any timing
+    flags = {k.replace("_", "-"): v for k, v in kw.items()}
+    gbps = probe.gbps(5)
+    kv = kv_bytes(cfg, args.prompt + args.steps)
+    out = []
+    for side in ("ours", "peer"):
+        if side == "peer" and args.no_peer:
+            continue
+        r = driver.worker(side, timing=not args.no_wait, **flags)
+        parts = step_bytes(d, cfg, args.prompt + args.steps // 2, side)
+        # where the time goes: each part's bytes over its time, beside the read bandwidth
+        rates = {f"{k}_gbs": parts[k] / r[f"{k}_ms"] / 1e6 for k in parts if f"{k}_ms" in r}
+        out.append({"type": outtype, "side": side, "read_gbs": gbps,
+                    "floor_ms": 1e3 * sum(parts.values()) / (gbps * 1e9),
+                    "budget_gb": (weight_bytes(d, fp32_tables=side == "peer") + kv + 1e9) / 1e9}
+                   | rates | r)
+    return out
+
+
+def report(results: list[dict]) -> str:
+    lines = []
+    for t in dict.fromkeys(r["type"] for r in results):
+        ours = next(r for r in results if r["type"] == t and r["side"] == "ours")
+        peer = next((r for r in results if r["type"] == t and r["side"] == "peer"), {})
+        lines.append({
+            "type": t, "ours ms/step": fmt(ours.get("step_ms")), "floor ms": fmt(ours["floor_ms"]),
+            "peer floor ms": fmt(peer.get("floor_ms")),
+            "ours/floor": fmt(ours.get("step_ms", float("nan")) / ours["floor_ms"]),
+            "peer ms/step": fmt(peer.get("step_ms")) or peer.get("error", "not run")[:40],
+            "peer/ours": fmt(peer.get("step_ms", float("nan")) / ours.get("step_ms", float("nan"))),
+            "read GB/s": fmt(ours["read_gbs"], "{:.1f}")})
+    cols = ["type", "ours ms/step", "floor ms", "ours/floor", "peer ms/step", "peer/ours",
+            "peer floor ms", "read GB/s"]
+    split = [{"type": r["type"], "side": r["side"],
+              **{c: fmt(r.get(f"{c}_ms")) for c in ("backbone", "heads", "sampling", "python",
+                                                     "step", "prefill", "first_audio")},
+              "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
+              "heads GB/s": fmt(r.get("heads_gbs"), "{:.1f}"),
+              "peak RSS GB": fmt(r.get("peak_rss_gb")), "budget GB": fmt(r["budget_gb"]),
+              "threads": r.get("threads", "")} for r in results if "error" not in r]
+    split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
+                  "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB", "budget GB",
+                  "threads"]
+    ab = [{"type": r["type"], "few text ids": fmt(r["step_ms"]),
+           "whole text head": fmt(r["full_head_step_ms"]),
+           "heads few / whole": f"{fmt(r['heads_ms'])} / {fmt(r['full_head_heads_ms'])}"}
+          for r in results if "full_head_step_ms" in r]
+    parts = [table(lines, cols), "per step (ms), prefill and first audio (ms):",
+             table(split, split_cols) if split else "(no side ran)"]
+    if ab:
+        parts += ["ours, step ms in one process (--ab-text-head):",
+                  table(ab, list(ab[0]))]
+    return "\n\n".join(parts)
+
+
+def profile(args) -> str:
+    """Where a step's cycles go (all threads, self time): one of our workers under `perf`, with
+    a 40-row prompt so that the steps dominate."""
+    outtype = args.types.split(",")[0]
+    cmd = [sys.executable, str(Path(__file__).relative_to(ROOT)), "--worker", "ours", "--type",
+           outtype, "--steps", str(args.steps), "--prompt", "40", "--data", args.data]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    cmd += ["--tiny"] if args.tiny else []
+    top = perf_top(cmd, Path(args.data) / "delay-perf.data", n=16)
+    return "\n".join([f"perf, ours {outtype} (prefill of 40 rows + {args.steps} steps):", *top])
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default="q4_K,q8_0")
-    ap.add_argument("--steps", type=int, default=20, help="> n_vq, for first_frame_ms")
-    ap.add_argument("--prompt", type=int, default=300)
+    ap.add_argument("--types", default="q4_K,q8_0", help="backbone types, comma-separated")
+    ap.add_argument("--head-type", default=None,
+                    help="text head type (default: converters.delay's, q8_0 below q8_0)")
+    ap.add_argument("--steps", type=int, default=40, help="> n_vq, for the first audio frame")
+    ap.add_argument("--prompt", type=int, default=300, help="prompt rows (a voice clone)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--data", default=os.environ.get("MOSS_TTS_BENCH_DATA",
+                                                     str(ROOT / "bench" / "results" / "delay_data")),
+                    help="where the random-weight files are written once and reused")
+    ap.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python")
+    ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    ap.add_argument("--ab-text-head", action="store_true",
+                    help="ours again with the whole text head on every step (A/B, one process)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also `perf record` one of our workers (first type, a short prompt)")
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
+    ap.add_argument("--worker", choices=["ours", "peer"], help=argparse.SUPPRESS)
+    ap.add_argument("--type", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    cfg = config(args)
-    bandwidth = read_bandwidth_gbs()
+    if args.steps <= config(args.tiny).n_vq:
+        ap.error(f"--steps must exceed n_vq ({config(args.tiny).n_vq}) for the first audio frame")
+    if args.worker:
+        worker(args)
+        return 0
+    log = Path(args.data) / "delay-bench.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    driver = Driver(args, log, Path(__file__))
+    driver.say(f"CPU: {cpu_line()}")
+    probe = ReadProbe(1 << 30, args.threads or os.cpu_count())
     results = []
     for outtype in args.types.split(","):
-        path = random_gguf(cfg, outtype, "tiny" if args.tiny else "real")
-        model = DelayModel(Weights.load(path, get_backend(None, args.threads)))
-        try:
-            r = {"type": outtype} | measure(model, args)
-            floor_bytes = step_bytes(model.weights, cfg, args.prompt + args.steps // 2, 2)
-            r["floor_ms"] = 1e3 * floor_bytes / (bandwidth * 1e9)
-            r["step_over_floor"] = r["step_ms"] / r["floor_ms"]
-            r["weights_gb"] = model.weights.nbytes / 1e9
-            r["peak_rss_gb"] = peak_rss_gb()
-        finally:
-            model.close()
-        results.append(r)
-    shown = [{k: v if isinstance(v, str) else fmt(v) for k, v in r.items()} for r in results]
-    print(table(shown, list(results[0])))
-    print(json.dumps({"read_bandwidth_gbs": bandwidth, "results": results}))
+        results += measure_type(driver, args, outtype, probe)
+    driver.say(report(results))
+    if args.profile:
+        driver.say(profile(args))
+    driver.say("command: " + " ".join([sys.executable, *sys.argv]))
+    print(json.dumps(results))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -22,7 +22,7 @@ from moss_tts.codec.tower import LAYER_TENSORS
 from moss_tts.errors import ConfigError
 
 from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
-from .gguf_io import Lazy
+from .gguf_io import Lazy, matmul_types
 from .registry import finish
 
 logger = logging.getLogger(__name__)
@@ -185,8 +185,8 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
         tensors, unmapped = map_tensors(ckpt, cfg)
         meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
         return finish(model_dir, out, tensors, unmapped, tensor_shapes(cfg), meta, kind=KIND,
-                      version=FORMAT_VERSION, outtype=outtype, strict=strict, is_matmul=is_matmul,
-                      progress=progress)
+                      version=FORMAT_VERSION, type_for=matmul_types(outtype, is_matmul),
+                      strict=strict, progress=progress)
 
 
 def is_matmul(name: str, spec) -> bool:

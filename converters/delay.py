@@ -1,10 +1,13 @@
 """MossTTSDelay checkpoint (MOSS-TTS, MOSS-TTS-v1.5) → one GGUF holding the weights, the config
 and the tokenizer.json text (design §4; moss_tts_family.md §2.1-2.2).
 
-    python -m moss_tts convert delay --model DIR_OR_REPO --out delay.gguf [--outtype q8_0]
+    python -m moss_tts convert delay --model DIR_OR_REPO --out delay.gguf [--outtype q4_K]
+        [--head-type q8_0] [--embed-type f16]
 
 Sharded bf16 safetensors are read one tensor at a time. The backbone takes llama.cpp's Qwen3
 names (as upstream's own llama.cpp converter does), the audio tables keep upstream names.
+A type per group: block linears --outtype; text + audio heads --head-type (default: outtype,
+but q8_0 when outtype is below it, P21); embedding tables --embed-type (default f32).
 """
 
 from __future__ import annotations
@@ -14,16 +17,20 @@ from pathlib import Path
 import numpy as np
 
 from moss_tts.errors import ConfigError, ModelFileError
+from moss_tts.ggml.types import BF16, F16, F32, GGMLType
 from moss_tts.models.delay import (AUDIO_HEADS, FORMAT_VERSION, KIND, TEXT_HEAD, TOKENIZER_KEY,
                                    DelayConfig)
 from moss_tts.models.qwen3 import Qwen3Config
 
-from .gguf_io import Lazy
+from .gguf_io import Lazy, TypeFor, fitted, weight_type
 from .registry import convert_checkpoint
 
 BACKBONE = "language_model."
 # Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
 IGNORED = {"language_model.rotary_emb.inv_freq": "RoPE frequencies are recomputed"}
+# P21: upstream's llama.cpp route quantizes the text head with the backbone, and that alone
+# raises EN WER 1.79 → 2.8-3.2 %; so the heads go below q8_0 only when asked to
+HEAD_FLOOR = GGMLType.Q8_0
 
 
 def delay_config(config: dict) -> DelayConfig:
@@ -83,14 +90,31 @@ def map_tensors(ckpt, cfg: DelayConfig) -> tuple[dict[str, Lazy], list[str]]:
     return out, unmapped
 
 
-def is_matmul(name: str, spec) -> bool:
-    """Block linears and the heads may be quantized; embeddings and norms stay f32."""
-    return spec.ndim == 2 and (name.startswith("blk.") or name in (TEXT_HEAD, AUDIO_HEADS))
+def default_head_type(outtype: GGMLType) -> GGMLType:
+    """The heads' default type: outtype, but not below q8_0 (P21)."""
+    return outtype if outtype in (F32, F16, BF16, HEAD_FLOOR) else HEAD_FLOOR
 
 
-def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
-            progress=None) -> Path:
+def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
+    """A type per group: block linears (`blk.*`) in outtype, the text and audio heads in
+    `head` (default `default_head_type(outtype)`), the embedding tables (token_embd, emb_ext.*) in
+    `embed` (design §4 keeps them f32; ggml reads rows of any type), norms f32."""
+    outtype = weight_type(outtype)
+    head = weight_type(head, "head type") if head is not None else default_head_type(outtype)
+    embed = weight_type(embed, "embed type")
+
+    def type_for(name: str, spec) -> GGMLType:
+        if spec.ndim != 2:
+            return F32
+        if name.startswith("blk."):
+            return fitted(outtype, spec)
+        return fitted(head if name in (TEXT_HEAD, AUDIO_HEADS) else embed, spec)
+    return type_for
+
+
+def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,
+            embed_type: str = "f32", strict: bool = False, progress=None) -> Path:
     return convert_checkpoint(model, out, parse_config=delay_config, find_tokenizer=find_tokenizer,
                               map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
-                              version=FORMAT_VERSION, is_matmul=is_matmul, outtype=outtype,
-                              strict=strict, progress=progress)
+                              version=FORMAT_VERSION, strict=strict, progress=progress,
+                              type_for=tensor_types(outtype, head=head_type, embed=embed_type))

@@ -4,6 +4,7 @@ written atomically (a temp file renamed into place, so no half-written model is 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -11,7 +12,7 @@ import numpy as np
 
 from moss_tts.errors import ConfigError
 from moss_tts.fileio import atomic_output
-from moss_tts.ggml.quant import block_size, quantize, row_bytes
+from moss_tts.ggml.quant import QUANTIZABLE, block_size, quantize, requires_imatrix, row_bytes
 from moss_tts.ggml.types import GGMLType
 from moss_tts.ggml.weights import KIND_KEY, VERSION_KEY
 
@@ -35,15 +36,52 @@ class Lazy:
             raise ConfigError(f"tensor loaded with shape {arr.shape}, declared {self.shape}")
         return arr
 
+    def encoded(self, t: GGMLType):
+        """The tensor in ggml's layout of t, as blocks of whole rows written one after another
+        (here one block; a source that makes its rows in pieces overrides this)."""
+        yield _encode(self.load(), t)
 
-def tensor_type(name: str, spec, outtype: GGMLType, is_matmul) -> GGMLType:
-    """Embeddings, norms, biases and anything not a matmul weight stay f32 (design §4); a matmul
-    weight whose rows do not fit the block size falls back to f16. `spec` has shape/ndim/dtype."""
-    if spec.dtype.kind in "iu" or not is_matmul(name, spec):
-        return GGMLType.F32 if spec.dtype.kind == "f" else GGMLType.I32
-    if outtype in FLOAT_TYPES or spec.shape[-1] % block_size(outtype) == 0:
-        return outtype
+
+# type_for(name, spec) → the GGUF type of one tensor (spec has shape, ndim, dtype): the hook
+# every converter's type choice goes through
+TypeFor = Callable[[str, object], GGMLType]
+
+
+def fitted(t: GGMLType, spec) -> GGMLType:
+    """t, or f16 where a row is not a whole number of t's blocks (K-quants need rows of 256).
+    llama.cpp's quantizer falls back to a 32-block type first (q4_K → q5_0, q6_K → q8_0); f16
+    keeps every existing conversion as it was, and real model widths never need the fallback."""
+    if t in FLOAT_TYPES or spec.shape[-1] % block_size(t) == 0:
+        return t
     return GGMLType.F16
+
+
+def weight_type(value: "GGMLType | str", what: str = "outtype") -> GGMLType:
+    """A type ggml can store weights in: a float type or one it quantizes to without an
+    importance matrix (checked before anything is written)."""
+    t = GGMLType.parse(value)
+    if t not in FLOAT_TYPES and (t not in QUANTIZABLE or requires_imatrix(t)):
+        choices = ", ".join(q.name.lower() for q in (*FLOAT_TYPES, *sorted(QUANTIZABLE))
+                            if q in FLOAT_TYPES or not requires_imatrix(q))
+        raise ConfigError(f"{what} {t.name.lower()}: not a weight type ggml can write; pick one "
+                          f"of {choices}")
+    return t
+
+
+def matmul_types(outtype: "GGMLType | str", is_matmul) -> TypeFor:
+    """The common policy: matmul weights (`is_matmul(name, spec)`) in outtype; embeddings,
+    norms, biases and anything else f32, integers i32 (design §4)."""
+    outtype = weight_type(outtype)
+
+    def type_for(name: str, spec) -> GGMLType:
+        if spec.dtype.kind in "iu":
+            return GGMLType.I32
+        return fitted(outtype, spec) if is_matmul(name, spec) else GGMLType.F32
+    return type_for
+
+
+def default_is_matmul(name: str, spec) -> bool:
+    return spec.ndim == 2 and name.endswith(".weight")
 
 
 def _stored(t: GGMLType, shape: tuple) -> tuple[tuple, np.dtype, int, object]:
@@ -68,36 +106,59 @@ def _encode(arr: np.ndarray, t: GGMLType) -> np.ndarray:
 
 
 def write_gguf(path: str | os.PathLike, tensors: dict, meta: dict, *, kind: str, version: int,
-               outtype: "GGMLType | str" = GGMLType.F32,
-               is_matmul=lambda name, spec: spec.ndim == 2 and name.endswith(".weight"),
-               progress=None) -> Path:
+               outtype: "GGMLType | str" = GGMLType.F32, is_matmul=default_is_matmul,
+               type_for: TypeFor | None = None, progress=None) -> Path:
     """Write tensors (numpy arrays or `Lazy`, any float dtype) and metadata to `path`
-    atomically, one tensor in memory at a time."""
+    atomically, one tensor in memory at a time. Each tensor's type is `type_for(name, spec)`;
+    without one, `matmul_types(outtype, is_matmul)`."""
     path = Path(path)
-    outtype = GGMLType.parse(outtype)
+    type_for = type_for or matmul_types(outtype, is_matmul)
     with atomic_output(path) as tmp:
         w = gguf.GGUFWriter(tmp, "moss-tts")
         w.add_string(KIND_KEY, kind)
         w.add_uint32(VERSION_KEY, version)
         for key, value in meta.items():
             _add_meta(w, key, value)
-        plan = []
-        for name, value in tensors.items():
-            spec = value if isinstance(value, Lazy) else np.asarray(value)
-            t = tensor_type(name, spec, outtype, is_matmul)
-            shape, dtype, nbytes, raw = _stored(t, tuple(spec.shape))
-            w.add_tensor_info(name, shape, dtype, nbytes, raw_dtype=raw)
-            plan.append((name, value, t))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for i, (name, value, t) in enumerate(plan):
-            arr = value.load() if isinstance(value, Lazy) else np.asarray(value)
-            w.write_tensor_data(_encode(arr, t))
-            if progress:
-                progress(i + 1, len(plan), name)
-        w.close()
+        write_tensors(w, tensors, type_for, progress)
     return path
+
+
+def write_tensors(w: gguf.GGUFWriter, tensors: dict, type_for: TypeFor, progress=None) -> None:
+    """Declare every tensor in the type `type_for` picks, write the header (metadata already
+    added to `w`) and the tensors one at a time, and close `w`."""
+    plan = []
+    for name, value in tensors.items():
+        spec = value if isinstance(value, Lazy) else np.asarray(value)
+        t = type_for(name, spec)
+        shape, dtype, nbytes, raw = _stored(t, tuple(spec.shape))
+        w.add_tensor_info(name, shape, dtype, nbytes, raw_dtype=raw)
+        plan.append((name, value, t, nbytes))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for i, (name, value, t, nbytes) in enumerate(plan):
+        blocks = value.encoded(t) if isinstance(value, Lazy) else [_encode(np.asarray(value), t)]
+        w.write_tensor_data(_Pieces(name, blocks, nbytes))
+        if progress:
+            progress(i + 1, len(plan), name)
+    w.close()
+
+
+class _Pieces:
+    """One tensor's data for `GGUFWriter.write_tensor_data`, which needs only its `nbytes`
+    and `tofile`: the blocks are encoded and written as they come, never joined in memory."""
+
+    def __init__(self, name: str, blocks, nbytes: int):
+        self.name, self.blocks, self.nbytes = name, blocks, nbytes
+
+    def tofile(self, f) -> None:
+        written = 0
+        for block in self.blocks:
+            block.tofile(f)
+            written += block.nbytes
+        if written != self.nbytes:
+            raise ConfigError(f"tensor {self.name}: {written} bytes written, {self.nbytes} "
+                              "declared")
 
 
 _ARRAY_TYPES = {np.dtype(np.uint8): gguf.GGUFValueType.UINT8, np.dtype(np.int8): gguf.GGUFValueType.INT8,

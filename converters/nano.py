@@ -18,7 +18,7 @@ from moss_tts.errors import ConfigError, ModelFileError
 from moss_tts.models import gpt2
 from moss_tts.models.nano import FORMAT_VERSION, KIND, TOKENIZER_KEY, NanoConfig
 
-from .gguf_io import Lazy
+from .gguf_io import Lazy, matmul_types
 from .registry import convert_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.model", "sentencepiece/mossttsnano_spm_bpe.model")
@@ -101,5 +101,5 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
             progress=None) -> Path:
     return convert_checkpoint(model, out, parse_config=nano_config, find_tokenizer=find_tokenizer,
                               map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
-                              version=FORMAT_VERSION, is_matmul=is_matmul, outtype=outtype,
+                              version=FORMAT_VERSION, type_for=matmul_types(outtype, is_matmul),
                               strict=strict, progress=progress)

@@ -6,13 +6,20 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from moss_tts.errors import ModelFileError
+from moss_tts.errors import ConfigError, ModelFileError
 
 # family → (module with `convert(model, out, *, outtype, strict, progress)`, what it converts)
 FAMILIES = {
     "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
     "nano": ("converters.nano", "MOSS-TTS-Nano"),
     "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
+}
+# `convert` flags only some families take: flag → (families, help). Each reaches the family's
+# `convert()` as the keyword of the same name (--head-type → head_type) when given.
+FAMILY_FLAGS = {
+    "--head-type": (("delay",), "type of the text and audio heads (default: --outtype, but "
+                                "q8_0 when that is lower: a quantized text head costs WER)"),
+    "--embed-type": (("delay",), "type of the embedding tables (default f32)"),
 }
 
 
@@ -26,8 +33,23 @@ def converter(family: str):
     return importlib.import_module(module).convert
 
 
+def family_options(family: str, given: dict) -> dict:
+    """The family flags set in `given` (parsed arguments by dest) as `convert()` keywords; a
+    flag the family does not take is an error, not ignored."""
+    out = {}
+    for flag, (families, _) in FAMILY_FLAGS.items():
+        key = flag.removeprefix("--").replace("-", "_")
+        if given.get(key) is None:
+            continue
+        if family not in families:
+            raise ConfigError(f"{flag} applies to convert {' / '.join(families)} only, not "
+                              f"{family}")
+        out[key] = given[key]
+    return out
+
+
 def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[str, tuple],
-           meta: dict, *, kind: str, version: int, outtype: str, strict: bool, is_matmul,
+           meta: dict, *, kind: str, version: int, type_for, strict: bool,
            progress=None) -> Path:
     """Report every checkpoint tensor not used (fail with `strict`), check each expected
     tensor is there with its declared shape (all problems in one error), then write the GGUF
@@ -40,12 +62,12 @@ def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[st
     report_unmapped(model_dir, list(unmapped) + sorted(n for n in tensors if n not in expected),
                     strict)
     return write_gguf(out, expected_tensors(model_dir, tensors, expected), meta, kind=kind,
-                      version=version, outtype=outtype, is_matmul=is_matmul, progress=progress)
+                      version=version, type_for=type_for, progress=progress)
 
 
 def convert_checkpoint(model: str, out, *, parse_config, find_tokenizer, map_tensors,
-                       tokenizer_key: str, kind: str, version: int, is_matmul, outtype: str,
-                       strict: bool, progress=None) -> Path:
+                       tokenizer_key: str, kind: str, version: int, type_for, strict: bool,
+                       progress=None) -> Path:
     """The common route of a TTS converter: resolve the checkpoint, parse its config.json,
     embed its tokenizer, map its tensors lazily, then `finish`."""
     from .checkpoint import open_checkpoint, read_config, resolve_model_dir
@@ -57,5 +79,4 @@ def convert_checkpoint(model: str, out, *, parse_config, find_tokenizer, map_ten
     with open_checkpoint(model_dir) as ckpt:
         tensors, unmapped = map_tensors(ckpt, cfg)
         return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(), meta, kind=kind,
-                      version=version, outtype=outtype, strict=strict, is_matmul=is_matmul,
-                      progress=progress)
+                      version=version, type_for=type_for, strict=strict, progress=progress)

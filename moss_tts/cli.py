@@ -230,12 +230,13 @@ def _reconstruct(args) -> int:
 
 
 def _convert(args) -> int:
-    from converters.registry import converter
+    from converters.registry import converter, family_options
     convert = converter(args.family)
     check_output(args.out, (".gguf",))
     with Progress("writing", args.quiet) as bar, writing(args.out):
         out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
-                      progress=lambda i, n, name: bar(i, n))
+                      progress=lambda i, n, name: bar(i, n),
+                      **family_options(args.family, vars(args)))
     _say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
     return 0
 
@@ -421,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="machine-readable output, never abbreviated")
     i.add_argument("--full", action="store_true", help="do not abbreviate long values")
     i.set_defaults(func=_info)
-    from converters.registry import FAMILIES
+    from converters.registry import FAMILIES, FAMILY_FLAGS
 
     from .cli_tts import add_tts_commands
     c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF", parents=[common])
@@ -431,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", "-o", required=True, help="output .gguf")
     c.add_argument("--outtype", default="f32",
                    help="matmul weight type: f32 (default), f16, bf16, q8_0, q4_K, ...")
+    for flag, (families, text) in FAMILY_FLAGS.items():
+        c.add_argument(flag, help=f"{'/'.join(families)} only: {text}")
     c.add_argument("--strict", action="store_true", help="fail on any checkpoint tensor not used")
     c.add_argument("--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=_convert)

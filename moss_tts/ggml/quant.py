@@ -25,6 +25,11 @@ def block_size(t: "GGMLType | str") -> int:
     return int(_lib.get().ggml_blck_size(int(GGMLType.parse(t))))
 
 
+def requires_imatrix(t: "GGMLType | str") -> bool:
+    """ggml quantizes t only with an importance matrix (the IQ1/IQ2 types)."""
+    return bool(_lib.get().ggml_quantize_requires_imatrix(int(GGMLType.parse(t))))
+
+
 def row_bytes(t: "GGMLType | str", n: int) -> int:
     return int(_lib.get().ggml_row_size(int(GGMLType.parse(t)), n))
 
@@ -50,7 +55,7 @@ def quantize(x: np.ndarray, t: "GGMLType | str", imatrix: np.ndarray | None = No
     if k % block_size(t):
         raise ShapeError(f"quantize: row length {k} is not a multiple of the {t.name} block "
                          f"size {block_size(t)}; keep this tensor in f16/f32")
-    if L.ggml_quantize_requires_imatrix(int(t)) and imatrix is None:
+    if requires_imatrix(t) and imatrix is None:
         raise ShapeError(f"quantize: {t.name} needs an importance matrix; pick another type")
     im = None
     if imatrix is not None:

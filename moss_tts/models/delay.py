@@ -32,6 +32,9 @@ AUDIO_HEADS = "audio_heads.weight"     # lm_heads.1..N stacked: one matmul per s
 # Generation budget in rows (frames + n_vq + 1 staircase rows + text, P25): the default of
 # upstream's llama.cpp pipeline
 MAX_NEW_ROWS = 2000
+# In audio only GEN and DELAY may follow (P3) and a flush row samples no text at all, so such a
+# step computes this many rows of the text head, not the vocabulary (~0.7 GB of a q4_K step)
+FEW_TEXT_IDS = 2
 
 
 @dataclass(frozen=True)
@@ -149,16 +152,20 @@ def embed_rows(g: Graph, w: DelayWeights, cfg: DelayConfig, n_rows: int) -> Tens
 
 
 def build_rows(g: Graph, w: DelayWeights, cfg: DelayConfig, n_rows: int, kv: CacheView,
-               last_only: bool) -> None:
+               last_only: bool, *, few_text_ids: bool = False) -> None:
     """Rows → "hidden" [D, R], "text_logits" [V, R], "audio_logits" [audio_rows, n_vq, R] for
-    R = 1 (the last row: what generation samples from) or every row."""
+    R = 1 (the last row: what generation samples from) or every row. With `few_text_ids`, the
+    text logits are those of the I32 input "text_ids" [FEW_TEXT_IDS] only, [FEW_TEXT_IDS, R]."""
     h = qwen3.forward(embed_rows(g, w, cfg, n_rows), w.layers, w.output_norm, cfg.language_config,
                       kv=kv)
     if last_only:
         h = last_row(h)
     r = h.ne[1]
     g.output(h, "hidden", ndim=2)
-    g.output(ops.mul_mat(w.text_head, h), "text_logits", ndim=2)
+    head = w.text_head
+    if few_text_ids:   # [D, FEW_TEXT_IDS]: the rows of the ids the next row may take
+        head = ops.get_rows(head, g.input("text_ids", (FEW_TEXT_IDS,), I32))
+    g.output(ops.mul_mat(head, h), "text_logits", ndim=2)
     audio = ops.reshape(ops.mul_mat(w.audio_heads, h), cfg.audio_rows, cfg.n_vq, r)
     g.output(audio, "audio_logits", ndim=3)
 
@@ -176,6 +183,36 @@ def audio_seen(history: np.ndarray, cfg: DelayConfig) -> np.ndarray:
     (HF samples those as one batch, so their repetition history is pooled, P5)."""
     return np.vstack([seen_per_head(history[:, :1], cfg.audio_rows),
                       seen_pooled(history[:, 1:], cfg.audio_rows)])
+
+
+def few_text_ids(state: DelayState, cfg: DelayConfig) -> np.ndarray | None:
+    """The text ids whose logits the row after `state` can use, padded to FEW_TEXT_IDS, when
+    that few (in audio, or a forced flush row: none); None when it needs the vocabulary."""
+    if forced_text(state, cfg.ids) is not None:
+        allowed = np.zeros(0, dtype=np.int64)
+    elif state.is_audio:
+        allowed = np.flatnonzero(text_allowed(state, cfg.ids, cfg.vocab_size))
+    else:
+        return None
+    if len(allowed) > FEW_TEXT_IDS:
+        return None
+    ids = np.full(FEW_TEXT_IDS, cfg.audio_assistant_gen_slot_token_id, dtype=np.int32)
+    ids[:len(allowed)] = allowed
+    return ids
+
+
+def step_run(session: DecodeSession, rows: np.ndarray, state: DelayState,
+             cfg: DelayConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Feed rows; → (text logits [V], audio logits [n_vq, audio_rows]) of the last row, the
+    text logits −inf outside the ids the row after `state` may take when those are few."""
+    ids = few_text_ids(state, cfg)
+    if ids is None:
+        out = session.run(row_feed(rows), len(rows), variant=True)
+        return out["text_logits"][0], out["audio_logits"][0]
+    out = session.run(row_feed(rows) | {"text_ids": ids}, len(rows), variant="few")
+    text = np.full(cfg.vocab_size, -np.inf, dtype=np.float32)
+    text[ids] = out["text_logits"][0]
+    return text, out["audio_logits"][0]
 
 
 def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray,
@@ -236,10 +273,13 @@ class DelayModel:
         self.w = DelayWeights.from_tensors(tensors, self.config)
 
     def make_session(self, capacity: int) -> DecodeSession:
-        """A decode session for `capacity` rows; variant True = heads on the last row only."""
+        """A decode session for `capacity` rows; variant True = heads on the last row only,
+        "few" = that with the text logits of the input "text_ids" only (`step_run`)."""
         lc = self.config.language_config
         return DecodeSession(
-            lambda g, n, kv, last: build_rows(g, self.w, self.config, n, kv, last),
+            lambda g, n, kv, variant: build_rows(g, self.w, self.config, n, kv,
+                                                 variant is not False,
+                                                 few_text_ids=variant == "few"),
             backend=self.backend, n_layer=lc.num_hidden_layers,
             n_kv_head=lc.num_key_value_heads, head_dim=lc.head_dim, capacity=capacity,
             prefix="backbone", name="delay", dtype=self.kv_type)
@@ -274,9 +314,8 @@ class DelayModel:
         with self.make_session(len(rows) + max_new_rows) as session:
             feed = rows
             for _ in range(max_new_rows):
-                out = session.run(row_feed(feed), len(feed), variant=True)
-                row, state = next_row(state, out["text_logits"][0], out["audio_logits"][0],
-                                      seen, cfg, options, rng)
+                text, audio = step_run(session, feed, state, cfg)
+                row, state = next_row(state, text, audio, seen, cfg, options, rng)
                 seen |= audio_seen(row[None, 1:], cfg)
                 yield row
                 if state.stopping:

@@ -4,10 +4,11 @@ get the requested type, everything else stays f32, and a failed write leaves no 
 import numpy as np
 import pytest
 
-from converters.gguf_io import write_gguf
+from converters.gguf_io import fitted, weight_type, write_gguf
 from fixtures.compare import assert_close
 from moss_tts.errors import ConfigError, ShapeError
 from moss_tts.ggml import GGUFFile, Weights
+from moss_tts.ggml.types import GGMLType
 
 
 @pytest.fixture
@@ -51,3 +52,32 @@ def test_failed_write_leaves_no_file(tmp_path, tensors):
     with pytest.raises(ShapeError, match="unknown ggml type"):
         write_gguf(target, tensors, {}, kind="codec", version=1, outtype="q9_9")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_type_hook_decides_each_tensor(tmp_path, tensors):
+    """`type_for(name, spec)` replaces the outtype/is_matmul policy; rows a K-quant cannot
+    block still fall back to f16 through `fitted`."""
+    picks = {"blk.0.attn.weight": GGMLType.Q4_K, "blk.0.odd.weight": GGMLType.Q4_K,
+             "emb.weight": GGMLType.Q8_0}
+    seen = []
+
+    def type_for(name, spec):
+        seen.append((name, tuple(spec.shape)))
+        t = picks.get(name, GGMLType.I32 if spec.dtype.kind == "i" else GGMLType.F32)
+        return fitted(t, spec)
+
+    path = write_gguf(tmp_path / "m.gguf", tensors, {}, kind="codec", version=1,
+                      outtype="q8_0", type_for=type_for)
+    with GGUFFile(path) as f:
+        types = {n: t.type for n, t in f.tensors.items()}
+    assert seen == [(n, a.shape) for n, a in tensors.items()]
+    assert types == {"blk.0.attn.weight": GGMLType.Q4_K, "blk.0.norm.weight": GGMLType.F32,
+                     "blk.0.odd.weight": GGMLType.F16, "emb.weight": GGMLType.Q8_0,
+                     "ids": GGMLType.I32}
+
+
+@pytest.mark.parametrize("value", ["q8_1", "q8_K", "iq2_xxs"])
+def test_weight_type_refuses_types_ggml_cannot_write_alone(value):
+    with pytest.raises(ConfigError, match=f"{value.lower()}: not a weight type ggml can write"):
+        weight_type(value)
+    assert weight_type("q4_K") == GGMLType.Q4_K and weight_type("bf16") == GGMLType.BF16

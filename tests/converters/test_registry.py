@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from converters import codec, delay, nano
+from converters.gguf_io import matmul_types
 from converters.registry import FAMILIES, converter, finish
 from moss_tts.errors import ModelFileError
 from moss_tts.ggml import GGUFFile
@@ -22,8 +23,8 @@ def tensors(**extra):
 
 def run_finish(tmp_path, ts, unmapped=(), strict=True):
     return finish(tmp_path, tmp_path / "out.gguf", ts, list(unmapped), EXPECTED, {"t.x": 1},
-                  kind="test", version=1, outtype="f32", strict=strict,
-                  is_matmul=lambda name, spec: False)
+                  kind="test", version=1, type_for=matmul_types("f32", lambda name, spec: False),
+                  strict=strict)
 
 
 def test_registry_maps_each_family_to_its_converter():
