@@ -9,8 +9,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .errors import InputError
-from .ggml.backend import NativeResource
+from .errors import InputError, ModelFileError
+from .ggml.backend import NativeResource, released_on_error
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,33 @@ class CodecTTS(NativeResource):
         parts = list(self.stream(text, **kwargs))
         audio = np.concatenate(parts) if parts else np.zeros((0, self.channels), np.float32)
         return audio, self.sample_rate
+
+    @classmethod
+    def _with_codec(cls, model, codec, backend):
+        """cls(model, codec), loading `codec` when it is a path; a codec that fails to load or to
+        fit frees the model (and the codec loaded here)."""
+        from .codec import Codec
+
+        with released_on_error(model):
+            owned = Codec.load(codec, backend=backend) if codec is not None \
+                and not isinstance(codec, Codec) else None
+            with released_on_error(owned):
+                return cls(model, owned or codec)
+
+    def _check_codec(self, codec) -> None:
+        """The codec must have the model's rate, channels and codebooks."""
+        c, layout = self.config, {1: "mono", 2: "stereo"}.get(self.channels, "")
+        problems = []
+        if codec.channels != self.channels or codec.sample_rate != self.sample_rate:
+            problems.append(f"it is {codec.sample_rate} Hz x {codec.channels} channel(s), the "
+                            f"model needs {self.sample_rate} Hz {layout}")
+        if codec.n_quantizers < c.n_vq or codec.config.codebook_size != c.audio_vocab_size:
+            problems.append(f"it has {codec.n_quantizers} codebooks of "
+                            f"{codec.config.codebook_size}, the model needs {c.n_vq} of "
+                            f"{c.audio_vocab_size}")
+        if problems:
+            raise ModelFileError("mismatched codec: " + "; ".join(problems) +
+                                 f" — pass {self.CODEC_NAME}")
 
     def _need_codec(self):
         if self.codec is None:

@@ -48,7 +48,7 @@ class DelayTTS(CodecTTS):
     >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP
     """
 
-    CODEC_NAME = "the MOSS-Audio-Tokenizer GGUF"
+    CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
 
     def __init__(self, model: DelayModel, codec: Codec | None):
@@ -73,23 +73,8 @@ class DelayTTS(CodecTTS):
         b = get_backend(backend, threads)
         m = load_published(model, b, kv_type=kv_type) if is_published_dir(model) \
             else DelayModel(Weights.load(model, b), kv_type=kv_type)
-        if codec is not None and not isinstance(codec, Codec):
-            codec = Codec.load(codec, backend=b)
-        return cls(m, codec)
+        return cls._with_codec(m, codec, b)
 
-    def _check_codec(self, codec: Codec) -> None:
-        c = self.config
-        problems = []
-        if codec.channels != 1 or codec.sample_rate != c.sampling_rate:
-            problems.append(f"it is {codec.sample_rate} Hz x {codec.channels} channel(s), the "
-                            f"model needs {c.sampling_rate} Hz mono")
-        if codec.n_quantizers < c.n_vq or codec.config.codebook_size != c.audio_vocab_size:
-            problems.append(f"it has {codec.n_quantizers} codebooks of "
-                            f"{codec.config.codebook_size}, the model needs {c.n_vq} of "
-                            f"{c.audio_vocab_size}")
-        if problems:
-            raise ModelFileError("mismatched codec: " + "; ".join(problems) +
-                                 " — pass the MOSS-Audio-Tokenizer (24 kHz) GGUF")
 
     @property
     def sample_rate(self) -> int:

@@ -19,7 +19,6 @@ from ..audio import REFERENCE_MAX_SECONDS, as_sample_rate, as_samples, trim_refe
 from ..codec import Codec
 from ..errors import InputError, ModelFileError, whole_number
 from ..ggml import Weights, get_backend
-from ..ggml.backend import released_on_error
 from ..sampling import SamplingOptions, decide_continue, sample_audio_code
 from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_samples,
                     prepare_texts, split_into_chunks)
@@ -137,26 +136,8 @@ class NanoTTS(CodecTTS):
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None) -> "NanoTTS":
         b = get_backend(backend, threads)
-        m = NanoModel(Weights.load(model, b))
-        # a codec that fails to load or to fit frees the model (and the codec loaded here)
-        with released_on_error(m):
-            owned = Codec.load(codec, backend=b) if codec is not None \
-                and not isinstance(codec, Codec) else None
-            with released_on_error(owned):
-                return cls(m, owned or codec)
+        return cls._with_codec(NanoModel(Weights.load(model, b)), codec, b)
 
-    def _check_codec(self, codec: Codec) -> None:
-        c = self.config
-        problems = []
-        if codec.channels != 2 or codec.sample_rate != c.sample_rate:
-            problems.append(f"it is {codec.sample_rate} Hz x {codec.channels} channel(s), the "
-                            f"model needs {c.sample_rate} Hz stereo")
-        if codec.n_quantizers < c.n_vq or codec.config.codebook_size != c.audio_vocab_size:
-            problems.append(f"it has {codec.n_quantizers} codebooks of {codec.config.codebook_size}, "
-                            f"the model needs {c.n_vq} of {c.audio_vocab_size}")
-        if problems:
-            raise ModelFileError("mismatched codec: " + "; ".join(problems) +
-                                 " — pass the MOSS-Audio-Tokenizer-Nano GGUF")
 
     @property
     def sample_rate(self) -> int:
