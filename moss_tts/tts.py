@@ -9,6 +9,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .audio import as_sample_rate, as_samples, trim_reference
 from .errors import InputError, ModelFileError
 from .ggml.backend import NativeResource, released_on_error
 
@@ -83,6 +84,15 @@ class CodecTTS(NativeResource):
         if problems:
             raise ModelFileError("mismatched codec: " + "; ".join(problems) +
                                  f" — pass {self.CODEC_NAME}")
+
+    @staticmethod
+    def _reference_audio(samples, sample_rate, max_seconds) -> tuple[np.ndarray, int]:
+        """Reference speech as float32 [n, channels] at a checked rate, cut to its first
+        max_seconds with a warning (None keeps it all: a continuation prompt must match its
+        text)."""
+        x, sample_rate = as_samples(samples, what="reference audio"), as_sample_rate(sample_rate)
+        return (x if max_seconds is None else trim_reference(x, sample_rate, max_seconds),
+                sample_rate)
 
     def _need_codec(self):
         if self.codec is None:

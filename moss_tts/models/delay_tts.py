@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator
 import numpy as np
 
-from ..audio import as_samples, loudness_normalize, resample, to_channels
+from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
 from ..codec import Codec
 from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
@@ -75,7 +75,6 @@ class DelayTTS(CodecTTS):
             else DelayModel(Weights.load(model, b), kv_type=kv_type)
         return cls._with_codec(m, codec, b)
 
-
     @property
     def sample_rate(self) -> int:
         return self.config.sampling_rate
@@ -84,12 +83,13 @@ class DelayTTS(CodecTTS):
     def channels(self) -> int:
         return 1
 
-    def encode_reference(self, samples, sample_rate: int) -> Reference:
-        """Reference speech → codes [frames, n_vq]: mono mix, the codec's rate, loudness
-        normalization (§1.3), then the codec."""
+    def encode_reference(self, samples, sample_rate: int, *,
+                         max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
+        """Reference speech → codes [frames, n_vq]: cut to max_seconds (as Nano's), mono mix, the
+        codec's rate, loudness normalization (§1.3, on what is kept), then the codec."""
         codec = self._need_codec()
-        x = resample(to_channels(as_samples(samples, what="reference audio"), 1),
-                     int(sample_rate), codec.sample_rate)
+        x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
+        x = resample(to_channels(x, 1), sample_rate, codec.sample_rate)
         codes = codec.encode(loudness_normalize(x), codec.sample_rate,
                              n_quantizers=self.config.n_vq)
         return Reference(np.ascontiguousarray(codes.T))

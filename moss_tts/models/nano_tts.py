@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..audio import REFERENCE_MAX_SECONDS, as_sample_rate, as_samples, trim_reference
+from ..audio import REFERENCE_MAX_SECONDS
 from ..codec import Codec
 from ..errors import InputError, ModelFileError, whole_number
 from ..ggml import Weights, get_backend
@@ -138,7 +138,6 @@ class NanoTTS(CodecTTS):
         b = get_backend(backend, threads)
         return cls._with_codec(NanoModel(Weights.load(model, b)), codec, b)
 
-
     @property
     def sample_rate(self) -> int:
         return self.config.sample_rate
@@ -154,10 +153,7 @@ class NanoTTS(CodecTTS):
         Audio past max_seconds is cut with a warning (None keeps it all: a continuation prompt
         must match its text)."""
         self._need_open()
-        x = as_samples(samples, what="reference audio")
-        sample_rate = as_sample_rate(sample_rate)
-        if max_seconds is not None:
-            x = trim_reference(x, sample_rate, max_seconds)
+        x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
         codes = self._need_codec().encode(x, sample_rate, n_quantizers=self.config.n_vq)
         return Reference(np.ascontiguousarray(codes.T))
 

@@ -137,3 +137,24 @@ def test_research_steps_pass_through_to_the_model(tts):
     assert hidden.shape[0] == text.shape[0] == audio.shape[1] == len(rows)
     np.testing.assert_array_equal(tts.generate(rows, options=GREEDY, max_new_rows=5),
                                   tts.model.generate(rows, options=GREEDY, max_new_rows=5))
+
+
+def test_a_long_reference_is_cut_like_nanos_and_a_fractional_rate_is_refused(tts, caplog):
+    """The reference rule of Nano holds for Delay too: past REFERENCE_MAX_SECONDS the voice is
+    its first 30 s (said in a warning), max_seconds=None keeps it all; 16000.5 Hz is refused."""
+    import logging
+
+    from moss_tts.audio import REFERENCE_MAX_SECONDS
+
+    rng = np.random.default_rng(3)
+    n_cut = int(REFERENCE_MAX_SECONDS * SAMPLE_RATE)
+    long = (0.1 * rng.standard_normal(SAMPLE_RATE * 40)).astype(np.float32)
+    with caplog.at_level(logging.WARNING, logger="moss_tts.audio"):
+        voice = tts.encode_reference(long, SAMPLE_RATE)
+    assert "40.0 s long; using its first 30 s" in caplog.text
+    cut = tts.encode_reference(long[:n_cut], SAMPLE_RATE)
+    np.testing.assert_array_equal(voice.codes, cut.codes)
+    whole = tts.encode_reference(long, SAMPLE_RATE, max_seconds=None)
+    assert len(whole.codes) > len(voice.codes)
+    with pytest.raises(InputError, match="sample_rate must be a whole number"):
+        tts.encode_reference(long[:SAMPLE_RATE], SAMPLE_RATE + 0.5)
