@@ -182,6 +182,9 @@ class ServedModel:
         self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
         self.options_class = type(tts).OPTIONS
         self.takes_max_frames = takes_keyword(type(tts).stream, "max_frames")
+        # OpenAI's `instructions` steers a family that has a style prompt (Delay's
+        # `instruction`); the others accept and ignore it, as OpenAI clients send it freely
+        self.takes_instruction = "instruction" in getattr(type(tts), "PROMPT_FIELDS", ())
         self.worker = ModelWorker(tts, queue_depth, thread_name)
 
     def stream_keywords(self, req) -> dict:
@@ -195,12 +198,14 @@ class ServedModel:
                 raise RequestError(400, f"'max_new_frames' is not an option of model "
                                         f"{self.name!r}; leave it out")
             words["max_frames"] = req.max_frames
+        if req.instruction is not None and self.takes_instruction:
+            words["instruction"] = req.instruction
         return words
 
 
 def takes_keyword(function, name: str) -> bool:
-    parameters = inspect.signature(function).parameters.values()
-    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+    """A parameter named so; `**fields` does not count (Delay's holds its prompt fields)."""
+    return name in inspect.signature(function).parameters
 
 
 def served_models(models, queue_depth: int) -> dict[str, ServedModel]:

@@ -20,8 +20,7 @@ MAX_UPLOAD_BYTES = 10 * 2**20        # decoded reference / voice audio
 MAX_BODY_BYTES = 15 * 2**20          # that upload as base64 (×4/3) plus the other fields
 SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
 
-# Fields OpenAI clients send that this server does not use: accepted and ignored (README).
-IGNORED = ("instructions",)
+MAX_INSTRUCTION_CHARS = 1024
 # request field → (the options field it sets, its upper bound, whole number); the model's
 # family's options dataclass fills the fields a request leaves out
 SAMPLING_FIELDS = {"temperature": ("audio_temperature", 10, False),
@@ -29,8 +28,8 @@ SAMPLING_FIELDS = {"temperature": ("audio_temperature", 10, False),
                    "top_p": ("audio_top_p", 1, False),
                    "repetition_penalty": ("audio_repetition_penalty", 10, False)}
 SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream_format",
-                 "pcm_layout", "seed", "max_new_frames", "reference_audio",
-                 *SAMPLING_FIELDS, *IGNORED)
+                 "pcm_layout", "seed", "max_new_frames", "reference_audio", "instructions",
+                 *SAMPLING_FIELDS)
 VOICE_FIELDS = ("name", "audio")
 
 
@@ -55,6 +54,7 @@ class SpeechRequest:
     seed: int | None
     max_frames: int | None           # None: the model's own cap
     sampling: dict                   # options field → value, for the fields the request gave
+    instruction: str | None = None   # OpenAI's `instructions`: a style prompt, for families with one
 
 
 def check_content_type(headers) -> None:
@@ -135,8 +135,9 @@ def _number(body: dict, name: str, default, low, high, *, integer: bool = False,
 def parse_speech(raw: bytes) -> SpeechRequest:
     """POST /v1/audio/speech → a checked request (OpenAI fields plus this server's extensions)."""
     body = parse_object(raw, SPEECH_FIELDS)
-    for name in IGNORED:
-        _string(body, name)
+    instruction = _string(body, "instructions")
+    if instruction is not None and len(instruction) > MAX_INSTRUCTION_CHARS:
+        raise RequestError(413, f"'instructions' is longer than {MAX_INSTRUCTION_CHARS} characters")
     text = body.get("input")
     if not isinstance(text, str):
         raise RequestError(400, f"'input' must be a string, got {_kind(text)}")
@@ -164,7 +165,7 @@ def parse_speech(raw: bytes) -> SpeechRequest:
         voice=_string(body, "voice"), reference_audio=_string(body, "reference_audio"),
         seed=_number(body, "seed", None, 0, SEED_LIMIT - 1, integer=True),
         max_frames=_number(body, "max_new_frames", None, 1, MAX_FRAMES, integer=True),
-        sampling=_sampling(body))
+        sampling=_sampling(body), instruction=(instruction or "").strip() or None)
 
 
 def _sampling(body: dict) -> dict:

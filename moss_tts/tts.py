@@ -47,6 +47,7 @@ class CodecTTS(NativeResource):
     CODEC_NAME = "codec"      # what `_need_codec` asks for, e.g. "the MOSS-Audio-Tokenizer GGUF"
     FAMILY = NAME = ""        # the GGUF kind ("nano") and the name people know ("MOSS-TTS-Nano")
     OPTIONS: type = object    # the family's sampling dataclass: its defaults are the only ones
+    PROMPT_FIELDS: tuple[str, ...] = ()   # prompt keywords of `stream` (instruction, language, ...)
     model = codec = None
 
     def stream(self, text: str, **options) -> Iterator[np.ndarray]:

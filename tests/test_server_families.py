@@ -30,9 +30,10 @@ TEXT = "Hello there."
 class ShortDelayTTS(DelayTTS):
     """DelayTTS with a short row cap, so a request takes a second, not the 2000-row default."""
 
-    def stream(self, text, *, reference=None, options=DelaySamplingOptions(), seed=None):
+    def stream(self, text, *, reference=None, options=DelaySamplingOptions(), seed=None,
+               **fields):
         return super().stream(text, reference=reference, options=options, seed=seed,
-                              max_new_rows=ROWS)
+                              max_new_rows=ROWS, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,24 @@ def test_the_request_model_picks_the_family(server, files):
     for name in ("tts-1", "moss-tts-nano"):       # OpenAI's name means the first model
         audio, rate = speech(client, name, max_new_frames=12)
         assert rate == SR and audio.shape == (12 * 32, 2)
+
+
+def test_openai_instructions_become_delays_instruction(server, files):
+    _, client = server
+    r = client.audio.speech.create(model="moss-tts-delay", voice="alloy", input=TEXT,
+                                   response_format="wav", instructions="  Speak slowly.  ",
+                                   extra_body={"seed": 7})
+    audio, _ = sf.read(io.BytesIO(r.content), dtype="float32", always_2d=True)
+    with DelayTTS.load(files.delay, codec=files.delay_codec, threads=1) as tts:
+        want, _ = tts.synthesize(TEXT, seed=7, max_new_rows=ROWS, instruction="Speak slowly.")
+        plain = tts.plan(TEXT)
+        assert not np.array_equal(tts.plan(TEXT, instruction="Speak slowly."), plain)
+    np.testing.assert_array_equal(audio, want)
+    # Nano has no style prompt: OpenAI clients send `instructions` freely, so it is ignored
+    nano = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT,
+                                      response_format="wav", instructions="Speak slowly.",
+                                      extra_body={"seed": 7, "max_new_frames": 12})
+    assert sf.info(io.BytesIO(nano.content)).frames == 12 * 32
 
 
 def test_models_lists_every_loaded_model(server):

@@ -15,7 +15,7 @@ from ..codec import Codec
 from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
-from ..text.delay_prompts import DelayPromptIds, build_generation_rows
+from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..tts import CodecTTS, Reference
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
@@ -50,6 +50,7 @@ class DelayTTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
+    PROMPT_FIELDS = FIELDS
 
     def __init__(self, model: DelayModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
