@@ -14,6 +14,9 @@ FAMILIES = {
     "nano": ("converters.nano", "MOSS-TTS-Nano"),
     "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
 }
+# what a repo id or checkpoint directory given as a model converts to when no type is asked
+# for: exact f32 where it fits in memory; the 8B MOSS-TTS at q8_0 (8.7 GB, not 32)
+HUB_OUTTYPE = {"delay": "q8_0"}
 # `convert` flags only some families take: flag → (families, help). Each reaches the family's
 # `convert()` as the keyword of the same name (--head-type → head_type) when given.
 FAMILY_FLAGS = {
@@ -21,6 +24,20 @@ FAMILY_FLAGS = {
                                 "q8_0 when that is lower: a quantized text head costs WER)"),
     "--embed-type": (("delay",), "type of the embedding tables (default f32)"),
 }
+
+
+def family_of(config: dict) -> str:
+    """The family a checkpoint's config.json holds, for converting a repo id or directory
+    given where any model may come. Structure first: V2 (Local) says `moss_tts_delay` too (P26)."""
+    kind = config.get("model_type")
+    if kind == "moss_tts_nano":
+        return "nano"
+    if kind == "moss_tts_delay" and not {"local_num_layers", "gpt2_config"} & set(config):
+        return "delay"
+    if kind in ("moss-audio-tokenizer", "speech_tokenizer") or "encoder_kwargs" in config:
+        return "codec"
+    raise ConfigError(f"model_type {kind!r}: not a checkpoint of a family this version converts "
+                      f"({', '.join(FAMILIES)})")
 
 
 def converter(family: str):

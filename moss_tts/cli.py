@@ -120,15 +120,15 @@ def _print_info(f, meta: dict, tensors: list, full: bool) -> None:
 class Progress:
     """A one-line progress indicator on stderr; silent with --quiet or when stderr is no TTY."""
 
-    def __init__(self, label: str, quiet: bool):
-        self.label = label
+    def __init__(self, label: str, quiet: bool, unit: str = "frames"):
+        self.label, self.unit = label, unit
         self.enabled = not quiet and sys.stderr.isatty()
         self.shown = False
 
     def __call__(self, done: int, total: int) -> None:
         if self.enabled:
             pct = 100 * done // max(total, 1)
-            print(f"\r{self.label}: {pct:3d}% ({done}/{total} frames)", end="", file=sys.stderr,
+            print(f"\r{self.label}: {pct:3d}% ({done}/{total} {self.unit})", end="", file=sys.stderr,
                   flush=True)
             self.shown = True
 
@@ -150,12 +150,14 @@ class Progress:
         self.close()
 
 
-def _resolve(spec: str, family: str, flag: str):
-    """A model flag's value → a GGUF path; a failure names the flag and the offline way out."""
+def _resolve(spec: str, family: str, flag: str, quiet: bool = False):
+    """A model flag's value → a GGUF path (a checkpoint is converted into the cache once, with
+    progress: an 8B takes minutes); a failure names the flag and the offline way out."""
     from .hub import resolve_gguf
 
     try:
-        return resolve_gguf(spec, family)
+        with Progress(f"converting {spec} into the cache", quiet, "tensors") as bar:
+            return resolve_gguf(spec, family, progress=lambda i, n, name: bar(i, n))
     except MossTTSError as e:
         raise type(e)(f"{flag} {e}; {flag} also takes a local .gguf or checkpoint directory "
                       f"(tiny models for a first run offline: {TINY_MODELS_COMMAND})") from None
@@ -233,7 +235,7 @@ def _convert(args) -> int:
     from converters.registry import converter, family_options
     convert = converter(args.family)
     check_output(args.out, (".gguf",))
-    with Progress("writing", args.quiet) as bar, writing(args.out):
+    with Progress("writing", args.quiet, "tensors") as bar, writing(args.out):
         out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
                       progress=lambda i, n, name: bar(i, n),
                       **family_options(args.family, vars(args)))

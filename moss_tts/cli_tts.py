@@ -37,11 +37,12 @@ FAMILY_FLAGS = {
 
 def model_path(spec: str):
     """--model → what `load_tts` takes: a file or a published MOSS-TTS-GGUF directory as they
-    are; a checkpoint directory or repo id converted (into the cache) as Nano."""
+    are; a checkpoint directory or repo id converted (into the cache) by the family its
+    config.json names."""
     from .models.delay_published import is_published_dir
 
     return spec if Path(spec).is_file() or is_published_dir(spec) else \
-        _resolve(spec, "nano", "--model")
+        _resolve(spec, "model", "--model")
 
 
 def check_family_flags(args, cls) -> None:

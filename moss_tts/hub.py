@@ -23,28 +23,62 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def resolve_gguf(spec: str, family: str, *, outtype: str = "f32", progress=None) -> Path:
-    """`spec` → a GGUF path. family: "nano" or "codec" (which converter a repo id needs)."""
+def resolve_gguf(spec: str, family: str, *, outtype: str | None = None, progress=None) -> Path:
+    """`spec` → a GGUF path. family: which converter a repo id or checkpoint directory needs —
+    "codec", a TTS family, or "model": any TTS family, read from its config.json. outtype:
+    the family's default (f32; q8_0 for the 8B Delay) unless given."""
     path = Path(spec).expanduser()
     if path.is_file():
         return path
     if path.is_dir():
+        family = _family(str(path), family)
+        outtype = outtype or _outtype(family)
         return _convert(str(path), family, outtype, progress,
                         cache_dir() / "gguf" / f"{path.resolve().name}-{family}-{outtype}.gguf")
     if not _REPO_ID.match(spec):
         raise InputError(f"{spec}: no such file, and not a Hugging Face repo id (owner/name)")
-    target = cache_dir() / "gguf" / f"{spec.replace('/', '--')}-{outtype}.gguf"
-    if target.is_file():
-        return target
-    return _convert(spec, family, outtype, progress, target)
+    # a conversion made before: no hub call to find the family again
+    for made in ([outtype] if outtype else _outtypes(family)):
+        if _repo_target(spec, made).is_file():
+            return _repo_target(spec, made)
+    family = _family(spec, family)
+    outtype = outtype or _outtype(family)
+    target = _repo_target(spec, outtype)
+    return target if target.is_file() else _convert(spec, family, outtype, progress, target)
+
+
+def _repo_target(spec: str, outtype: str) -> Path:
+    return cache_dir() / "gguf" / f"{spec.replace('/', '--')}-{outtype}.gguf"
+
+
+def _outtypes(family: str) -> list[str]:
+    from converters.registry import HUB_OUTTYPE
+
+    return [_outtype(family)] if family != "model" else ["f32", *set(HUB_OUTTYPE.values())]
+
+
+def _outtype(family: str) -> str:
+    from converters.registry import HUB_OUTTYPE
+
+    return HUB_OUTTYPE.get(family, "f32")
+
+
+def _family(source: str, family: str) -> str:
+    """"model" → the TTS family its config.json names (only the JSON files are fetched)."""
+    if family != "model":
+        return family
+    from converters.checkpoint import read_config, resolve_model_dir
+    from converters.registry import family_of
+
+    found = family_of(read_config(resolve_model_dir(source, allow_patterns=("*.json",))))
+    if found == "codec":
+        raise ModelFileError(f"{source} is an audio codec checkpoint, not a speech model: pass "
+                             "it as --codec")
+    return found
 
 
 def _convert(source: str, family: str, outtype: str, progress, target: Path) -> Path:
-    if family == "nano":
-        from converters.nano import convert
-    elif family == "codec":
-        from converters.codec import convert
-    else:
-        raise ModelFileError(f"unknown model family {family!r}")
-    logger.info("converting %s to %s", source, target)
-    return convert(source, target, outtype=outtype, progress=progress)
+    from converters.registry import converter
+
+    logger.info("converting %s (%s) to %s", source, family, target)
+    return converter(family)(source, target, outtype=outtype, progress=progress)

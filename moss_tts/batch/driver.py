@@ -160,7 +160,7 @@ class _ModelFiles:
         spec = spec or self.default
         if spec not in self.known:
             try:
-                path = str(Path(resolve_gguf(spec, "nano")).resolve())
+                path = str(Path(resolve_gguf(spec, "model")).resolve())
                 self.known[spec] = (path, file_sha256(path), None)
             except (MossTTSError, OSError) as e:
                 self.known[spec] = (None, None, f"model {spec!r}: {e}")
