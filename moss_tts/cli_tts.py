@@ -21,17 +21,18 @@ SAMPLING_FLAGS = {"temperature": "audio_temperature", "top_k": "audio_top_k",
                   "top_p": "audio_top_p", "repetition_penalty": "audio_repetition_penalty",
                   "text_temperature": "text_temperature", "text_top_k": "text_top_k",
                   "text_top_p": "text_top_p"}
-# flags only one family takes: dest → (flag, family, the `stream` keyword it becomes)
+# flags only some families take: dest → (flag, families, the `stream` keyword it becomes)
 FAMILY_FLAGS = {
-    "prompt_text": ("--prompt-text", "nano", "prompt_text"),
-    "prompt_audio": ("--prompt-audio", "nano", None),          # encoded into `prompt`
-    "max_frames": ("--max-frames", "nano", "max_frames"),
-    "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", "nano", "max_text_tokens"),
-    "language": ("--language", "delay", "language"),
-    "instruction": ("--instruction", "delay", "instruction"),
-    "tokens": ("--tokens", "delay", "tokens"),
-    "seconds": ("--seconds", "delay", "seconds"),
-    "max_new_rows": ("--max-new-rows", "delay", "max_new_rows"),
+    "prompt_text": ("--prompt-text", ("nano", "delay"), "prompt_text"),
+    "prompt_audio": ("--prompt-audio", ("nano", "delay"), None),   # encoded into `prompt`
+    "max_frames": ("--max-frames", ("nano",), "max_frames"),
+    "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", ("nano",),
+                                    "max_text_tokens"),
+    "language": ("--language", ("delay",), "language"),
+    "instruction": ("--instruction", ("delay",), "instruction"),
+    "tokens": ("--tokens", ("delay",), "tokens"),
+    "seconds": ("--seconds", ("delay",), "seconds"),
+    "max_new_rows": ("--max-new-rows", ("delay",), "max_new_rows"),
 }
 
 
@@ -48,8 +49,8 @@ def model_path(spec: str):
 def check_family_flags(args, cls) -> None:
     """A flag the loaded family does not take → one line naming the flag and the family."""
     fields = {f.name for f in dataclasses.fields(cls.OPTIONS)}
-    unused = [flag for dest, (flag, family, _) in FAMILY_FLAGS.items()
-              if family != cls.FAMILY and getattr(args, dest) is not None]
+    unused = [flag for dest, (flag, families, _) in FAMILY_FLAGS.items()
+              if cls.FAMILY not in families and getattr(args, dest) is not None]
     unused += ["--" + dest.replace("_", "-") for dest, field in SAMPLING_FLAGS.items()
                if field not in fields and getattr(args, dest) is not None]
     if unused:
@@ -70,8 +71,8 @@ def sampling_options(args, options_class):
 
 
 def stream_keywords(args, family: str) -> dict:
-    return {word: getattr(args, dest) for dest, (_, fam, word) in FAMILY_FLAGS.items()
-            if fam == family and word is not None and getattr(args, dest) is not None}
+    return {word: getattr(args, dest) for dest, (_, families, word) in FAMILY_FLAGS.items()
+            if family in families and word is not None and getattr(args, dest) is not None}
 
 
 def _tts(args) -> int:
@@ -157,7 +158,7 @@ def _reference(args, tts):
 
 
 def _prompt(args, tts) -> dict:
-    """Continuation (Nano): the prompt audio encoded whole (it must match its transcript)."""
+    """Continuation: the prompt audio encoded whole (it must match its transcript)."""
     from .audio import read_audio
 
     if args.prompt_audio is None:
@@ -260,8 +261,8 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
     voice.add_argument("--reference", "--prompt-speech", dest="reference",
                        help="reference speech to clone (WAV/FLAC)")
     voice.add_argument("--voice", help="a stored voice (python -m moss_tts voice add ...)")
-    p.add_argument("--prompt-text", help="Nano continuation: the transcript of --prompt-audio")
-    p.add_argument("--prompt-audio", help="Nano continuation: speech the output continues")
+    p.add_argument("--prompt-text", help="continuation (Nano, Delay): the transcript of --prompt-audio")
+    p.add_argument("--prompt-audio", help="continuation (Nano, Delay): speech the output continues")
     p.add_argument("--language", help="Delay: the language of the text (e.g. en, zh)")
     p.add_argument("--instruction", help="Delay: a style instruction for the voice")
     p.add_argument("--tokens", type=positive_int, default=None,

@@ -80,6 +80,26 @@ def test_delay_greedy_and_duration_flags_reach_the_model(models, tmp_path):
     assert want.shape != plain.shape or not np.array_equal(want, plain)   # the flags matter
 
 
+def test_delay_continuation_from_the_cli_equals_the_api(models, tmp_path):
+    """--prompt-audio + --prompt-text continue a recording on Delay too: the transcript, then
+    the new text (upstream's continuation text), after the prompt audio's frames."""
+    prompt_wav = tmp_path / "prompt.wav"
+    t = np.arange(int(0.4 * DELAY_SR)) / DELAY_SR
+    sf.write(prompt_wav, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), DELAY_SR)
+    out = tmp_path / "c.wav"
+    r = cli(*delay_args(models, "--greedy", "--sample-format", "f32", "--prompt-audio",
+                        prompt_wav, "--prompt-text", "Prompt words.", "-o", out))
+    assert r.returncode == 0, r.stderr
+    greedy = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+    with DelayTTS.load(models["delay"], codec=models["delay_codec"], threads=1) as tts:
+        prompt = tts.encode_reference(*sf.read(prompt_wav, dtype="float32"), max_seconds=None)
+        want, _ = tts.synthesize("Prompt words. " + TEXT, prompt=prompt, options=greedy,
+                                 max_new_rows=24)
+        fresh, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24)
+    np.testing.assert_array_equal(sf.read(out, dtype="float32", always_2d=True)[0], want)
+    assert want.shape != fresh.shape or not np.array_equal(want, fresh)
+
+
 def test_nano_through_tts_equals_tts_nano(models, tmp_path):
     outs = []
     for command in ("tts", "tts-nano"):
@@ -101,7 +121,7 @@ def in_process(capsys, *args) -> str:
 
 @pytest.mark.parametrize("flag, value, family", [
     ("--max-frames", 5, "delay"), ("--voice-clone-max-text-tokens", 5, "delay"),
-    ("--prompt-text", "hi", "delay"), ("--language", "en", "nano"),
+    ("--language", "en", "nano"),
     ("--instruction", "calm", "nano"), ("--tokens", 5, "nano"), ("--seconds", 1, "nano"),
     ("--text-top-k", 5, "nano"), ("--text-top-p", 0.5, "nano"), ("--max-new-rows", 5, "nano")])
 def test_a_flag_of_another_family_is_one_line_naming_flag_and_family(models, tmp_path, capsys,

@@ -17,6 +17,7 @@ from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
 from ..text.qwen_tokenizer import QwenTokenizer
+from ..text.script import CJK_OR_HANGUL
 from ..tts import CodecTTS, Reference
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
 from .delay_published import is_published_dir, load_published
@@ -38,6 +39,14 @@ class FrameAssembler:
         frame = np.array([self.rows[k][k] for k in range(self.n_vq)])
         self.rows.pop(0)
         return frame
+
+
+def join_transcript(transcript: str, text: str) -> str:
+    """The prompt's transcript, then the new text: a space between them unless either side of
+    the seam is CJK (which is written without spaces)."""
+    head, tail = transcript.rstrip(), text.lstrip()
+    seam = head[-1:] + tail[:1]
+    return head + ("" if not head or not tail or CJK_OR_HANGUL.search(seam) else " ") + tail
 
 
 class DelayTTS(CodecTTS):
@@ -120,14 +129,21 @@ class DelayTTS(CodecTTS):
         return self.model.generate(rows, **kwargs)
 
     def stream(self, text: str, *, reference: Reference | None = None,
-               prompt: Reference | None = None,
+               prompt: Reference | None = None, prompt_text: str | None = None,
                options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
                max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
                **fields) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
         segment (upstream decodes each segment on its own, §2.8): the next starts a new codec
         stream. A continuation's prompt frames go through the codec first (their audio is
-        dropped, as upstream cuts it), so the output continues the prompt audio."""
+        dropped, as upstream cuts it), so the output continues the prompt audio. Upstream's
+        continuation text is the prompt's transcript followed by the new text: give the
+        transcript as `prompt_text` (as for Nano), or both in `text`."""
+        if prompt_text is not None:
+            if prompt is None:
+                raise InputError("prompt_text is the transcript of the prompt audio: give "
+                                 "`prompt` too, or use `reference` to clone a voice")
+            text = join_transcript(prompt_text, text)
         rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
         frames = FrameAssembler(self.config.n_vq)
         skip = 0

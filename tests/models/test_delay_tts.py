@@ -11,7 +11,7 @@ from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import N_VQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.models.delay_state import audio_segments, de_delay
-from moss_tts.models.delay_tts import DelayTTS, FrameAssembler
+from moss_tts.models.delay_tts import DelayTTS, FrameAssembler, join_transcript
 from moss_tts.sampling import DelaySamplingOptions
 from moss_tts.tts import TTS, Reference
 
@@ -158,3 +158,22 @@ def test_a_long_reference_is_cut_like_nanos_and_a_fractional_rate_is_refused(tts
     assert len(whole.codes) > len(voice.codes)
     with pytest.raises(InputError, match="sample_rate must be a whole number"):
         tts.encode_reference(long[:SAMPLE_RATE], SAMPLE_RATE + 0.5)
+
+
+@pytest.mark.parametrize("transcript, text, joined", [
+    ("Prompt words.", "New words.", "Prompt words. New words."),
+    ("Prompt words.  ", "  New words.", "Prompt words. New words."),
+    ("你好。", "世界。", "你好。世界。"), ("Hello", "世界", "Hello世界"), ("", "New.", "New.")])
+def test_the_transcript_and_the_new_text_join_as_upstream_writes_them(transcript, text, joined):
+    assert join_transcript(transcript, text) == joined
+
+
+def test_prompt_text_is_the_transcript_before_the_text(tts):
+    prompt = Reference(np.random.default_rng(9).integers(0, 64, size=(6, N_VQ)))
+    kw = dict(options=DelaySamplingOptions(text_temperature=0, audio_temperature=0),
+              max_new_rows=12)
+    a = list(tts.stream("New words.", prompt=prompt, prompt_text="Prompt words.", **kw))
+    b = list(tts.stream("Prompt words. New words.", prompt=prompt, **kw))
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(InputError, match="transcript of the prompt audio"):
+        next(tts.stream("New words.", prompt_text="Prompt words.", **kw))
