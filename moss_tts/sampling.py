@@ -103,14 +103,27 @@ def top_p_filter(scores: np.ndarray, p: float) -> np.ndarray:
     """Keep each row's smallest top set whose probability reaches p; the top token stays."""
     if p >= 1.0:
         return scores
-    order = np.argsort(-scores, axis=-1, kind="stable")
+    order = _descending(scores)
     probs = softmax(np.take_along_axis(scores, order, axis=-1))
     # drop a token once the mass *before* it already exceeds p (HF: cumsum shifted by one)
     drop_sorted = (np.cumsum(probs, axis=-1) - probs) > p
     drop_sorted[..., 0] = False
-    drop = np.empty_like(drop_sorted)
+    drop = np.ones(scores.shape, bool)    # what `order` leaves out is −inf already
     np.put_along_axis(drop, order, drop_sorted, axis=-1)
     return np.where(drop, -np.inf, scores)
+
+
+def _descending(scores: np.ndarray) -> np.ndarray:
+    """Each row's indices by falling score, ties by index (a stable sort) — only as many as
+    the widest row's finite scores: after top-k most of a row is −inf, and sorting all 1024
+    or 155k of them per step is the sampler's largest cost."""
+    n = int(np.isfinite(scores).sum(axis=-1).max())
+    if n >= scores.shape[-1] or n == 0:
+        return np.argsort(-scores, axis=-1, kind="stable")
+    candidates = np.sort(np.argpartition(-scores, n - 1, axis=-1)[..., :n], axis=-1)
+    by_score = np.argsort(-np.take_along_axis(scores, candidates, axis=-1), axis=-1,
+                          kind="stable")
+    return np.take_along_axis(candidates, by_score, axis=-1)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
