@@ -339,7 +339,7 @@ def _add_serve(sub, common) -> None:
 
 
 def _voice(args) -> int:
-    from .voices import add_voice, list_voices, remove_voice, voices_dir
+    from .voices import add_voice, codec_info, list_voices, remove_voice, voices_dir
 
     if args.voice_command == "list":
         voices = list_voices()
@@ -358,8 +358,7 @@ def _voice(args) -> int:
     samples, sr = read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS)
     with Codec.load(_resolve(args.codec, "codec", "--codec"), threads=args.threads) as codec:
         codes = codec.encode(samples, sr)
-        info = {"source": str(args.reference), "sample_rate": codec.sample_rate,
-                "codebook_size": codec.config.codebook_size, "variant": codec.config.variant}
+        info = {"source": str(args.reference)} | codec_info(codec)
     with writing(str(voices_dir())):
         stored = add_voice(args.name, codes.T, info, overwrite=args.force)
     _say(args, f"voice {args.name}: {codes.shape[1]} frames from {args.reference}, stored in "

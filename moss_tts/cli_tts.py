@@ -146,12 +146,9 @@ def load_models(args) -> dict:
 
 def _reference(args, tts):
     from .audio import REFERENCE_MAX_SECONDS, read_audio
-    from .tts import Reference
-    from .voices import load_voice
 
     if args.voice:
-        codes, _ = load_voice(args.voice)
-        return Reference(codes[:, : tts.config.n_vq])
+        return tts.voice(args.voice)
     if args.reference:
         return tts.encode_reference(*read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS))
     return None

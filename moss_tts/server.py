@@ -231,13 +231,13 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                write_timeout: float | None = None):
     """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
     name → TTS, the first being the default. Only a model's worker thread touches it after
-    this call; voice uploads are encoded by the first model's codec."""
+    this call; a voice upload is encoded by the codec of the model it names (default: the
+    first), and a voice is refused by a model whose codec did not make it."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
-    from .tts import Reference
-    from .voices import add_voice, check_name, list_voices, load_voice, remove_voice
+    from .voices import add_voice, check_name, codec_info, list_voices, remove_voice
 
     served = served_models(tts if isinstance(tts, dict) else {model_name: tts}, queue_depth)
     default = next(iter(served.values()))
@@ -248,8 +248,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         if req.reference_audio:
             return model.encode_reference(*decode_upload(req.reference_audio, "reference_audio"))
         if req.voice and req.voice in {v["name"] for v in list_voices(voices_root)}:
-            codes, _ = load_voice(req.voice, root=voices_root)
-            return Reference(codes[:, : model.config.n_vq])
+            return model.voice(req.voice, root=voices_root)
         return None   # OpenAI's voice names (alloy, ...) fall back to the default voice
 
     def generate(model, req, words):
@@ -339,17 +338,19 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     async def upload_voice(request):
         try:
             check_content_type(request.headers)
-            name, audio = parse_voice(await read_body(request))
+            name, audio, model_name = parse_voice(await read_body(request))
             check_name(name)
+            owner = pick_model(served, model_name)
         except (RequestError, InputError) as e:
             return error_response(getattr(e, "status", 400), first_line(e))
 
         def job(model):
             ref = model.encode_reference(*decode_upload(audio, "audio"))
-            add_voice(name, ref.codes, {"source": "upload"}, root=voices_root)
+            add_voice(name, ref.codes, {"source": "upload", "model": owner.name} |
+                      codec_info(model.codec), root=voices_root)
             return int(ref.codes.shape[0])
 
-        future = default.worker.submit(job)
+        future = owner.worker.submit(job)
         if future is None:
             return busy_response()
         try:

@@ -30,7 +30,7 @@ SAMPLING_FIELDS = {"temperature": ("audio_temperature", 10, False),
 SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream_format",
                  "pcm_layout", "seed", "max_new_frames", "reference_audio", "instructions",
                  *SAMPLING_FIELDS)
-VOICE_FIELDS = ("name", "audio")
+VOICE_FIELDS = ("name", "audio", "model")
 
 
 class RequestError(InputError):
@@ -176,8 +176,9 @@ def _sampling(body: dict) -> dict:
             if body.get(name) is not None}
 
 
-def parse_voice(raw: bytes) -> tuple[str, str]:
-    """POST /v1/audio/voices → (name, base64 audio); the name's rules are checked by voices.py."""
+def parse_voice(raw: bytes) -> tuple[str, str, str | None]:
+    """POST /v1/audio/voices → (name, base64 audio, the model whose codec encodes it: None for
+    the first); the name's rules are checked by voices.py."""
     body = parse_object(raw, VOICE_FIELDS)
     name, audio = body.get("name"), body.get("audio")
     if not isinstance(name, str):
@@ -185,7 +186,7 @@ def parse_voice(raw: bytes) -> tuple[str, str]:
     if not isinstance(audio, str) or not audio:
         raise RequestError(400, "'audio' must be a base64 WAV/FLAC file, got "
                                 f"{_kind(audio) if not isinstance(audio, str) else 'nothing'}")
-    return name, audio
+    return name, audio, _string(body, "model")
 
 
 def decode_upload(data: str, what: str):

@@ -95,6 +95,21 @@ class CodecTTS(NativeResource):
         return (x if max_seconds is None else trim_reference(x, sample_rate, max_seconds),
                 sample_rate)
 
+    def voice(self, name: str, *, root=None) -> Reference:
+        """A stored voice (`voice add`, or an upload to the server) as this model's reference;
+        a voice made with another codec is refused by name, never used as noise."""
+        from .voices import codec_problem, load_voice
+
+        codes, info = load_voice(name, root=root)
+        problem = codec_problem(info, self._need_codec())
+        if problem is None and codes.shape[1] < self.config.n_vq:
+            problem = f"it has {codes.shape[1]} codebooks, the model needs {self.config.n_vq}"
+        if problem:
+            raise InputError(f"voice {name!r} does not fit this model: {problem} — add it again "
+                             f"with `python -m moss_tts voice add {name} REF.wav --codec CODEC "
+                             "--force` using this model's codec")
+        return Reference(codes[:, : self.config.n_vq])
+
     def _need_codec(self):
         if self.codec is None:
             raise InputError(f"no codec loaded: pass codec=... ({self.CODEC_NAME})")

@@ -57,6 +57,25 @@ def add_voice(name: str, codes: np.ndarray, info: dict, *, root: Path | None = N
     return path
 
 
+def codec_info(codec) -> dict:
+    """What a voice records of the codec that made its codes: codes of one codec mean nothing
+    to a model that decodes with another."""
+    return {"variant": codec.config.variant, "sample_rate": codec.sample_rate,
+            "codebook_size": codec.config.codebook_size}
+
+
+def codec_problem(info: dict, codec) -> str | None:
+    """Why a stored voice's codes do not fit `codec`, or None. Voices stored before the codec
+    was recorded (no `variant`) are taken as they are."""
+    if "variant" not in info:
+        return None
+    want = codec_info(codec)
+    if all(info.get(k) == v for k, v in want.items()):
+        return None
+    return (f"it was encoded with the {info['variant']} codec ({info.get('sample_rate')} Hz), "
+            f"this model uses the {want['variant']} codec ({want['sample_rate']} Hz)")
+
+
 def load_voice(name: str, *, root: Path | None = None) -> tuple[np.ndarray, dict]:
     path, legacy = _paths(name, root)
     try:

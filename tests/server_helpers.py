@@ -21,6 +21,7 @@ from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from moss_tts.errors import InputError
 from moss_tts.sampling import SamplingOptions
+from moss_tts.tts import CodecTTS
 from moss_tts.tts import Reference
 
 SR = 1600  # the tiny codec's rate
@@ -82,6 +83,9 @@ class StubTTS:
 
     sample_rate, channels, OPTIONS = SR, 2, SamplingOptions
     config = SimpleNamespace(n_vq=2)
+    codec = SimpleNamespace(config=SimpleNamespace(variant="stub", codebook_size=4),
+                            sample_rate=SR)
+    voice, _need_codec = CodecTTS.voice, CodecTTS._need_codec   # stored voices as every model
 
     def __init__(self, chunk_frames=32, encode_seconds=0.0):
         self.chunk = np.full((chunk_frames, 2), 0.25, np.float32)

@@ -40,9 +40,9 @@ def models(tmp_path_factory):
     }
 
 
-def cli(*args):
+def cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "moss_tts", *map(str, args)],
-                          capture_output=True, env=dict(os.environ))
+                          capture_output=True, env=dict(os.environ) | (env or {}))
 
 
 def delay_args(models, *extra):
@@ -98,6 +98,23 @@ def test_delay_continuation_from_the_cli_equals_the_api(models, tmp_path):
         fresh, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24)
     np.testing.assert_array_equal(sf.read(out, dtype="float32", always_2d=True)[0], want)
     assert want.shape != fresh.shape or not np.array_equal(want, fresh)
+
+
+def test_a_voice_of_another_codec_is_refused_naming_the_fix(models, tmp_path):
+    env = {"MOSS_TTS_VOICES": str(tmp_path / "voices")}
+    ref = tmp_path / "ref.wav"
+    t = np.arange(NANO_SR) / NANO_SR
+    sf.write(ref, np.stack([0.3 * np.sin(2 * np.pi * 200 * t)] * 2, 1).astype(np.float32),
+             NANO_SR)
+    r = cli("voice", "add", "alice", ref, "--codec", models["nano_codec"], env=env)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "o.wav"
+    r = cli(*delay_args(models, "--voice", "alice", "-o", out), env=env)
+    assert r.returncode != 0 and not out.exists()
+    err = r.stderr.decode().strip()
+    assert len(err.splitlines()) == 1
+    assert "voice 'alice' does not fit this model: it was encoded with the v2 codec" in err
+    assert "voice add alice REF.wav --codec CODEC --force" in err
 
 
 def test_nano_through_tts_equals_tts_nano(models, tmp_path):

@@ -3,6 +3,7 @@ request's `model` picks one (OpenAI's names: the first), each model has its own 
 and sampling defaults come from each family's options dataclass. Tiny Nano and tiny Delay, with
 the official `openai` client."""
 
+import base64
 import io
 from types import SimpleNamespace
 
@@ -94,6 +95,32 @@ def test_openai_instructions_become_delays_instruction(server, files):
                                       response_format="wav", instructions="Speak slowly.",
                                       extra_body={"seed": 7, "max_new_frames": 12})
     assert sf.info(io.BytesIO(nano.content)).frames == 12 * 32
+
+
+def test_a_voice_upload_uses_its_models_codec_and_other_codecs_refuse_it(server, files):
+    s, client = server
+    t = np.arange(DELAY_SR) / DELAY_SR
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), DELAY_SR,
+             format="WAV")
+    wav = base64.b64encode(buf.getvalue()).decode()
+    status, _, body = call(s.url, "/v1/audio/voices", {"name": "dv", "audio": wav,
+                                                       "model": "moss-tts-delay"})
+    assert status == 201, body
+    audio, _ = speech(client, "moss-tts-delay", voice="dv")
+    with DelayTTS.load(files.delay, codec=files.delay_codec, threads=1) as tts:
+        ref = tts.encode_reference(*sf.read(io.BytesIO(buf.getvalue()), dtype="float32"))
+        assert np.array_equal(tts.voice("dv", root=files.dir / "voices").codes, ref.codes)
+        want, _ = tts.synthesize(TEXT, reference=ref, seed=7, max_new_rows=ROWS)
+    np.testing.assert_array_equal(audio, want)
+    # Nano decodes with another codec: its codes would be noise there, so it is a 400
+    status, _, body = call(s.url, "/v1/audio/speech", {"model": "moss-tts-nano", "input": TEXT,
+                                                       "voice": "dv"})
+    assert status == 400 and b"voice 'dv' does not fit this model" in body
+    assert b"v1 codec" in body and b"voice add dv" in body
+    status, _, body = call(s.url, "/v1/audio/voices", {"name": "x", "audio": wav,
+                                                       "model": "nope"})
+    assert status == 400 and b"unknown model 'nope'" in body
 
 
 def test_models_lists_every_loaded_model(server):
