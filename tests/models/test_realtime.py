@@ -17,7 +17,8 @@ from moss_tts.models.qwen3 import Qwen3Config
 from moss_tts.models.realtime import RealtimeConfig, RealtimeModel, sanitized
 from moss_tts.sampling import RealtimeSamplingOptions
 
-from .realtime_fixtures import GREEDY, realtime_files, realtime_model  # noqa: F401
+GREEDY = RealtimeSamplingOptions(do_sample=False)   # the penalty (1.1) stays on, as upstream
+
 
 # f32 ggml vs float64 through 2 Qwen3 blocks and the final norm (bf16-valued weights are
 # exact in f32): |h| ≲ 4 and ≤ 48-term dots, measured ≤ 2e-6. Logits add a 32-term dot.
