@@ -211,8 +211,9 @@ class FrameStream(NativeResource):
     cache carries over between turns), the per-frame local session (16 slots, reset every
     frame, P29), the current turn's frames (the penalty's history) and the random stream.
 
-    `prefill(rows)` runs rows and draws the turn's first frame; `step(text_id)` feeds the row
-    [text_id, previous frame] — frames go back in one step late (P15) — and draws the next."""
+    `feed(rows)` appends rows; `start(rows)` appends rows and draws the turn's first frame;
+    `step(text_id)` feeds the row [text_id, previous frame] — frames go back in one step late
+    (P15) — and draws the next."""
 
     def __init__(self, model: "RealtimeModel", capacity: int, options: RealtimeSamplingOptions,
                  seed: int | None):
@@ -232,10 +233,15 @@ class FrameStream(NativeResource):
         """The turn's last frame has EOS on codebook 0 (the only stop, P6)."""
         return bool(self.frames) and self.frames[-1][0] == self.model.config.audio_eos
 
-    def prefill(self, rows) -> np.ndarray:
-        """Append prompt rows (ending on the lead rows) → the turn's first frame, unpenalized."""
+    def feed(self, rows) -> np.ndarray:
+        """Append rows (a prompt, or text rows of a lead arriving token by token) → the last
+        row's hidden state [H]."""
         rows = check_rows(rows, self.model.config)
-        hidden = self._run(rows)
+        return self.backbone.run(row_feed(rows), len(rows), variant=True)["hidden"][0]
+
+    def start(self, rows) -> np.ndarray:
+        """Append rows ending on the lead's BOS row → the turn's first frame, unpenalized."""
+        hidden = self.feed(rows)
         self.frames = [self.model.sample_frame(self.local, hidden, None, self.options, self.rng)]
         return self.frames[-1]
 
@@ -243,10 +249,9 @@ class FrameStream(NativeResource):
         """The row [text_id, last frame] → the next frame, penalized over the turn's last
         `repetition_window` frames of each codebook."""
         if not self.frames:
-            raise InputError("step() before prefill(): a turn starts with its prompt rows")
+            raise InputError("step() before start(): a turn starts with its lead rows")
         cfg = self.model.config
-        row = np.concatenate([[text_id], self.frames[-1]])[None].astype(np.int64)
-        hidden = self._run(check_rows(row, cfg))
+        hidden = self.feed(np.concatenate([[text_id], self.frames[-1]])[None].astype(np.int64))
         seen = None
         if self.options.audio_repetition_penalty != 1.0:
             seen = seen_windowed(np.array(self.frames), cfg.audio_vocab_size,
@@ -254,9 +259,6 @@ class FrameStream(NativeResource):
         frame = self.model.sample_frame(self.local, hidden, seen, self.options, self.rng)
         self.frames.append(frame)
         return frame
-
-    def _run(self, rows: np.ndarray) -> np.ndarray:
-        return self.backbone.run(row_feed(rows), len(rows), variant=True)["hidden"][0]
 
     def close(self) -> None:
         for session in (getattr(self, "backbone", None), getattr(self, "local", None)):
@@ -360,7 +362,7 @@ class RealtimeModel:
             raise InputError(f"max_frames must be at least 1, got {max_frames}")
         text_ids = list(text_ids)
         with self.stream(len(rows) + max_frames, options=options, seed=seed) as s:
-            frame = s.prefill(rows)
+            frame = s.start(rows)
             for n in range(max_frames):
                 if frame[0] == self.config.audio_eos:
                     return
