@@ -122,13 +122,13 @@ def test_pushed_token_ids_draw_a_frame_each_from_the_twelfth_on(realtime_tts):
         sizes = [s.push_tokens([i]).size for i in ids]
         assert sizes == [0] * 11 + [HOP] * (len(ids) - 11)
         assert list(s.drain()) == []       # the <|text_pad|> row draws EOS: no more audio
-        assert s.frames[-1, 0] == tts.config.audio_eos
-        assert s.text_ids == ids
+        frames = s.frames
+        assert frames[-1, 0] == tts.config.audio_eos and s.text_ids == ids
         with pytest.raises(InputError, match="no control ids"):
             s.new_turn()
             s.push_tokens([tts.config.im_end_token_id])
     rows, text_ids = tts.plan(TEXT)
-    np.testing.assert_array_equal(s.frames[:-1], tts.generate(rows, text_ids, options=GREEDY))
+    np.testing.assert_array_equal(frames[:-1], tts.generate(rows, text_ids, options=GREEDY))
 
 
 def test_long_wait_before_end_text_keeps_the_twelve_token_lead(realtime_tts):
