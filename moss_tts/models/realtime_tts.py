@@ -15,7 +15,7 @@ import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, resample, to_channels
 from ..codec import Codec
-from ..errors import InputError, ModelFileError
+from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..ggml.backend import NativeResource, released_on_error
 from ..sampling import RealtimeSamplingOptions
@@ -92,11 +92,8 @@ class RealtimeTTS(CodecTTS):
 
     def __init__(self, model: RealtimeModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
-        f = model.weights.file
-        if model.tokenizer_json is None:
-            raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
-                                 "re-convert with `moss_tts convert realtime`")
-        self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
+        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, path=model.weights.file.path,
+                                                key=TOKENIZER_KEY, family=KIND)
         c = self.config
         self.ids = prompts.RealtimePromptIds(
             c.rvq, c.im_start_token_id, c.im_end_token_id, c.reference_audio_pad, c.text_pad,
