@@ -23,7 +23,7 @@ from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
 from ..nn.session import DecodeSession
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
-                        greedy_token, sample_token, seen_windowed)
+                        greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
 
 KIND = "realtime"
@@ -193,8 +193,8 @@ def choose_code(logits: np.ndarray, seen: np.ndarray | None, opts: RealtimeSampl
         logits = apply_repetition_penalty(logits, seen, opts.audio_repetition_penalty)
     if not opts.do_sample:
         return greedy_token(logits)
-    return sample_token(logits, rng, temperature=opts.audio_temperature,
-                        top_k=opts.audio_top_k, top_p=opts.audio_top_p)
+    return sample_top_k_token(logits, rng, temperature=opts.audio_temperature,
+                              top_k=opts.audio_top_k, top_p=opts.audio_top_p)
 
 
 def sanitized(frames: np.ndarray, cfg: RealtimeConfig) -> np.ndarray:
