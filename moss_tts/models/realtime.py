@@ -197,12 +197,18 @@ def choose_code(logits: np.ndarray, seen: np.ndarray | None, opts: RealtimeSampl
                               top_k=opts.audio_top_k, top_p=opts.audio_top_p)
 
 
+def decodable(frames: np.ndarray, codebook_size: int) -> np.ndarray:
+    """bool per frame [..., rvq]: every code is one the codec takes (no pad, BOS or EOS)."""
+    frames = np.asarray(frames)
+    return ((frames >= 0) & (frames < codebook_size)).all(axis=-1)
+
+
 def sanitized(frames: np.ndarray, cfg: RealtimeConfig) -> np.ndarray:
-    """Frames [N, rvq] up to the first one holding a code the codec cannot take (pad, BOS, EOS:
-    any sampled on any codebook ends the audio, as upstream's streaming sanitizer)."""
+    """Frames [N, rvq] up to the first one the codec cannot take (a pad, BOS or EOS sampled on
+    any codebook ends the audio, as upstream's streaming sanitizer)."""
     frames = np.asarray(frames).reshape(-1, cfg.rvq)
-    bad = ((frames < 0) | (frames >= cfg.codebook_size)).any(axis=1)
-    return frames[:int(np.argmax(bad))] if bad.any() else frames
+    ok = decodable(frames, cfg.codebook_size)
+    return frames if ok.all() else frames[:int(np.argmin(ok))]
 
 
 # -- per-conversation state -------------------------------------------------------------------

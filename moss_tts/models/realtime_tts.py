@@ -22,7 +22,7 @@ from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..tts import CodecTTS, Reference
-from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel
+from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 
 # Backbone rows a live session holds (system block, voice, every turn's text and frames):
 # ~2.7 min of speech; 230 MB of f16 KV cache at the 1.7B shape
@@ -63,7 +63,7 @@ class FrameAudio(NativeResource):
 
     def push(self, frame: np.ndarray) -> np.ndarray:
         """One frame [n_vq] → its samples [hop] (none once the audio has ended)."""
-        if self.ended or ((frame < 0) | (frame >= self.codebook_size)).any():
+        if self.ended or not decodable(frame, self.codebook_size):
             self.ended = True
             return EMPTY
         if self.decoder is None:
