@@ -273,7 +273,7 @@ class FrameStream(NativeResource):
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class RealtimeModel:
+class RealtimeModel(NativeResource):
     """MossTTSRealtime on a backend; stateless after load (style C16). `kv_type` is the
     backbone cache's (F16: about 112 KB per row at the 1.7B shape); the local cache is 16 f32
     slots per layer."""
@@ -378,6 +378,6 @@ class RealtimeModel:
                 frame = s.step(text_ids[n] if n < len(text_ids) else self.config.text_pad)
 
     def close(self) -> None:
-        if self.weights is not None:
+        if getattr(self, "weights", None) is not None:
             self.weights.close()
             self.weights = None
