@@ -21,7 +21,7 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession
+from ..nn.session import DecodeSession, bucket
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
                         greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
@@ -238,6 +238,16 @@ class FrameStream(NativeResource):
     def finished(self) -> bool:
         """The turn's last frame has EOS on codebook 0 (the only stop, P6)."""
         return bool(self.frames) and self.frames[-1][0] == self.model.config.audio_eos
+
+    def warm(self, rows_ahead: int) -> None:
+        """Build now the step graphs that the next `rows_ahead` single rows and their frames
+        will run (one per bucket crossed, and the local positions), so that none is built on
+        the latency path: a graph build costs more than a step at the real size."""
+        for k in range(1, rows_ahead + 1):
+            n_slots = bucket(self.position + k, self.backbone.capacity)
+            self.backbone.step_graph(n_slots, True).allocate()
+        for j in range(self.model.config.rvq):
+            self.local.step_graph(bucket(1, self.local.capacity), j).allocate()
 
     def feed(self, rows) -> np.ndarray:
         """Append rows (a prompt, or text rows of a lead arriving token by token) → the last

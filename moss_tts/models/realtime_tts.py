@@ -283,6 +283,8 @@ class LiveSession(NativeResource):
         parts.append(prompts.assistant_prefix_rows(self.tts.tokenizer, self.ids,
                                                    first=self._first and user is None))
         self._prompt = np.vstack(parts)
+        # the lead's rows and the first frame run while the text arrives: their graphs now
+        self._stream.warm(len(self._prompt) + self.ids.lead)
         self._buffer, self._pending, self._text_ids = "", [], []
         self._opened = self._prefilled = self._ended = False
         self._frames = 0
