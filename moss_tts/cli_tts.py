@@ -25,7 +25,7 @@ SAMPLING_FLAGS = {"temperature": "audio_temperature", "top_k": "audio_top_k",
 FAMILY_FLAGS = {
     "prompt_text": ("--prompt-text", ("nano", "delay"), "prompt_text"),
     "prompt_audio": ("--prompt-audio", ("nano", "delay"), None),   # encoded into `prompt`
-    "max_frames": ("--max-frames", ("nano",), "max_frames"),
+    "max_frames": ("--max-frames", ("nano", "realtime"), "max_frames"),
     "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", ("nano",),
                                     "max_text_tokens"),
     "language": ("--language", ("delay",), "language"),
@@ -226,10 +226,11 @@ def _collect(chunks, tts, bar):
 def _family_defaults(field: str) -> str:
     """'nano 0.8, delay 1.7': each family's default for an options field, read from its
     dataclass (the help never repeats a number)."""
-    from .sampling import DelaySamplingOptions, SamplingOptions
+    from .sampling import DelaySamplingOptions, RealtimeSamplingOptions, SamplingOptions
 
     return ", ".join(f"{family} {getattr(cls(), field)}" for family, cls in
-                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions))
+                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions),
+                      ("realtime", RealtimeSamplingOptions))
                      if hasattr(cls(), field))
 
 
@@ -238,7 +239,7 @@ def add_tts_commands(sub, common) -> None:
 
     for name, family, helptext in (
             ("tts", None, "text → speech with any MOSS-TTS model (the family is read from the "
-                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay))"),
+                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), MOSS-TTS-Realtime)"),
             ("tts-nano", "nano", "text → 48 kHz stereo speech with MOSS-TTS-Nano")):
         p = sub.add_parser(name, help=helptext, parents=[common])
         _add_tts_flags(p, DEFAULT_NANO, DEFAULT_NANO_CODEC)
@@ -286,7 +287,8 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
         p.add_argument(flag, type=kind, default=None,
                        help=f"{what} (family default: {_family_defaults(field)})")
     p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
-                   default=None, help="Nano: hard cap of frames per text chunk (80 ms each)")
+                   default=None, help="Nano: hard cap of frames per text chunk; Realtime: of "
+                   "frames (80 ms each)")
     p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=None,
                    help="Nano: text tokens per chunk of a long text, 1-250")
     p.add_argument("--max-new-rows", type=positive_int, default=None,

@@ -15,8 +15,9 @@ def tts_classes() -> dict[str, type[CodecTTS]]:
     """GGUF kind → the family's TTS class."""
     from .models.delay_tts import DelayTTS
     from .models.nano_tts import NanoTTS
+    from .models.realtime_tts import RealtimeTTS
 
-    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS)}
+    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS, RealtimeTTS)}
 
 
 def tts_class(model) -> type[CodecTTS]:
@@ -35,8 +36,9 @@ def tts_class(model) -> type[CodecTTS]:
         kind = f.get(KIND_KEY)
     if kind not in classes:
         found = f"a {kind!r} GGUF" if kind else "not a moss-tts GGUF (no moss.kind)"
+        *rest, last = classes
         raise ModelFileError(f"{model}: {found}, not a speech model — pass a "
-                             f"{' or '.join(classes)} model GGUF")
+                             f"{', '.join(rest)} or {last} model GGUF")
     return classes[kind]
 
 

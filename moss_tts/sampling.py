@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -25,18 +25,24 @@ class SamplingOptions:
     audio_repetition_penalty: float = 1.2
 
     def __post_init__(self):
-        if not isinstance(self.do_sample, (bool, np.bool_)):
-            raise InputError(f"do_sample must be True or False, got {self.do_sample!r}")
-        for name in ("text_temperature", "audio_temperature", "audio_top_k", "audio_top_p",
-                     "audio_repetition_penalty"):
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-                raise InputError(f"{name} must be a number, got {value!r}")
-        for name in ("text_temperature", "audio_temperature"):
-            if self.do_sample and not 0 < getattr(self, name) < math.inf:
-                raise InputError(f"{name} must be finite and > 0 when sampling (use greedy "
-                                 f"instead of 0), got {getattr(self, name)}")
+        _check_switched(self, ("text_temperature", "audio_temperature"))
         _check_filters(self, "audio")
+
+
+def _check_switched(opts, temperatures: tuple[str, ...]) -> None:
+    """Options with a `do_sample` switch: it is a bool, every knob is a number, and each
+    temperature is finite and > 0 when sampling."""
+    if not isinstance(opts.do_sample, (bool, np.bool_)):
+        raise InputError(f"do_sample must be True or False, got {opts.do_sample!r}")
+    for f in fields(opts):
+        value = getattr(opts, f.name)
+        if f.name != "do_sample" and (isinstance(value, (bool, np.bool_))
+                                      or not isinstance(value, (int, float, np.number))):
+            raise InputError(f"{f.name} must be a number, got {value!r}")
+    for name in temperatures:
+        if opts.do_sample and not 0 < getattr(opts, name) < math.inf:
+            raise InputError(f"{name} must be finite and > 0 when sampling (use greedy "
+                             f"instead of 0), got {getattr(opts, name)}")
 
 
 def _check_filters(opts, group: str) -> None:
@@ -74,6 +80,28 @@ class DelaySamplingOptions:
             if not t >= 0:
                 raise InputError(f"{group}_temperature must be ≥ 0 (0 = greedy), got {t}")
             _check_filters(self, group)
+
+
+@dataclass(frozen=True)
+class RealtimeSamplingOptions:
+    """MossTTSRealtime's knobs with upstream defaults (moss_tts_family.md §5.5: 0.8 / 0.6 / 30,
+    penalty 1.1 over the last 50 generated frames of each codebook, P18); one setting for all
+    16 codebooks. `do_sample=False` is greedy (argmax), as upstream's switch."""
+
+    do_sample: bool = True
+    audio_temperature: float = 0.8
+    audio_top_p: float = 0.6
+    audio_top_k: int = 30
+    audio_repetition_penalty: float = 1.1
+    repetition_window: int = 50
+
+    def __post_init__(self):
+        _check_switched(self, ("audio_temperature",))
+        _check_filters(self, "audio")
+        w = self.repetition_window
+        if isinstance(w, bool) or not float(w).is_integer() or w < 1:
+            raise InputError(f"repetition_window must be a whole number ≥ 1 (frames), got {w}")
+        object.__setattr__(self, "repetition_window", int(w))
 
 
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
@@ -152,6 +180,18 @@ def sample_token(logits: np.ndarray, rng: np.random.Generator, *, temperature: f
     """`sample_rows` for one logit vector [V]."""
     return int(sample_rows(logits[None], rng, temperature=temperature, top_k=top_k,
                            top_p=top_p)[0])
+
+
+def sample_top_k_token(logits: np.ndarray, rng: np.random.Generator, *, temperature: float,
+                       top_k: int, top_p: float = 1.0) -> int:
+    """`sample_token` computed over the top_k survivors only (the others can never be drawn):
+    the same id for the same generator state, without sorting the whole vocabulary."""
+    scores = apply_temperature(logits, temperature)
+    if not 0 < top_k < len(scores):
+        return sample_token(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
+    keep = np.flatnonzero(scores >= np.partition(scores, -top_k)[-top_k])   # ties survive
+    probs = softmax(top_p_filter(scores[keep][None], top_p))
+    return int(keep[draw_rows(probs, rng)[0]])
 
 
 def greedy_token(logits: np.ndarray) -> int:
