@@ -13,13 +13,15 @@ FAMILIES = {
     "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
     "nano": ("converters.nano", "MOSS-TTS-Nano"),
     "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
+    "realtime": ("converters.realtime", "MOSS-TTS-Realtime (MossTTSRealtime)"),
 }
 # `convert` flags only some families take: flag → (families, help). Each reaches the family's
 # `convert()` as the keyword of the same name (--head-type → head_type) when given.
 FAMILY_FLAGS = {
-    "--head-type": (("delay",), "type of the text and audio heads (default: --outtype, but "
-                                "q8_0 when that is lower: a quantized text head costs WER)"),
-    "--embed-type": (("delay",), "type of the embedding tables (default f32)"),
+    "--head-type": (("delay", "realtime"), "type of the text and audio heads (default: "
+                                            "--outtype, but q8_0 when that is lower: a quantized "
+                                            "text head costs WER)"),
+    "--embed-type": (("delay", "realtime"), "type of the embedding tables (default f32)"),
 }
 
 

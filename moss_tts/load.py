@@ -15,8 +15,9 @@ def tts_classes() -> dict[str, type[CodecTTS]]:
     """GGUF kind → the family's TTS class."""
     from .models.delay_tts import DelayTTS
     from .models.nano_tts import NanoTTS
+    from .models.realtime_tts import RealtimeTTS
 
-    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS)}
+    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS, RealtimeTTS)}
 
 
 def tts_class(model) -> type[CodecTTS]:

@@ -76,6 +76,33 @@ class DelaySamplingOptions:
             _check_filters(self, group)
 
 
+@dataclass(frozen=True)
+class RealtimeSamplingOptions:
+    """MossTTSRealtime's knobs with upstream defaults (moss_tts_family.md §5.5: 0.8 / 0.6 / 30,
+    penalty 1.1 over the last 50 generated frames of each codebook, P18); one setting for all
+    16 codebooks. `do_sample=False` is greedy (argmax), as upstream's switch."""
+
+    do_sample: bool = True
+    audio_temperature: float = 0.8
+    audio_top_p: float = 0.6
+    audio_top_k: int = 30
+    audio_repetition_penalty: float = 1.1
+    repetition_window: int = 50
+
+    def __post_init__(self):
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise InputError(f"do_sample must be True or False, got {self.do_sample!r}")
+        t = self.audio_temperature
+        if self.do_sample and not 0 < t < math.inf:
+            raise InputError(f"audio_temperature must be finite and > 0 when sampling (use "
+                             f"do_sample=False for greedy), got {t}")
+        _check_filters(self, "audio")
+        w = self.repetition_window
+        if isinstance(w, bool) or not float(w).is_integer() or w < 1:
+            raise InputError(f"repetition_window must be a whole number ≥ 1 (frames), got {w}")
+        object.__setattr__(self, "repetition_window", int(w))
+
+
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
     """For every id already generated (boolean `seen`, broadcast over the rows: one row per

@@ -77,10 +77,12 @@ class CodecTTS(NativeResource):
         if codec.channels != self.channels or codec.sample_rate != self.sample_rate:
             problems.append(f"it is {codec.sample_rate} Hz x {codec.channels} channel(s), the "
                             f"model needs {self.sample_rate} Hz {layout}")
-        if codec.n_quantizers < c.n_vq or codec.config.codebook_size != c.audio_vocab_size:
+        # a config whose audio vocabulary holds more than the codes (Realtime's pad, BOS and
+        # EOS) names its codebook size
+        size = getattr(c, "codebook_size", c.audio_vocab_size)
+        if codec.n_quantizers < c.n_vq or codec.config.codebook_size != size:
             problems.append(f"it has {codec.n_quantizers} codebooks of "
-                            f"{codec.config.codebook_size}, the model needs {c.n_vq} of "
-                            f"{c.audio_vocab_size}")
+                            f"{codec.config.codebook_size}, the model needs {c.n_vq} of {size}")
         if problems:
             raise ModelFileError("mismatched codec: " + "; ".join(problems) +
                                  f" — pass {self.CODEC_NAME}")

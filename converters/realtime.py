@@ -1,0 +1,123 @@
+"""MossTTSRealtime checkpoint (MOSS-TTS-Realtime) → one GGUF holding the weights, the config and
+the tokenizer.json text (design §4; moss_tts_family.md §5.1-5.2).
+
+    python -m moss_tts convert realtime --model DIR_OR_REPO --out realtime.gguf [--outtype q4_K]
+        [--head-type q8_0] [--embed-type f16]
+
+The backbone takes llama.cpp's Qwen3 names (its text table `embed_tokens.0` is `token_embd`),
+the local transformer's blocks the same names below `local.`; the audio tables and heads keep
+upstream names (the local ones below `local.`). Padding rows are kept as stored. A type per
+group: block linears --outtype; the local heads --head-type (default: outtype, not below
+q8_0); embedding tables --embed-type (default f32).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from moss_tts.errors import ConfigError
+from moss_tts.ggml.types import F32, GGMLType
+from moss_tts.models import spec
+from moss_tts.models.qwen3 import Qwen3Config
+from moss_tts.models.realtime import (FORMAT_VERSION, KIND, LOCAL_LAYER, LOCAL_NORM, TEXT_TABLE,
+                                      TOKENIZER_KEY, RealtimeConfig)
+
+from .delay import default_head_type, find_tokenizer
+from .gguf_io import Lazy, TypeFor, fitted, weight_type
+from .registry import convert_checkpoint
+
+BACKBONE = "language_model."
+LOCAL = "local_transformer."
+# Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
+IGNORED = {
+    "language_model.embed_tokens.weight": "a copy of embed_tokens.0, the text table the model "
+                                          "reads (P17)",
+    "language_model.rotary_emb.inv_freq": "RoPE frequencies are recomputed",
+    "local_transformer.model.rotary_emb.inv_freq": "RoPE frequencies are recomputed",
+}
+# upstream MossTTSRealtimeLocalTransformerConfig defaults, for keys a config.json leaves out
+LOCAL_DEFAULTS = {"hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 16,
+                  "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
+                  "rope_theta": 1e6, "rms_norm_eps": 1e-6}
+
+
+def qwen3_config(c: dict) -> Qwen3Config:
+    return Qwen3Config(
+        hidden_size=int(c["hidden_size"]), num_hidden_layers=int(c["num_hidden_layers"]),
+        num_attention_heads=int(c["num_attention_heads"]),
+        num_key_value_heads=int(c["num_key_value_heads"]), head_dim=int(c["head_dim"]),
+        intermediate_size=int(c["intermediate_size"]), rope_theta=float(c["rope_theta"]),
+        rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)))
+
+
+def realtime_config(config: dict) -> RealtimeConfig:
+    if config.get("model_type") not in (None, "moss_tts_realtime"):
+        raise ConfigError(f"model_type {config.get('model_type')!r} is not moss_tts_realtime "
+                          "(convert the other families with their own `convert` family)")
+    try:
+        lc = config["language_config"]
+        local = LOCAL_DEFAULTS | dict(config.get("local_config") or {})
+        ids = {k: int(config[k]) for k in ("rvq", "audio_pad_token", "audio_vocab_size",
+                                          "reference_audio_pad", "text_pad", "sampling_rate")
+               if k in config}
+        return RealtimeConfig(qwen3_config(lc), qwen3_config(local),
+                              vocab_size=int(lc["vocab_size"]), **ids)
+    except KeyError as e:
+        raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
+
+
+def source_names(cfg: RealtimeConfig) -> dict[str, str]:
+    """{checkpoint name: GGUF name} of every tensor the model reads."""
+    names = cfg.language_config.source_names(BACKBONE) | {"embed_tokens.0.weight": TEXT_TABLE}
+    names |= {f"embed_tokens.{k + 1}.weight": f"embed_tokens.{k + 1}.weight"
+              for k in range(cfg.rvq)}
+    lc = cfg.local_config
+    names |= {f"{LOCAL}model.norm.weight": LOCAL_NORM}
+    for i in range(lc.num_hidden_layers):
+        names |= spec.source_names(lc.layer_spec(), LOCAL_LAYER.format(i),
+                                   f"{LOCAL}model.layers.{i}.")
+    # P16: local table j embeds codebook j, the input of local position j + 1; kept as indexed
+    names |= {f"{LOCAL}model.embed_tokens.{j}.weight": f"local.embed_tokens.{j}.weight"
+              for j in range(cfg.rvq - 1)}
+    return names | {f"{LOCAL}local_lm_heads.{j}.weight": f"local.lm_heads.{j}.weight"
+                    for j in range(cfg.rvq)}
+
+
+def map_tensors(ckpt, cfg: RealtimeConfig) -> tuple[dict[str, Lazy], list[str]]:
+    """Checkpoint → GGUF tensors, loaded only when written. Returns (tensors, unmapped keys)."""
+    names = source_names(cfg)
+    out, unmapped = {}, []
+    for name in ckpt.keys():
+        if name in names:
+            out[names[name]] = Lazy(ckpt.shape(name), np.float32,
+                                    lambda n=name: ckpt[n].astype(np.float32, copy=False))
+        elif name not in IGNORED:
+            unmapped.append(name)
+    return out, unmapped
+
+
+def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
+    """A type per group: block linears (backbone and local) in outtype, the local heads in
+    `head`, the embedding tables in `embed` (ggml reads rows of any type), norms f32."""
+    outtype = weight_type(outtype)
+    head = weight_type(head, "head type") if head is not None else default_head_type(outtype)
+    embed = weight_type(embed, "embed type")
+
+    def type_for(name: str, spec) -> GGMLType:
+        if spec.ndim != 2:
+            return F32
+        if name.startswith(("blk.", "local.blk.")):
+            return fitted(outtype, spec)
+        return fitted(head if name.startswith("local.lm_heads.") else embed, spec)
+    return type_for
+
+
+def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,
+            embed_type: str = "f32", strict: bool = False, progress=None) -> Path:
+    return convert_checkpoint(model, out, parse_config=realtime_config,
+                              find_tokenizer=find_tokenizer, map_tensors=map_tensors,
+                              tokenizer_key=TOKENIZER_KEY, kind=KIND, version=FORMAT_VERSION,
+                              strict=strict, progress=progress,
+                              type_for=tensor_types(outtype, head=head_type, embed=embed_type))

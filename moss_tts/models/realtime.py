@@ -1,0 +1,375 @@
+"""MossTTSRealtime (MOSS-TTS-Realtime, 1.7B): a Qwen3 backbone over rows of 1 text + rvq audio
+channels and a 4-layer Qwen3 local transformer that emits one frame's rvq codes, the text
+leading the audio by 12 tokens (upstream `moss_tts_realtime/mossttsrealtime/modeling_*.py`,
+`inferencer.py`, `streaming_mossttsrealtime.py`; moss_tts_family.md §5).
+
+A row [text, code_0 … code_{rvq−1}] embeds as token_embd[text] + Σ_k embed_tokens.{k+1}[code_k]
+(a pad code adds its zero padding row).
+Per frame the local transformer runs rvq positions over a fresh cache: position 0 takes the
+backbone's hidden state as it is, position j ≥ 1 takes local.embed_tokens.{j−1}[code_{j−1}]
+(P16), and head j reads position j.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
+from ..ggml.backend import NativeResource, released_on_error
+from ..ggml.graph import Tensor
+from ..nn import CacheView, last_row
+from ..nn.session import DecodeSession
+from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
+                        greedy_token, sample_token, seen_windowed)
+from . import qwen3, spec
+
+KIND = "realtime"
+FORMAT_VERSION = 1
+PREFIX = "moss.realtime"
+LOCAL_PREFIX = "moss.realtime.local"      # the local transformer's Qwen3 hyperparameters
+TOKENIZER_KEY = "moss.tokenizer.json"
+TEXT_TABLE = "token_embd.weight"          # embed_tokens.0 under its llama.cpp name
+LOCAL_LAYER = "local.blk.{}."
+LOCAL_NORM = "local.output_norm.weight"
+# Frames per turn when nobody says (upstream's inferencer class default max_length)
+MAX_FRAMES = 1000
+
+
+@dataclass(frozen=True)
+class RealtimeConfig:
+    """Field names and defaults of upstream `MossTTSRealtimeConfig` (+ the chat ids, the text
+    lead `delay_tokens_len` of its processor and the codec rate)."""
+
+    language_config: qwen3.Qwen3Config
+    local_config: qwen3.Qwen3Config
+    vocab_size: int
+    rvq: int = 16
+    audio_pad_token: int = 1024
+    audio_vocab_size: int = 1027
+    reference_audio_pad: int = 151654
+    text_pad: int = 151655
+    pad_token_id: int = 151643
+    im_start_token_id: int = 151644
+    im_end_token_id: int = 151645
+    delay_tokens_len: int = 12
+    sampling_rate: int = 24000
+
+    def __post_init__(self):
+        if self.audio_vocab_size != self.audio_pad_token + 3:
+            raise ConfigError(f"Realtime: audio_vocab_size {self.audio_vocab_size} is not the "
+                              f"codebook ({self.audio_pad_token}) + pad, BOS and EOS")
+        if self.local_config.hidden_size != self.language_config.hidden_size:
+            raise ConfigError("Realtime: the local transformer takes the backbone's hidden state "
+                              "as it is, so both must have the same width")
+        if not 1 <= self.rvq <= 64 or self.delay_tokens_len < 1:
+            raise ConfigError(f"Realtime: rvq {self.rvq} or delay_tokens_len "
+                              f"{self.delay_tokens_len} is out of range (a corrupt file?)")
+        top = max(self.reference_audio_pad, self.text_pad, self.pad_token_id,
+                  self.im_start_token_id, self.im_end_token_id)
+        if top >= self.vocab_size:
+            raise ConfigError(f"Realtime: special id {top} lies outside the text vocabulary of "
+                              f"{self.vocab_size}")
+
+    @property
+    def n_vq(self) -> int:
+        return self.rvq
+
+    @property
+    def codebook_size(self) -> int:
+        """Codes the codec takes: everything below the pad code."""
+        return self.audio_pad_token
+
+    @property
+    def audio_bos(self) -> int:
+        return self.audio_pad_token + 1
+
+    @property
+    def audio_eos(self) -> int:
+        return self.audio_pad_token + 2
+
+    @classmethod
+    def from_gguf(cls, meta) -> "RealtimeConfig":
+        return spec.config_from_gguf(
+            cls, meta, PREFIX, language_config=qwen3.Qwen3Config.from_gguf(meta),
+            local_config=spec.config_from_gguf(qwen3.Qwen3Config, meta, LOCAL_PREFIX))
+
+    def to_metadata(self) -> dict:
+        return (spec.config_to_metadata(self, PREFIX) | self.language_config.to_metadata()
+                | spec.config_to_metadata(self.local_config, LOCAL_PREFIX))
+
+    def tensor_shapes(self) -> dict[str, tuple]:
+        """Backbone (llama.cpp names), its rvq audio tables, the local blocks (llama.cpp names
+        below `local.`), its rvq − 1 input tables and rvq heads."""
+        d, a, lc = self.language_config.hidden_size, self.audio_vocab_size, self.local_config
+        shapes = {TEXT_TABLE: (self.vocab_size, d)} | self.language_config.tensor_shapes()
+        shapes |= {f"embed_tokens.{k + 1}.weight": (a, d) for k in range(self.rvq)}
+        for i in range(lc.num_hidden_layers):
+            shapes |= spec.shapes(lc.layer_spec(), LOCAL_LAYER.format(i))
+        shapes[LOCAL_NORM] = (d,)
+        shapes |= {f"local.embed_tokens.{j}.weight": (a, d) for j in range(self.rvq - 1)}
+        return shapes | {f"local.lm_heads.{j}.weight": (a, d) for j in range(self.rvq)}
+
+
+@dataclass(frozen=True)
+class RealtimeWeights:
+    token_embd: Tensor
+    embed_tokens: list[Tensor]          # the backbone's audio tables, codebook k at [k]
+    layers: list[qwen3.Qwen3Layer]
+    output_norm: Tensor
+    local_layers: list[qwen3.Qwen3Layer]
+    local_output_norm: Tensor
+    local_embed_tokens: list[Tensor]    # rvq − 1: table j feeds local position j + 1 (P16)
+    local_lm_heads: list[Tensor]        # rvq: head j reads local position j
+
+    @classmethod
+    def from_tensors(cls, t: dict, cfg: RealtimeConfig) -> "RealtimeWeights":
+        lc = cfg.local_config
+        return cls(t[TEXT_TABLE], [t[f"embed_tokens.{k + 1}.weight"] for k in range(cfg.rvq)],
+                   qwen3.layers_from_tensors(t, cfg.language_config), t["output_norm.weight"],
+                   [spec.fill_record(qwen3.Qwen3Layer, t, LOCAL_LAYER.format(i), lc.layer_spec())
+                    for i in range(lc.num_hidden_layers)], t[LOCAL_NORM],
+                   [t[f"local.embed_tokens.{j}.weight"] for j in range(cfg.rvq - 1)],
+                   [t[f"local.lm_heads.{j}.weight"] for j in range(cfg.rvq)])
+
+
+# -- host-side row inputs -----------------------------------------------------------------------
+def check_rows(rows, cfg: RealtimeConfig) -> np.ndarray:
+    """rows int [S, 1 + rvq], text ids in the vocabulary, codes in the tables (pad, BOS and
+    EOS included)."""
+    rows = np.asarray(rows)
+    if rows.dtype.kind not in "iu":
+        raise InputError(f"rows must be integers, got dtype {rows.dtype}")
+    if rows.ndim != 2 or rows.shape[1] != cfg.rvq + 1 or rows.shape[0] == 0:
+        raise InputError(f"rows must have shape [S, {cfg.rvq + 1}], got {rows.shape}")
+    if rows[:, 0].min() < 0 or rows[:, 0].max() >= cfg.vocab_size:
+        raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
+    if rows[:, 1:].min() < 0 or rows[:, 1:].max() >= cfg.audio_vocab_size:
+        raise InputError(f"audio codes must lie in [0, {cfg.audio_vocab_size})")
+    return rows
+
+
+def row_feed(rows: np.ndarray) -> dict[str, np.ndarray]:
+    rows = rows.astype(np.int32)
+    return {"rows.text": rows[:, 0]} | {f"rows.code.{k}": rows[:, k + 1]
+                                        for k in range(rows.shape[1] - 1)}
+
+
+# -- graph builders ---------------------------------------------------------------------------
+def build_backbone(g: Graph, w: RealtimeWeights, cfg: RealtimeConfig, n_rows: int,
+                   kv: CacheView, last_only: bool) -> None:
+    """Rows → "hidden" [D, R], post final norm, for the last row (R = 1) or every row. There is
+    no text head: text is input only (§5.3)."""
+    x = ops.get_rows(w.token_embd, g.input("rows.text", (n_rows,), I32))
+    for k in range(cfg.rvq):   # a pad code's row is the zero padding row and is added too
+        x = x + ops.get_rows(w.embed_tokens[k], g.input(f"rows.code.{k}", (n_rows,), I32))
+    h = qwen3.forward(x, w.layers, w.output_norm, cfg.language_config, kv=kv)
+    g.output(last_row(h) if last_only else h, "hidden", ndim=2)
+
+
+def build_local_step(g: Graph, w: RealtimeWeights, cfg: RealtimeConfig, kv: CacheView,
+                     j: int) -> None:
+    """Local position j of a frame: input the backbone hidden "local.h" (j = 0, no adapter) or
+    local.embed_tokens.{j−1}["local.code"] (the code just drawn, P16); output head j's logits
+    "local.logits" [audio_vocab_size], nothing masked (P6)."""
+    if j == 0:
+        x = g.input("local.h", (1, cfg.local_config.hidden_size))
+    else:
+        x = ops.get_rows(w.local_embed_tokens[j - 1], g.input("local.code", (1,), I32))
+    h = qwen3.forward(x, w.local_layers, w.local_output_norm, cfg.local_config, kv=kv,
+                      stage="local")
+    g.output(ops.mul_mat(w.local_lm_heads[j], h), "local.logits", ndim=1)
+
+
+# -- sampling ---------------------------------------------------------------------------------
+def choose_code(logits: np.ndarray, seen: np.ndarray | None, opts: RealtimeSamplingOptions,
+                rng: np.random.Generator) -> int:
+    """One codebook's code: the windowed penalty (None on a turn's first frame, P18), then
+    argmax or a top-k / top-p draw over all audio_vocab_size logits (nothing masked, P6)."""
+    check_finite(logits, "audio")
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, opts.audio_repetition_penalty)
+    if not opts.do_sample:
+        return greedy_token(logits)
+    return sample_token(logits, rng, temperature=opts.audio_temperature,
+                        top_k=opts.audio_top_k, top_p=opts.audio_top_p)
+
+
+def sanitized(frames: np.ndarray, cfg: RealtimeConfig) -> np.ndarray:
+    """Frames [N, rvq] up to the first one holding a code the codec cannot take (pad, BOS, EOS:
+    any sampled on any codebook ends the audio, as upstream's streaming sanitizer)."""
+    frames = np.asarray(frames).reshape(-1, cfg.rvq)
+    bad = ((frames < 0) | (frames >= cfg.codebook_size)).any(axis=1)
+    return frames[:int(np.argmax(bad))] if bad.any() else frames
+
+
+# -- per-conversation state -------------------------------------------------------------------
+class FrameStream(NativeResource):
+    """One conversation's generation state (style C16): the backbone's decode session (its KV
+    cache carries over between turns), the per-frame local session (16 slots, reset every
+    frame, P29), the current turn's frames (the penalty's history) and the random stream.
+
+    `prefill(rows)` runs rows and draws the turn's first frame; `step(text_id)` feeds the row
+    [text_id, previous frame] — frames go back in one step late (P15) — and draws the next."""
+
+    def __init__(self, model: "RealtimeModel", capacity: int, options: RealtimeSamplingOptions,
+                 seed: int | None):
+        self.model, self.options = model, options
+        self.rng = np.random.default_rng(seed)
+        self.backbone = model.make_backbone(capacity)
+        with released_on_error(self.backbone):
+            self.local = model.make_local()
+        self.frames: list[np.ndarray] = []
+
+    @property
+    def position(self) -> int:
+        return self.backbone.position
+
+    @property
+    def finished(self) -> bool:
+        """The turn's last frame has EOS on codebook 0 (the only stop, P6)."""
+        return bool(self.frames) and self.frames[-1][0] == self.model.config.audio_eos
+
+    def prefill(self, rows) -> np.ndarray:
+        """Append prompt rows (ending on the lead rows) → the turn's first frame, unpenalized."""
+        rows = check_rows(rows, self.model.config)
+        hidden = self._run(rows)
+        self.frames = [self.model.sample_frame(self.local, hidden, None, self.options, self.rng)]
+        return self.frames[-1]
+
+    def step(self, text_id: int) -> np.ndarray:
+        """The row [text_id, last frame] → the next frame, penalized over the turn's last
+        `repetition_window` frames of each codebook."""
+        if not self.frames:
+            raise InputError("step() before prefill(): a turn starts with its prompt rows")
+        cfg = self.model.config
+        row = np.concatenate([[text_id], self.frames[-1]])[None].astype(np.int64)
+        hidden = self._run(check_rows(row, cfg))
+        seen = None
+        if self.options.audio_repetition_penalty != 1.0:
+            seen = seen_windowed(np.array(self.frames), cfg.audio_vocab_size,
+                                 self.options.repetition_window)
+        frame = self.model.sample_frame(self.local, hidden, seen, self.options, self.rng)
+        self.frames.append(frame)
+        return frame
+
+    def _run(self, rows: np.ndarray) -> np.ndarray:
+        return self.backbone.run(row_feed(rows), len(rows), variant=True)["hidden"][0]
+
+    def close(self) -> None:
+        for session in (getattr(self, "backbone", None), getattr(self, "local", None)):
+            if session is not None:
+                session.close()
+
+
+# -- the runtime ------------------------------------------------------------------------------
+class RealtimeModel:
+    """MossTTSRealtime on a backend; stateless after load (style C16). `kv_type` is the
+    backbone cache's (F16: about 112 KB per row at the 1.7B shape); the local cache is 16 f32
+    slots per layer."""
+
+    def __init__(self, weights: Weights, *, kv_type: GGMLType = F16):
+        self.weights = weights
+        self.backend = weights.backend
+        self.kv_type = GGMLType(kv_type)
+        with released_on_error(weights):
+            weights.file.check_kind(KIND, version=FORMAT_VERSION)
+            self.config = RealtimeConfig.from_gguf(weights.file)
+            self.w = RealtimeWeights.from_tensors(weights.require(self.config.tensor_shapes()),
+                                                  self.config)
+            self.tokenizer_json = weights.file.get(TOKENIZER_KEY)
+
+    def make_backbone(self, capacity: int) -> DecodeSession:
+        """A backbone decode session of `capacity` rows; variant True = the last row's hidden."""
+        lc = self.config.language_config
+        return DecodeSession(
+            lambda g, n, kv, last: build_backbone(g, self.w, self.config, n, kv, bool(last)),
+            backend=self.backend, n_layer=lc.num_hidden_layers, n_kv_head=lc.num_key_value_heads,
+            head_dim=lc.head_dim, capacity=capacity, prefix="backbone", name="realtime",
+            dtype=self.kv_type)
+
+    def make_local(self) -> DecodeSession:
+        """The per-frame local session: one replayed step graph per position j (the variant)."""
+        lc = self.config.local_config
+        return DecodeSession(
+            lambda g, n, kv, j: build_local_step(g, self.w, self.config, kv, j),
+            backend=self.backend, n_layer=lc.num_hidden_layers, n_kv_head=lc.num_key_value_heads,
+            head_dim=lc.head_dim, capacity=self.config.rvq, prefix="local",
+            name="realtime.local", dtype=F32)
+
+    def sample_frame(self, local: DecodeSession, hidden: np.ndarray, seen: np.ndarray | None,
+                     opts: RealtimeSamplingOptions, rng) -> np.ndarray:
+        """A frame's rvq codes from the backbone hidden [D]: position j's head draws code j,
+        which feeds position j + 1. `seen` bool [rvq, audio_vocab_size] or None."""
+        local.reset()   # every frame is a fresh local sequence at positions 0..rvq−1
+        codes = np.empty(self.config.rvq, dtype=np.int64)
+        feed = {"local.h": np.asarray(hidden, np.float32).reshape(1, -1)}
+        for j in range(self.config.rvq):
+            logits = local.run(feed, 1, variant=j)["local.logits"]
+            codes[j] = choose_code(logits, None if seen is None else seen[j], opts, rng)
+            feed = {"local.code": np.array([codes[j]], dtype=np.int32)}
+        return codes
+
+    def forward(self, rows) -> np.ndarray:
+        """rows [S, 1 + rvq] → the backbone's post-norm hidden states [S, H]."""
+        rows = check_rows(rows, self.config)
+        with self.make_backbone(len(rows)) as session:
+            return session.run(row_feed(rows), len(rows), variant=False)["hidden"]
+
+    def local_logits(self, hidden_row, codes) -> np.ndarray:
+        """Teacher-forced local pass: hidden [H] and a frame's codes [rvq] → logits
+        [rvq, audio_vocab_size], row j from head j after codes 0..j−1."""
+        cfg = self.config
+        hidden = np.asarray(hidden_row, dtype=np.float32).reshape(-1)
+        codes = np.asarray(codes).reshape(-1)
+        if hidden.shape != (cfg.language_config.hidden_size,) or len(codes) != cfg.rvq \
+                or codes.dtype.kind not in "iu" or codes.min() < 0 \
+                or codes.max() >= cfg.audio_vocab_size:
+            raise InputError(f"local_logits takes a hidden row [{cfg.language_config.hidden_size}]"
+                             f" and {cfg.rvq} integer codes in [0, {cfg.audio_vocab_size})")
+        out = np.empty((cfg.rvq, cfg.audio_vocab_size), dtype=np.float32)
+        with self.make_local() as local:
+            feed = {"local.h": hidden.reshape(1, -1)}
+            for j in range(cfg.rvq):
+                out[j] = local.run(feed, 1, variant=j)["local.logits"]
+                feed = {"local.code": np.array([codes[j]], dtype=np.int32)}
+        return out
+
+    def stream(self, capacity: int, *, options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
+               seed: int | None = None) -> FrameStream:
+        return FrameStream(self, capacity, options, seed)
+
+    def generate(self, rows, text_ids=(), *,
+                 options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
+                 seed: int | None = None, max_frames: int = MAX_FRAMES) -> np.ndarray:
+        """Prompt rows (ending on the lead rows, BOS on the last) and the text ids still to come
+        → frames [N, rvq] before the first EOS (upstream returns them unsanitized too)."""
+        return np.array(list(self.iter_frames(rows, text_ids, options=options, seed=seed,
+                                              max_frames=max_frames)),
+                        dtype=np.int64).reshape(-1, self.config.rvq)
+
+    def iter_frames(self, rows, text_ids=(), *,
+                    options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
+                    seed: int | None = None, max_frames: int = MAX_FRAMES):
+        """Frames as they are generated (the generator of `generate`): after the prompt one
+        frame per text id, then `<|text_pad|>` rows until EOS or max_frames."""
+        rows = check_rows(rows, self.config)
+        if max_frames < 1:
+            raise InputError(f"max_frames must be at least 1, got {max_frames}")
+        text_ids = list(text_ids)
+        with self.stream(len(rows) + max_frames, options=options, seed=seed) as s:
+            frame = s.prefill(rows)
+            for n in range(max_frames):
+                if frame[0] == self.config.audio_eos:
+                    return
+                yield frame
+                if n + 1 == max_frames:
+                    return
+                frame = s.step(text_ids[n] if n < len(text_ids) else self.config.text_pad)
+
+    def close(self) -> None:
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None

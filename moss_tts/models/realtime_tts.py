@@ -1,0 +1,321 @@
+"""`RealtimeTTS`: text → 24 kHz speech with MossTTSRealtime and the MOSS-Audio-Tokenizer codec,
+offline (`synthesize`, `stream`) and live (`session`: text deltas in as an LLM writes them,
+audio out as it is made, the KV cache kept across the turns of a conversation;
+moss_tts_family.md §5.4-5.6, upstream `streaming_mossttsrealtime.py`).
+
+Audio leaves through the codec's exact streaming decoder one frame (80 ms) at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..audio import REFERENCE_MAX_SECONDS, resample, to_channels
+from ..codec import Codec
+from ..errors import InputError, ModelFileError
+from ..ggml import F16, GGMLType, Weights, get_backend
+from ..ggml.backend import NativeResource, released_on_error
+from ..sampling import RealtimeSamplingOptions
+from ..text import realtime_prompts as prompts
+from ..text.qwen_tokenizer import QwenTokenizer
+from ..tts import CodecTTS, Reference
+from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel
+
+# Backbone rows a live session holds (system block, voice, every turn's text and frames):
+# ~2.7 min of speech; 230 MB of f16 KV cache at the 1.7B shape
+SESSION_ROWS = 2048
+# Upstream's segmenting of text deltas: cut after sentence or clause punctuation once the
+# buffer holds MIN_SEGMENT characters, else at the last space once it holds MAX_BUFFER
+SEGMENT_END = re.compile(r"[。！？!?.\u2026]\s*|[,，;；:：\u2014\u2013\-]\s*|\)\s*|\]\s*|\n")
+MIN_SEGMENT, MAX_BUFFER = 8, 32
+EMPTY = np.zeros(0, dtype=np.float32)
+
+
+def split_segments(buffer: str) -> tuple[list[str], str]:
+    """Text → (segments ready to tokenize, the rest still buffered), as upstream's session."""
+    segments = []
+    while buffer:
+        cut = None
+        if len(buffer) >= MIN_SEGMENT:
+            cut = next((m.end() for m in SEGMENT_END.finditer(buffer)
+                        if m.end() >= MIN_SEGMENT), None)
+        if cut is None and len(buffer) >= MAX_BUFFER and " " in buffer:
+            cut = buffer.rindex(" ") + 1
+        if cut is None:
+            break
+        segments.append(buffer[:cut])
+        buffer = buffer[cut:]
+    return segments, buffer
+
+
+class FrameAudio(NativeResource):
+    """Frames in, audio out through one codec stream: a frame is decoded as it comes, and the
+    first holding a code the codec cannot take (pad, BOS, EOS) ends this stream's audio — the
+    sanitizer of upstream's streaming bridge (P6)."""
+
+    def __init__(self, codec: Codec, codebook_size: int, n_vq: int):
+        self.codec, self.codebook_size, self.n_vq = codec, codebook_size, n_vq
+        self.decoder = None
+        self.ended = False
+
+    def push(self, frame: np.ndarray) -> np.ndarray:
+        """One frame [n_vq] → its samples [hop] (none once the audio has ended)."""
+        if self.ended or ((frame < 0) | (frame >= self.codebook_size)).any():
+            self.ended = True
+            return EMPTY
+        if self.decoder is None:
+            self.decoder = self.codec.stream_decoder(n_quantizers=self.n_vq)
+        return self.decoder.push(np.asarray(frame)[:, None]).reshape(-1)
+
+    def close(self) -> None:
+        if getattr(self, "decoder", None) is not None:
+            self.decoder.close()
+            self.decoder = None
+
+
+class RealtimeTTS(CodecTTS):
+    """MOSS-TTS-Realtime. `RealtimeTTS.load("realtime.gguf", codec="codec.gguf")`, then
+    `synthesize(text)` offline, or `session()` live.
+
+    >>> tts = RealtimeTTS.load("realtime.gguf", codec="codec.gguf")          # doctest: +SKIP
+    >>> with tts.session(seed=1) as s:                                       # doctest: +SKIP
+    ...     audio = [s.push_text(delta) for delta in ("Hello, ", "how are ", "you?")]
+    ...     s.end_text()
+    ...     audio += list(s.drain())
+    """
+
+    CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
+    FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Realtime", RealtimeSamplingOptions
+
+    def __init__(self, model: RealtimeModel, codec: Codec | None):
+        self.model, self.config, self.codec = model, model.config, codec
+        f = model.weights.file
+        if model.tokenizer_json is None:
+            raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
+                                 "re-convert with `moss_tts convert realtime`")
+        self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
+        c = self.config
+        self.ids = prompts.RealtimePromptIds(
+            c.rvq, c.im_start_token_id, c.im_end_token_id, c.reference_audio_pad, c.text_pad,
+            c.audio_pad_token, c.audio_bos, c.audio_eos, c.delay_tokens_len)
+        if codec is not None:
+            self._check_codec(codec)
+
+    @classmethod
+    def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
+             kv_type: GGMLType = F16) -> "RealtimeTTS":
+        b = get_backend(backend, threads)
+        return cls._with_codec(RealtimeModel(Weights.load(model, b), kv_type=kv_type), codec, b)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sampling_rate
+
+    @property
+    def channels(self) -> int:
+        return 1
+
+    def encode_reference(self, samples, sample_rate: int, *,
+                         max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
+        """Reference speech → codes [frames, rvq]: mono mix, the codec's rate, the codec (no
+        loudness normalization for this family, §1.3)."""
+        codec = self._need_codec()
+        x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
+        x = resample(to_channels(x, 1), sample_rate, codec.sample_rate)
+        codes = codec.encode(x, codec.sample_rate, n_quantizers=self.config.rvq)
+        return Reference(np.ascontiguousarray(codes.T))
+
+    def plan(self, text: str, *, reference: Reference | None = None):
+        """(prompt rows [S, 1 + rvq] ending on the lead rows, the text ids fed afterwards)."""
+        return prompts.build_generation_rows(self.tokenizer, self.ids, text,
+                                             voice=None if reference is None else reference.codes)
+
+    def forward(self, rows) -> np.ndarray:
+        """rows [S, 1 + rvq] → backbone hidden states [S, H] (research API)."""
+        return self.model.forward(rows)
+
+    def local_logits(self, hidden_row, codes) -> np.ndarray:
+        """hidden [H], a frame's codes [rvq] → teacher-forced logits [rvq, audio_vocab_size]."""
+        return self.model.local_logits(hidden_row, codes)
+
+    def generate(self, rows, text_ids=(), **kwargs) -> np.ndarray:
+        """Prompt rows and the text ids to come → frames [N, rvq] (options, seed, max_frames)."""
+        return self.model.generate(rows, text_ids, **kwargs)
+
+    def stream(self, text: str, *, reference: Reference | None = None,
+               options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
+               seed: int | None = None, max_frames: int = MAX_FRAMES) -> Iterator[np.ndarray]:
+        """Offline as upstream's inferencer (the whole text tokenized at once): audio chunks
+        [hop, 1], one per frame, until EOS or the first frame the codec cannot take."""
+        rows, text_ids = self.plan(text, reference=reference)
+        frames = self.model.iter_frames(rows, text_ids, options=options, seed=seed,
+                                        max_frames=max_frames)
+        with self._frame_audio() as audio:
+            for frame in frames:
+                chunk = audio.push(frame)
+                if audio.ended:
+                    return
+                yield chunk[:, None]
+
+    def session(self, voice: Reference | None = None,
+                options: RealtimeSamplingOptions | None = None, seed: int | None = None, *,
+                max_frames: int = MAX_FRAMES, max_rows: int = SESSION_ROWS) -> "LiveSession":
+        """A live conversation: `push_text` deltas, `end_text`, `drain`, `new_turn`, `close`.
+        max_frames caps each turn; max_rows the whole conversation's backbone rows."""
+        self._need_codec()
+        return LiveSession(self, voice, options or RealtimeSamplingOptions(), seed,
+                           max_frames=max_frames, max_rows=max_rows)
+
+    def _frame_audio(self) -> FrameAudio:
+        return FrameAudio(self._need_codec(), self.config.codebook_size, self.config.rvq)
+
+
+class LiveSession(NativeResource):
+    """One conversation with MossTTSRealtime, text arriving as it is written (upstream
+    `MossTTSRealtimeStreamingSession`). Frames are paced by the text: once `lead` (12) tokens
+    are in, the turn's prompt and those tokens are prefilled and the first frame drawn; each
+    later token draws exactly one frame. `push_text` returns the audio ready now and never
+    waits for text to come. Deltas are cut into segments at punctuation or spaces (as upstream)
+    and each segment is tokenized on its own.
+
+    The lead is always min(12, tokens so far) — the training layout — also when `end_text`
+    finds more than 12 tokens waiting (upstream's session prefills them all then).
+    """
+
+    def __init__(self, tts: RealtimeTTS, voice: Reference | None,
+                 options: RealtimeSamplingOptions, seed: int | None, *, max_frames: int,
+                 max_rows: int):
+        if max_frames < 1 or max_rows < 1:
+            raise InputError(f"max_frames and max_rows must be at least 1, got {max_frames}, "
+                             f"{max_rows}")
+        self.tts, self.ids, self.max_frames = tts, tts.ids, max_frames
+        self._closed = True
+        voice_codes = None if voice is None else voice.codes
+        head = prompts.system_rows(tts.tokenizer, self.ids, voice_codes)
+        self._stream = tts.model.stream(max_rows, options=options, seed=seed)
+        with released_on_error(self._stream):
+            self._audio = tts._frame_audio()
+        self._closed = False
+        self._first = True               # no turn has run yet: the next opens without <|im_end|>
+        self._start_turn(head, None)
+
+    # -- the API ----------------------------------------------------------------------------
+    def push_text(self, delta: str) -> np.ndarray:
+        """A text delta → the float32 audio [n] ready now (often empty)."""
+        self._need_open()
+        if self._ended:
+            raise InputError("push_text after end_text(): this turn's text is over — start the "
+                             "next turn with new_turn()")
+        if not isinstance(delta, str):
+            raise InputError(f"push_text takes text (str), got {type(delta).__name__}")
+        segments, self._buffer = split_segments(self._buffer + delta)
+        for segment in segments:
+            self._pending += self.tts.tokenizer.encode(segment)
+        return _joined(self._advance())
+
+    def end_text(self) -> None:
+        """No more text this turn; its last buffered segment is tokenized now."""
+        self._need_open()
+        if not self._ended:
+            self._ended = True
+            if self._buffer:
+                self._pending += self.tts.tokenizer.encode(self._buffer)
+                self._buffer = ""
+
+    def drain(self) -> Iterator[np.ndarray]:
+        """The rest of the turn's audio, a chunk per frame, until EOS (or max_frames): the
+        waiting text first, then `<|text_pad|>` rows. Ends the text if that was not done."""
+        self._need_open()
+        self.end_text()
+        return self._drain()
+
+    def new_turn(self, user_text: str | None = None, user_audio: Reference | None = None) -> None:
+        """Start the next assistant turn, keeping the KV cache: the finished turn's EOS row
+        (training layout), then a user turn when user text or audio (codes from
+        `tts.encode_reference`) is given. A turn still speaking is cut where it is (barge-in)."""
+        self._need_open()
+        if self._prefilled:
+            head = prompts.eos_row(self.ids) if self._stream.finished else None
+        else:   # nothing of this turn ran: its rows go, the head before it stays
+            head = self._head
+        user = None
+        if user_text is not None or user_audio is not None:
+            user = prompts.user_turn_rows(
+                self.tts.tokenizer, self.ids, user_text or "",
+                None if user_audio is None else user_audio.codes, first=self._first)
+        self._start_turn(head, user)
+
+    @property
+    def frames(self) -> np.ndarray:
+        """This turn's frames so far [N, rvq] as drawn (EOS frame included, unsanitized)."""
+        frames = self._stream.frames if self._prefilled else []
+        return np.array(frames, dtype=np.int64).reshape(-1, self.ids.rvq)
+
+    @property
+    def text_ids(self) -> list[int]:
+        """This turn's text ids so far (what the frames are paced by)."""
+        return list(self._text_ids)
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._audio.close()
+        self._stream.close()
+
+    # -- the turn ---------------------------------------------------------------------------
+    def _start_turn(self, head: np.ndarray | None, user: np.ndarray | None) -> None:
+        self._head = head
+        parts = [p for p in (head, user) if p is not None]
+        parts.append(prompts.assistant_prefix_rows(self.tts.tokenizer, self.ids,
+                                                   first=self._first and user is None))
+        self._prompt = np.vstack(parts)
+        self._buffer, self._pending, self._text_ids = "", [], []
+        self._prefilled = self._ended = False
+        self._frames = 0
+        self._audio.close()
+        self._audio = self.tts._frame_audio()
+
+    def _advance(self) -> Iterator[np.ndarray]:
+        """Prefill once the lead is in (or the text has ended), then a frame per waiting
+        token: each frame's audio."""
+        lead = self.ids.lead
+        if not self._prefilled and (len(self._pending) >= lead or (self._ended and self._pending)):
+            first, self._pending = self._pending[:lead], self._pending[lead:]
+            self._text_ids += first
+            rows = np.vstack([self._prompt, prompts.lead_rows(first, self.ids)])
+            self._prefilled, self._first = True, False
+            yield self._frame(self._stream.prefill(rows))
+        while self._prefilled and self._pending and not self._done:
+            token = self._pending.pop(0)
+            self._text_ids.append(token)
+            yield self._frame(self._stream.step(token))
+
+    def _drain(self) -> Iterator[np.ndarray]:
+        for chunk in self._advance():
+            if chunk.size:
+                yield chunk
+        while self._prefilled and not self._done:
+            chunk = self._frame(self._stream.step(self.ids.text_pad))
+            if chunk.size:
+                yield chunk
+
+    @property
+    def _done(self) -> bool:
+        return self._stream.finished or self._frames >= self.max_frames
+
+    def _frame(self, frame: np.ndarray) -> np.ndarray:
+        self._frames += 1
+        return self._audio.push(frame)
+
+    def _need_open(self) -> None:
+        if self._closed:
+            raise InputError("session is closed; open a new one with tts.session()")
+
+
+def _joined(chunks) -> np.ndarray:
+    parts = [c for c in chunks if c.size]
+    return np.concatenate(parts) if parts else EMPTY
