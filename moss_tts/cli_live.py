@@ -8,8 +8,6 @@ import codecs
 import os
 from collections.abc import Iterator
 
-import numpy as np
-
 from .errors import InputError
 
 READ_BYTES = 4096    # one read returns what the pipe holds now, up to this
@@ -46,20 +44,3 @@ def stdin_deltas(fd: int) -> Iterator[str]:
     except UnicodeDecodeError:
         _utf8(seen, "stdin")
         raise
-
-
-def live_chunks(session, deltas, channels: int) -> Iterator[np.ndarray]:
-    """Audio [n, channels] as the text comes: what each delta makes ready, then the drain to the
-    end of speech once the text ends. The session is closed when this ends or is closed."""
-    try:
-        for delta in deltas:
-            yield as_frames(session.push_text(delta), channels)
-        session.end_text()
-        for chunk in session.drain():
-            yield as_frames(chunk, channels)
-    finally:
-        session.close()
-
-
-def as_frames(audio, channels: int) -> np.ndarray:
-    return np.asarray(audio, np.float32).reshape(-1, channels)

@@ -75,7 +75,8 @@ def stream_keywords(args, family: str) -> dict:
 
 
 def _tts(args) -> int:
-    from .cli_live import check_live, live_chunks, stdin_deltas
+    from .cli_live import check_live, stdin_deltas
+    from .live import live_chunks
     from .load import tts_class
 
     text = None if args.live else _read_text(args)   # --live: stdin is read as it arrives

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import MossTTSError
+from .live import as_frames, push_as_typed
 from .server_formats import pcm_bytes
 from .server_request import (MAX_INPUT_CHARS, SEED_LIMIT, RequestError, _number, _sampling,
                              _string, parse_object)
@@ -79,8 +80,8 @@ def parse_message(raw: str) -> tuple[str, str | None]:
 
 
 def text_slices(text: str) -> list[str]:
-    """A delta in SLICE_CHARS pieces: the session segments text itself, so any split speaks the
-    same; the pieces only bound how long one worker job runs."""
+    """A delta in SLICE_CHARS pieces, one worker job each (pushed as typed: any split speaks
+    the same); the pieces only bound how long one job runs."""
     return [text[i:i + SLICE_CHARS] for i in range(0, len(text), SLICE_CHARS)]
 
 
@@ -98,7 +99,7 @@ class LiveConnection:
         self.session = await self.run(make_session)
 
     async def push(self, text: str) -> np.ndarray:
-        return await self.run(lambda model: self.session.push_text(text))
+        return await self.run(lambda model: push_as_typed(self.session, text))
 
     async def end(self) -> None:
         def end_text(model):
@@ -122,7 +123,7 @@ class LiveConnection:
         self.lane.release()
 
     def pcm(self, audio) -> bytes:
-        return pcm_bytes(np.asarray(audio, np.float32).reshape(-1, self.channels))
+        return pcm_bytes(as_frames(audio, self.channels))
 
 
 def live_endpoint(served: dict, pick_model, reference_for, write_timeout: float):
