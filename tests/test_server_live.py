@@ -178,6 +178,7 @@ def test_a_client_that_leaves_mid_stream_closes_its_session_and_frees_the_line(s
     ({"model": "moss-tts-realtime", "speed": 2}, "unknown field 'speed'"),
     ({"model": "moss-tts-realtime", "seed": "one"}, "'seed' must be an integer"),
     ({"model": "moss-tts-realtime", "top_p": 2}, "'top_p' must be in"),
+    ({"model": "moss-tts-realtime", "reference_audio": "!!"}, "not valid base64"),
 ])
 def test_a_bad_config_is_one_error_event(serve, config, problem):
     s = serve()
