@@ -15,10 +15,13 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 
-def push_as_typed(session, text: str) -> np.ndarray:
-    """`text` pushed character by character → the float32 audio [n] it made ready."""
-    parts = [session.push_text(ch) for ch in text]
-    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+def push_as_typed(session, text: str) -> Iterator[np.ndarray]:
+    """`text` pushed character by character → the float32 audio [n] each push made ready, as
+    soon as it is (empty pushes left out)."""
+    for ch in text:
+        audio = session.push_text(ch)
+        if audio.size:
+            yield audio
 
 
 def live_chunks(session, deltas: Iterable[str], channels: int) -> Iterator[np.ndarray]:
@@ -26,7 +29,8 @@ def live_chunks(session, deltas: Iterable[str], channels: int) -> Iterator[np.nd
     end of speech once the text ends. The session is closed when this ends or is closed."""
     try:
         for delta in deltas:
-            yield as_frames(push_as_typed(session, delta), channels)
+            for audio in push_as_typed(session, delta):
+                yield as_frames(audio, channels)
         session.end_text()
         for chunk in session.drain():
             yield as_frames(chunk, channels)

@@ -47,8 +47,9 @@ def split_host(value: str) -> tuple[str, int | None]:
 class Gate:
     """Refuses, before any work: a Host outside the allow-list (400), a foreign Origin (403),
     and — with an API key — a request without `Authorization: Bearer KEY` (401) on every path
-    but /health and the page. CORS preflights are answered by the inner CORS layer, which sits
-    between the origin check and the key check."""
+    but /health and the page. WebSocket handshakes pass the same checks (the key may also come
+    as `?api_key=`). CORS preflights are answered by the inner CORS layer, which sits between
+    the origin check and the key check."""
 
     def __init__(self, app, *, hosts: set[str], origins: set[str], api_key: str | None):
         from starlette.middleware.cors import CORSMiddleware

@@ -98,8 +98,9 @@ class LiveConnection:
     async def open(self, make_session) -> None:
         self.session = await self.run(make_session)
 
-    async def push(self, text: str) -> np.ndarray:
-        return await self.run(lambda model: push_as_typed(self.session, text))
+    async def push(self, text: str) -> list[np.ndarray]:
+        """The audio chunks `text` made ready."""
+        return await self.run(lambda model: list(push_as_typed(self.session, text)))
 
     async def end(self) -> None:
         def end_text(model):
@@ -241,8 +242,8 @@ async def speak(websocket, connection: LiveConnection, inbox: asyncio.Queue, rat
                 item = inbox.get_nowait()
                 text, held = (text + item[1], None) if item[0] == "text" else (text, item)
             for piece in text_slices(text):
-                sent += await send_audio(websocket, connection, await connection.push(piece),
-                                         timeout)
+                for audio in await connection.push(piece):
+                    sent += await send_audio(websocket, connection, audio, timeout)
         elif kind == "end":
             await connection.end()
             while (chunk := await connection.next_chunk()) is not None:
