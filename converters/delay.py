@@ -95,10 +95,10 @@ def default_head_type(outtype: GGMLType) -> GGMLType:
     return outtype if outtype in (F32, F16, BF16, HEAD_FLOOR) else HEAD_FLOOR
 
 
-def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
-    """A type per group: block linears (`blk.*`) in outtype, the text and audio heads in
-    `head` (default `default_head_type(outtype)`), the embedding tables (token_embd, emb_ext.*) in
-    `embed` (design §4 keeps them f32; ggml reads rows of any type), norms f32."""
+def group_types(outtype, head, embed, *, is_block, is_head) -> TypeFor:
+    """A type per group: block linears (`is_block(name)`) in outtype, heads (`is_head(name)`)
+    in `head` (default `default_head_type(outtype)`), the other matrices — embedding tables —
+    in `embed` (design §4 keeps them f32; ggml reads rows of any type), norms f32."""
     outtype = weight_type(outtype)
     head = weight_type(head, "head type") if head is not None else default_head_type(outtype)
     embed = weight_type(embed, "embed type")
@@ -106,10 +106,17 @@ def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
     def type_for(name: str, spec) -> GGMLType:
         if spec.ndim != 2:
             return F32
-        if name.startswith("blk."):
+        if is_block(name):
             return fitted(outtype, spec)
-        return fitted(head if name in (TEXT_HEAD, AUDIO_HEADS) else embed, spec)
+        return fitted(head if is_head(name) else embed, spec)
     return type_for
+
+
+def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
+    """`group_types` of Delay: blocks `blk.*`, heads the text head and the stacked audio
+    heads, tables token_embd and emb_ext.*."""
+    return group_types(outtype, head, embed, is_block=lambda n: n.startswith("blk."),
+                       is_head=lambda n: n in (TEXT_HEAD, AUDIO_HEADS))
 
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,

@@ -18,14 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from moss_tts.errors import ConfigError
-from moss_tts.ggml.types import F32, GGMLType
 from moss_tts.models import spec
 from moss_tts.models.qwen3 import Qwen3Config
 from moss_tts.models.realtime import (FORMAT_VERSION, KIND, LOCAL_LAYER, LOCAL_NORM, TEXT_TABLE,
                                       TOKENIZER_KEY, RealtimeConfig)
 
-from .delay import default_head_type, find_tokenizer
-from .gguf_io import Lazy, TypeFor, fitted, weight_type
+from .delay import find_tokenizer, group_types
+from .gguf_io import Lazy, TypeFor
 from .registry import convert_checkpoint
 
 BACKBONE = "language_model."
@@ -99,19 +98,11 @@ def map_tensors(ckpt, cfg: RealtimeConfig) -> tuple[dict[str, Lazy], list[str]]:
 
 
 def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
-    """A type per group: block linears (backbone and local) in outtype, the local heads in
-    `head`, the embedding tables in `embed` (ggml reads rows of any type), norms f32."""
-    outtype = weight_type(outtype)
-    head = weight_type(head, "head type") if head is not None else default_head_type(outtype)
-    embed = weight_type(embed, "embed type")
-
-    def type_for(name: str, spec) -> GGMLType:
-        if spec.ndim != 2:
-            return F32
-        if name.startswith(("blk.", "local.blk.")):
-            return fitted(outtype, spec)
-        return fitted(head if name.startswith("local.lm_heads.") else embed, spec)
-    return type_for
+    """`group_types` of Realtime: blocks of the backbone and the local transformer, heads the
+    local heads, tables the text, audio and local input tables."""
+    return group_types(outtype, head, embed,
+                       is_block=lambda n: n.startswith(("blk.", "local.blk.")),
+                       is_head=lambda n: n.startswith("local.lm_heads."))
 
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,

@@ -22,11 +22,12 @@ SAMPLING_FLAGS = {"temperature": "audio_temperature", "top_k": "audio_top_k",
                   "top_p": "audio_top_p", "repetition_penalty": "audio_repetition_penalty",
                   "text_temperature": "text_temperature", "text_top_k": "text_top_k",
                   "text_top_p": "text_top_p"}
-# flags only one family takes: dest → (flag, family, the `stream` keyword it becomes)
+# flags only some families take: dest → (flag, family or families, the `stream` keyword it
+# becomes)
 FAMILY_FLAGS = {
     "prompt_text": ("--prompt-text", "nano", "prompt_text"),
     "prompt_audio": ("--prompt-audio", "nano", None),          # encoded into `prompt`
-    "max_frames": ("--max-frames", "nano", "max_frames"),
+    "max_frames": ("--max-frames", ("nano", "realtime"), "max_frames"),
     "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", "nano", "max_text_tokens"),
     "language": ("--language", "delay", "language"),
     "instruction": ("--instruction", "delay", "instruction"),
@@ -45,11 +46,15 @@ def model_path(spec: str):
         _resolve(spec, "nano", "--model")
 
 
+def _takes(families, family: str) -> bool:
+    return family in families if isinstance(families, tuple) else family == families
+
+
 def check_family_flags(args, cls) -> None:
     """A flag the loaded family does not take → one line naming the flag and the family."""
     fields = {f.name for f in dataclasses.fields(cls.OPTIONS)}
     unused = [flag for dest, (flag, family, _) in FAMILY_FLAGS.items()
-              if family != cls.FAMILY and getattr(args, dest) is not None]
+              if not _takes(family, cls.FAMILY) and getattr(args, dest) is not None]
     unused += ["--" + dest.replace("_", "-") for dest, field in SAMPLING_FLAGS.items()
                if field not in fields and getattr(args, dest) is not None]
     if unused:
@@ -71,7 +76,7 @@ def sampling_options(args, options_class):
 
 def stream_keywords(args, family: str) -> dict:
     return {word: getattr(args, dest) for dest, (_, fam, word) in FAMILY_FLAGS.items()
-            if fam == family and word is not None and getattr(args, dest) is not None}
+            if _takes(fam, family) and word is not None and getattr(args, dest) is not None}
 
 
 def _tts(args) -> int:
@@ -236,10 +241,11 @@ def _collect(chunks, tts, bar):
 def _family_defaults(field: str) -> str:
     """'nano 0.8, delay 1.7': each family's default for an options field, read from its
     dataclass (the help never repeats a number)."""
-    from .sampling import DelaySamplingOptions, SamplingOptions
+    from .sampling import DelaySamplingOptions, RealtimeSamplingOptions, SamplingOptions
 
     return ", ".join(f"{family} {getattr(cls(), field)}" for family, cls in
-                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions))
+                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions),
+                      ("realtime", RealtimeSamplingOptions))
                      if hasattr(cls(), field))
 
 
@@ -248,7 +254,7 @@ def add_tts_commands(sub, common) -> None:
 
     for name, family, helptext in (
             ("tts", None, "text → speech with any MOSS-TTS model (the family is read from the "
-                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay))"),
+                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), MOSS-TTS-Realtime)"),
             ("tts-nano", "nano", "text → 48 kHz stereo speech with MOSS-TTS-Nano")):
         p = sub.add_parser(name, help=helptext, parents=[common])
         _add_tts_flags(p, DEFAULT_NANO, DEFAULT_NANO_CODEC)
@@ -299,7 +305,8 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
         p.add_argument(flag, type=kind, default=None,
                        help=f"{what} (family default: {_family_defaults(field)})")
     p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
-                   default=None, help="Nano: hard cap of frames per text chunk (80 ms each)")
+                   default=None, help="Nano: hard cap of frames per text chunk; Realtime: of "
+                   "frames (80 ms each)")
     p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=None,
                    help="Nano: text tokens per chunk of a long text, 1-250")
     p.add_argument("--max-new-rows", type=positive_int, default=None,

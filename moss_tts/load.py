@@ -36,8 +36,9 @@ def tts_class(model) -> type[CodecTTS]:
         kind = f.get(KIND_KEY)
     if kind not in classes:
         found = f"a {kind!r} GGUF" if kind else "not a moss-tts GGUF (no moss.kind)"
+        *rest, last = classes
         raise ModelFileError(f"{model}: {found}, not a speech model — pass a "
-                             f"{' or '.join(classes)} model GGUF")
+                             f"{', '.join(rest)} or {last} model GGUF")
     return classes[kind]
 
 

@@ -168,6 +168,18 @@ def sample_token(logits: np.ndarray, rng: np.random.Generator, *, temperature: f
                            top_p=top_p)[0])
 
 
+def sample_top_k_token(logits: np.ndarray, rng: np.random.Generator, *, temperature: float,
+                       top_k: int, top_p: float = 1.0) -> int:
+    """`sample_token` computed over the top_k survivors only (the others can never be drawn):
+    the same id for the same generator state, without sorting the whole vocabulary."""
+    scores = apply_temperature(logits, temperature)
+    if not 0 < top_k < len(scores):
+        return sample_token(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
+    keep = np.flatnonzero(scores >= np.partition(scores, -top_k)[-top_k])   # ties survive
+    probs = softmax(top_p_filter(scores[keep][None], top_p))
+    return int(keep[draw_rows(probs, rng)[0]])
+
+
 def greedy_token(logits: np.ndarray) -> int:
     """argmax; the first index wins a tie."""
     return int(np.argmax(logits))

@@ -23,7 +23,7 @@ from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
 from ..nn.session import DecodeSession
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
-                        greedy_token, sample_token, seen_windowed)
+                        greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
 
 KIND = "realtime"
@@ -193,16 +193,22 @@ def choose_code(logits: np.ndarray, seen: np.ndarray | None, opts: RealtimeSampl
         logits = apply_repetition_penalty(logits, seen, opts.audio_repetition_penalty)
     if not opts.do_sample:
         return greedy_token(logits)
-    return sample_token(logits, rng, temperature=opts.audio_temperature,
-                        top_k=opts.audio_top_k, top_p=opts.audio_top_p)
+    return sample_top_k_token(logits, rng, temperature=opts.audio_temperature,
+                              top_k=opts.audio_top_k, top_p=opts.audio_top_p)
+
+
+def decodable(frames: np.ndarray, codebook_size: int) -> np.ndarray:
+    """bool per frame [..., rvq]: every code is one the codec takes (no pad, BOS or EOS)."""
+    frames = np.asarray(frames)
+    return ((frames >= 0) & (frames < codebook_size)).all(axis=-1)
 
 
 def sanitized(frames: np.ndarray, cfg: RealtimeConfig) -> np.ndarray:
-    """Frames [N, rvq] up to the first one holding a code the codec cannot take (pad, BOS, EOS:
-    any sampled on any codebook ends the audio, as upstream's streaming sanitizer)."""
+    """Frames [N, rvq] up to the first one the codec cannot take (a pad, BOS or EOS sampled on
+    any codebook ends the audio, as upstream's streaming sanitizer)."""
     frames = np.asarray(frames).reshape(-1, cfg.rvq)
-    bad = ((frames < 0) | (frames >= cfg.codebook_size)).any(axis=1)
-    return frames[:int(np.argmax(bad))] if bad.any() else frames
+    ok = decodable(frames, cfg.codebook_size)
+    return frames if ok.all() else frames[:int(np.argmin(ok))]
 
 
 # -- per-conversation state -------------------------------------------------------------------
@@ -211,8 +217,9 @@ class FrameStream(NativeResource):
     cache carries over between turns), the per-frame local session (16 slots, reset every
     frame, P29), the current turn's frames (the penalty's history) and the random stream.
 
-    `prefill(rows)` runs rows and draws the turn's first frame; `step(text_id)` feeds the row
-    [text_id, previous frame] — frames go back in one step late (P15) — and draws the next."""
+    `feed(rows)` appends rows; `start(rows)` appends rows and draws the turn's first frame;
+    `step(text_id)` feeds the row [text_id, previous frame] — frames go back in one step late
+    (P15) — and draws the next."""
 
     def __init__(self, model: "RealtimeModel", capacity: int, options: RealtimeSamplingOptions,
                  seed: int | None):
@@ -232,10 +239,15 @@ class FrameStream(NativeResource):
         """The turn's last frame has EOS on codebook 0 (the only stop, P6)."""
         return bool(self.frames) and self.frames[-1][0] == self.model.config.audio_eos
 
-    def prefill(self, rows) -> np.ndarray:
-        """Append prompt rows (ending on the lead rows) → the turn's first frame, unpenalized."""
+    def feed(self, rows) -> np.ndarray:
+        """Append rows (a prompt, or text rows of a lead arriving token by token) → the last
+        row's hidden state [H]."""
         rows = check_rows(rows, self.model.config)
-        hidden = self._run(rows)
+        return self.backbone.run(row_feed(rows), len(rows), variant=True)["hidden"][0]
+
+    def start(self, rows) -> np.ndarray:
+        """Append rows ending on the lead's BOS row → the turn's first frame, unpenalized."""
+        hidden = self.feed(rows)
         self.frames = [self.model.sample_frame(self.local, hidden, None, self.options, self.rng)]
         return self.frames[-1]
 
@@ -243,10 +255,9 @@ class FrameStream(NativeResource):
         """The row [text_id, last frame] → the next frame, penalized over the turn's last
         `repetition_window` frames of each codebook."""
         if not self.frames:
-            raise InputError("step() before prefill(): a turn starts with its prompt rows")
+            raise InputError("step() before start(): a turn starts with its lead rows")
         cfg = self.model.config
-        row = np.concatenate([[text_id], self.frames[-1]])[None].astype(np.int64)
-        hidden = self._run(check_rows(row, cfg))
+        hidden = self.feed(np.concatenate([[text_id], self.frames[-1]])[None].astype(np.int64))
         seen = None
         if self.options.audio_repetition_penalty != 1.0:
             seen = seen_windowed(np.array(self.frames), cfg.audio_vocab_size,
@@ -254,9 +265,6 @@ class FrameStream(NativeResource):
         frame = self.model.sample_frame(self.local, hidden, seen, self.options, self.rng)
         self.frames.append(frame)
         return frame
-
-    def _run(self, rows: np.ndarray) -> np.ndarray:
-        return self.backbone.run(row_feed(rows), len(rows), variant=True)["hidden"][0]
 
     def close(self) -> None:
         for session in (getattr(self, "backbone", None), getattr(self, "local", None)):
@@ -360,7 +368,7 @@ class RealtimeModel:
             raise InputError(f"max_frames must be at least 1, got {max_frames}")
         text_ids = list(text_ids)
         with self.stream(len(rows) + max_frames, options=options, seed=seed) as s:
-            frame = s.prefill(rows)
+            frame = s.start(rows)
             for n in range(max_frames):
                 if frame[0] == self.config.audio_eos:
                     return

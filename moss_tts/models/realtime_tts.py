@@ -15,14 +15,14 @@ import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, resample, to_channels
 from ..codec import Codec
-from ..errors import InputError, ModelFileError
+from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..ggml.backend import NativeResource, released_on_error
 from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..tts import CodecTTS, Reference
-from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel
+from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 
 # Backbone rows a live session holds (system block, voice, every turn's text and frames):
 # ~2.7 min of speech; 230 MB of f16 KV cache at the 1.7B shape
@@ -63,7 +63,7 @@ class FrameAudio(NativeResource):
 
     def push(self, frame: np.ndarray) -> np.ndarray:
         """One frame [n_vq] → its samples [hop] (none once the audio has ended)."""
-        if self.ended or ((frame < 0) | (frame >= self.codebook_size)).any():
+        if self.ended or not decodable(frame, self.codebook_size):
             self.ended = True
             return EMPTY
         if self.decoder is None:
@@ -92,11 +92,8 @@ class RealtimeTTS(CodecTTS):
 
     def __init__(self, model: RealtimeModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
-        f = model.weights.file
-        if model.tokenizer_json is None:
-            raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
-                                 "re-convert with `moss_tts convert realtime`")
-        self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
+        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, path=model.weights.file.path,
+                                                key=TOKENIZER_KEY, family=KIND)
         c = self.config
         self.ids = prompts.RealtimePromptIds(
             c.rvq, c.im_start_token_id, c.im_end_token_id, c.reference_audio_pad, c.text_pad,
@@ -175,45 +172,58 @@ class RealtimeTTS(CodecTTS):
 
 class LiveSession(NativeResource):
     """One conversation with MossTTSRealtime, text arriving as it is written (upstream
-    `MossTTSRealtimeStreamingSession`). Frames are paced by the text: once `lead` (12) tokens
-    are in, the turn's prompt and those tokens are prefilled and the first frame drawn; each
-    later token draws exactly one frame. `push_text` returns the audio ready now and never
-    waits for text to come. Deltas are cut into segments at punctuation or spaces (as upstream)
-    and each segment is tokenized on its own.
+    `MossTTSRealtimeStreamingSession`). Frames are paced by the text: the 12th token (the end
+    of the lead) draws the first frame, each later token exactly one more. `push_text`
+    returns the audio ready now and never waits for text to come. Deltas are cut into
+    segments at punctuation or spaces (as upstream) and each segment is tokenized on its own.
 
-    The lead is always min(12, tokens so far) — the training layout — also when `end_text`
-    finds more than 12 tokens waiting (upstream's session prefills them all then).
+    The backbone keeps up with the text: the system block runs when the session opens, a
+    turn's prompt rows with its first token, and each lead token as soon as the next one
+    shows it is not the last (the last lead row carries BOS) — so the 12th token costs one
+    backbone step and one frame. The lead is always min(12, the turn's tokens), the training
+    layout, also when `end_text` finds more than 12 tokens waiting (upstream's session would
+    put them all before BOS).
     """
 
     def __init__(self, tts: RealtimeTTS, voice: Reference | None,
                  options: RealtimeSamplingOptions, seed: int | None, *, max_frames: int,
                  max_rows: int):
+        self._closed = True
         if max_frames < 1 or max_rows < 1:
             raise InputError(f"max_frames and max_rows must be at least 1, got {max_frames}, "
                              f"{max_rows}")
         self.tts, self.ids, self.max_frames = tts, tts.ids, max_frames
-        self._closed = True
         voice_codes = None if voice is None else voice.codes
-        head = prompts.system_rows(tts.tokenizer, self.ids, voice_codes)
+        system = prompts.system_rows(tts.tokenizer, self.ids, voice_codes)
         self._stream = tts.model.stream(max_rows, options=options, seed=seed)
         with released_on_error(self._stream):
+            self._stream.feed(system)
             self._audio = tts._frame_audio()
         self._closed = False
-        self._first = True               # no turn has run yet: the next opens without <|im_end|>
-        self._start_turn(head, None)
+        self._first = True               # no turn has opened yet: the next opens without <|im_end|>
+        self._start_turn(None, None)
 
     # -- the API ----------------------------------------------------------------------------
     def push_text(self, delta: str) -> np.ndarray:
         """A text delta → the float32 audio [n] ready now (often empty)."""
-        self._need_open()
-        if self._ended:
-            raise InputError("push_text after end_text(): this turn's text is over — start the "
-                             "next turn with new_turn()")
+        self._need_text()
         if not isinstance(delta, str):
             raise InputError(f"push_text takes text (str), got {type(delta).__name__}")
         segments, self._buffer = split_segments(self._buffer + delta)
         for segment in segments:
             self._pending += self.tts.tokenizer.encode(segment)
+        return _joined(self._advance())
+
+    def push_tokens(self, ids) -> np.ndarray:
+        """Text ids of this model's tokenizer (for sources that stream ids) → the audio ready
+        now, as `push_text`."""
+        self._need_text()
+        ids = [int(i) for i in ids]
+        if any(not 0 <= i < self.tts.config.vocab_size or i in self.tts.tokenizer.control
+               for i in ids):
+            raise InputError(f"push_tokens takes ordinary text ids below "
+                             f"{self.tts.config.vocab_size}, no control ids")
+        self._pending += ids
         return _joined(self._advance())
 
     def end_text(self) -> None:
@@ -237,9 +247,9 @@ class LiveSession(NativeResource):
         (training layout), then a user turn when user text or audio (codes from
         `tts.encode_reference`) is given. A turn still speaking is cut where it is (barge-in)."""
         self._need_open()
-        if self._prefilled:
+        if self._opened:
             head = prompts.eos_row(self.ids) if self._stream.finished else None
-        else:   # nothing of this turn ran: its rows go, the head before it stays
+        else:   # nothing of this turn ran: its rows go, what came before it stays
             head = self._head
         user = None
         if user_text is not None or user_audio is not None:
@@ -256,7 +266,7 @@ class LiveSession(NativeResource):
 
     @property
     def text_ids(self) -> list[int]:
-        """This turn's text ids so far (what the frames are paced by)."""
+        """This turn's text ids the backbone has taken (what the frames are paced by)."""
         return list(self._text_ids)
 
     def close(self) -> None:
@@ -274,25 +284,34 @@ class LiveSession(NativeResource):
                                                    first=self._first and user is None))
         self._prompt = np.vstack(parts)
         self._buffer, self._pending, self._text_ids = "", [], []
-        self._prefilled = self._ended = False
+        self._opened = self._prefilled = self._ended = False
         self._frames = 0
         self._audio.close()
         self._audio = self.tts._frame_audio()
 
     def _advance(self) -> Iterator[np.ndarray]:
-        """Prefill once the lead is in (or the text has ended), then a frame per waiting
-        token: each frame's audio."""
-        lead = self.ids.lead
-        if not self._prefilled and (len(self._pending) >= lead or (self._ended and self._pending)):
-            first, self._pending = self._pending[:lead], self._pending[lead:]
-            self._text_ids += first
-            rows = np.vstack([self._prompt, prompts.lead_rows(first, self.ids)])
-            self._prefilled, self._first = True, False
-            yield self._frame(self._stream.prefill(rows))
+        """Take the waiting tokens: the turn's prompt with the first, lead rows while the lead
+        is not complete, its BOS row (the first frame), then a frame per token: each frame's
+        audio."""
+        if not self._pending:
+            return
+        if not self._opened:     # text arrived: the turn is on, its prompt rows go in now
+            self._stream.feed(self._prompt)
+            self._opened, self._first = True, False
+        if not self._prefilled:
+            last_lead = self.ids.lead - 1
+            while len(self._pending) > 1 and len(self._text_ids) < last_lead:
+                self._stream.feed(prompts.text_rows([self._take()], self.ids))
+            if len(self._text_ids) == last_lead or self._ended:
+                self._prefilled = True
+                yield self._frame(self._stream.start(prompts.lead_rows([self._take()], self.ids)))
         while self._prefilled and self._pending and not self._done:
-            token = self._pending.pop(0)
-            self._text_ids.append(token)
-            yield self._frame(self._stream.step(token))
+            yield self._frame(self._stream.step(self._take()))
+
+    def _take(self) -> int:
+        token = self._pending.pop(0)
+        self._text_ids.append(token)
+        return token
 
     def _drain(self) -> Iterator[np.ndarray]:
         for chunk in self._advance():
@@ -314,6 +333,12 @@ class LiveSession(NativeResource):
     def _need_open(self) -> None:
         if self._closed:
             raise InputError("session is closed; open a new one with tts.session()")
+
+    def _need_text(self) -> None:
+        self._need_open()
+        if self._ended:
+            raise InputError("push_text after end_text(): this turn's text is over — start the "
+                             "next turn with new_turn()")
 
 
 def _joined(chunks) -> np.ndarray:

@@ -5,6 +5,8 @@ rows kept as stored, the duplicate text table dropped, the embedded tokenizer, -
 type per group, and bad checkpoints."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -108,3 +110,18 @@ def test_bad_configs_raise_config_error(tmp_path, edit, match):
     (ckpt / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=match):
         convert(str(ckpt), tmp_path / "x.gguf", strict=True)
+
+
+def test_convert_command_takes_the_type_flags_for_realtime(checkpoint, tmp_path):
+    import gguf
+
+    out = tmp_path / "c.gguf"
+    r = subprocess.run([sys.executable, "-m", "moss_tts", "convert", "realtime", "--model",
+                        str(checkpoint), "--out", str(out), "--outtype", "q4_K", "--head-type",
+                        "f16", "--embed-type", "q8_0", "--quiet"], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    types = {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(out).tensors}
+    # the tiny rows (32 wide) are too narrow for q4_K's 256-blocks: `fitted` falls back
+    assert types["local.lm_heads.2.weight"] == GGMLType.F16
+    assert types["embed_tokens.3.weight"] == types["local.embed_tokens.0.weight"] == GGMLType.Q8_0
+    assert types["local.blk.0.attn_norm.weight"] == GGMLType.F32

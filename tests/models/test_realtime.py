@@ -171,3 +171,13 @@ def test_other_family_gguf_given_as_realtime_raises_model_file_error(family, nan
     gguf = nano_files()[1] if family == "nano" else delay_files()[3]
     with pytest.raises(ModelFileError, match=f"expected a realtime GGUF, found a '{family}'"):
         RealtimeModel(Weights.load(gguf, get_backend(None, 1)))
+
+
+def test_only_eos_on_codebook_0_ends_a_turn(realtime_model):
+    """P6: EOS (or pad / BOS) drawn on codebooks 1..15 does not stop generation (the
+    sanitizer ends that audio instead); EOS on codebook 0 does."""
+    with realtime_model().stream(64) as s:
+        s.frames = [np.array([3, EOS, EOS, BOS])]
+        assert not s.finished
+        s.frames = [np.array([EOS, 1, 2, 3])]
+        assert s.finished

@@ -113,6 +113,24 @@ def test_frames_are_paced_by_the_text(realtime_tts):
         assert s.push_text.__self__ is s and list(s.drain()) == []   # drained: nothing more
 
 
+def test_pushed_token_ids_draw_a_frame_each_from_the_twelfth_on(realtime_tts):
+    """push_tokens: no audio for tokens 1..11, one frame's audio for the 12th and each later
+    one, the same frames as offline generation over those ids; control ids are refused."""
+    tts = realtime_tts()
+    ids = tts.tokenizer.encode(TEXT)
+    with tts.session(options=GREEDY) as s:
+        sizes = [s.push_tokens([i]).size for i in ids]
+        assert sizes == [0] * 11 + [HOP] * (len(ids) - 11)
+        assert list(s.drain()) == []       # the <|text_pad|> row draws EOS: no more audio
+        frames = s.frames
+        assert frames[-1, 0] == tts.config.audio_eos and s.text_ids == ids
+        with pytest.raises(InputError, match="no control ids"):
+            s.new_turn()
+            s.push_tokens([tts.config.im_end_token_id])
+    rows, text_ids = tts.plan(TEXT)
+    np.testing.assert_array_equal(frames[:-1], tts.generate(rows, text_ids, options=GREEDY))
+
+
 def test_long_wait_before_end_text_keeps_the_twelve_token_lead(realtime_tts):
     """Text that reaches the session only at end_text (no segment cut before): the lead is
     still 12 tokens, the rest one frame each (upstream's session would prefill them all)."""
