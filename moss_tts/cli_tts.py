@@ -99,7 +99,8 @@ def _tts(args) -> int:
     codec = _resolve(_codec_spec(args.codec, cls), "codec", "--codec")
     with cls.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
         if args.live:
-            session = tts.session(voice=_reference(args, tts), options=options, seed=args.seed)
+            session = tts.session(voice=_reference(args, tts), options=options, seed=args.seed,
+                                  **stream_keywords(args, cls.FAMILY))   # --max-frames a turn
             chunks = live_chunks(session, stdin_deltas(sys.stdin.fileno()), tts.channels)
         else:
             chunks = tts.stream(text, reference=_reference(args, tts), options=options,

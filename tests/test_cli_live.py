@@ -51,6 +51,17 @@ def test_live_stdin_to_a_file_equals_offline_greedy(models, tmp_path):
                               models["offline"])
 
 
+def test_live_max_frames_caps_the_turn(models, tmp_path):
+    out = tmp_path / "capped.wav"
+    r = subprocess.run(live_args(models, "--max-frames", 5, "-o", out), input=TEXT.encode(),
+                       capture_output=True)
+    assert r.returncode == 0, r.stderr
+    audio = sf.read(out, dtype="float32", always_2d=True)[0]
+    hop = 64           # the tiny v1 codec's samples per frame
+    assert len(audio) == 5 * hop and len(models["offline"]) > 5 * hop
+    np.testing.assert_array_equal(audio, models["offline"][: 5 * hop])
+
+
 def test_live_audio_leaves_while_stdin_is_still_open(models):
     p = subprocess.Popen(live_args(models, "-o", "-", "--format", "raw"), stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
