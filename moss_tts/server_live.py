@@ -8,8 +8,10 @@ Protocol (all client messages are JSON text; the server sends JSON text events a
   client → {"type": "text", "text": DELTA} ...           the assistant's text as it arrives
   server → binary s16le PCM chunks as audio is ready
   client → {"type": "end"}                               no more text this turn
-  server → (the rest of the audio) {"type": "turn_done", "seconds": S}
-  client → {"type": "turn", "user_text": T}              next turn, the model's cache kept
+  server → (the rest of the audio) {"type": "turn_done", "interrupted": false, "seconds": S}
+  client → {"type": "turn", "user_text": T}              next turn, the model's cache kept; sent
+                                                         while a turn speaks it cuts that turn
+                                                         (barge-in: "interrupted": true)
   server → {"type": "error", "message": M}               then the server closes the socket
 The session's work runs on its model's worker, one short job at a time (a slice of text, one
 chunk of the drain), held in the line by a Lane; leaving closes the session and frees the slot.
@@ -18,8 +20,8 @@ chunk of the drain), held in the line by a Lane; leaving closes the session and 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,7 +190,7 @@ async def send_error(websocket, e: Exception) -> None:
 async def converse(websocket, connection: LiveConnection, rate: int, timeout: float) -> None:
     """Reads messages while the session speaks them: text waits in `inbox` while a job runs,
     and a client that leaves is seen at once (the reader ends the speaker)."""
-    inbox: asyncio.Queue = asyncio.Queue()
+    inbox = Inbox()
     speaker = asyncio.ensure_future(speak(websocket, connection, inbox, rate, timeout))
     reader = asyncio.ensure_future(read_messages(websocket, inbox))
     try:
@@ -213,9 +215,41 @@ async def next_text(websocket) -> str:
     return message["text"]
 
 
-async def read_messages(websocket, inbox: asyncio.Queue) -> None:
+class Inbox:
+    """Client messages waiting for the session. A `turn` is a barge-in: the text and `end` still
+    waiting for the turns before it are dropped, and `cutting` tells the speaker to stop."""
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, kind: str, text: str | None) -> None:
+        if kind == "turn":
+            self._items = deque(item for item in self._items if item[0] == "turn")
+        self._items.append((kind, text))
+        self._ready.set()
+
+    @property
+    def cutting(self) -> bool:
+        return any(kind == "turn" for kind, _ in self._items)
+
+    async def get(self) -> tuple[str, str | None]:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def take_text(self) -> str:
+        """All the text that waits next, as one delta."""
+        text = ""
+        while self._items and self._items[0][0] == "text":
+            text += self._items.popleft()[1]
+        return text
+
+
+async def read_messages(websocket, inbox: Inbox) -> None:
     """Checks each message against the turn's state as it arrives: text after `end` is refused
-    before the session sees it; `turn` ends an open turn first."""
+    before the session sees it."""
     ended = False
     while True:
         kind, text = parse_message(await next_text(websocket))
@@ -224,35 +258,42 @@ async def read_messages(websocket, inbox: asyncio.Queue) -> None:
                                     "next turn first")
         if kind == "end" and ended:
             raise RequestError(400, "'end' twice: the turn has already ended")
-        if kind == "turn" and not ended:
-            inbox.put_nowait(("end", None))
         ended = kind == "end"
-        inbox.put_nowait((kind, text))
+        inbox.put(kind, text)
 
 
-async def speak(websocket, connection: LiveConnection, inbox: asyncio.Queue, rate: int,
+async def speak(websocket, connection: LiveConnection, inbox: Inbox, rate: int,
                 timeout: float) -> None:
     """The session's side: text (all that waits, in slices) → audio, end → the drain to EOS
-    and `turn_done`, turn → a new turn."""
-    held, sent = None, 0
+    and `turn_done`, turn → a new turn, cutting short the one still speaking (its `turn_done`
+    says `interrupted`)."""
+    sent, speaking = 0, True     # samples of this turn; no turn_done sent for it yet
+
+    async def turn_done(interrupted: bool) -> None:
+        nonlocal sent, speaking
+        await websocket.send_json({"type": "turn_done", "interrupted": interrupted,
+                                   "seconds": round(sent / connection.channels / rate, 3)})
+        sent, speaking = 0, False
+
     while True:
-        (kind, text), held = held or await inbox.get(), None
+        kind, text = await inbox.get()
         if kind == "text":
-            while not inbox.empty() and held is None:   # all the text that waits, as one
-                item = inbox.get_nowait()
-                text, held = (text + item[1], None) if item[0] == "text" else (text, item)
-            for piece in text_slices(text):
+            for piece in text_slices(text + inbox.take_text()):
+                if inbox.cutting:
+                    break
                 for audio in await connection.push(piece):
                     sent += await send_audio(websocket, connection, audio, timeout)
         elif kind == "end":
             await connection.end()
-            while (chunk := await connection.next_chunk()) is not None:
+            while not inbox.cutting and (chunk := await connection.next_chunk()) is not None:
                 sent += await send_audio(websocket, connection, chunk, timeout)
-            await websocket.send_json({"type": "turn_done",
-                                       "seconds": round(sent / connection.channels / rate, 3)})
-            sent = 0
+            if not inbox.cutting:
+                await turn_done(interrupted=False)
         else:
+            if speaking:
+                await turn_done(interrupted=True)
             await connection.new_turn(text)
+            speaking = True
 
 
 async def send_audio(websocket, connection: LiveConnection, audio, timeout: float) -> int:

@@ -126,6 +126,7 @@ def test_live_audio_is_the_sessions_audio_turn_after_turn(serve, models):
         assert started == {"type": "started", "model": "moss-tts-realtime", "sample_rate": 3200,
                            "channels": 1, "format": "pcm_s16le"}
         first, done = speak_turn(ws, DELTAS)
+        assert done["interrupted"] is False
         send(ws, {"type": "turn", "user_text": "And now?"})
         second, _ = speak_turn(ws, turns[1][1])
     want = session_pcm(models["moss-tts-realtime"], turns, seed=5)
@@ -136,6 +137,23 @@ def test_live_audio_is_the_sessions_audio_turn_after_turn(serve, models):
     assert done["seconds"] == pytest.approx(len(first) / 2 / 3200, abs=1e-3)
     # the seed reaches the session: another seed says something else
     assert session_pcm(models["moss-tts-realtime"], turns[:1], seed=6)[0] != first
+
+
+def test_a_turn_sent_while_one_speaks_cuts_it_short(serve, models):
+    long_text = TEXT * 4
+    full, _ = models["moss-tts-realtime"].synthesize(long_text, seed=2)
+    s = serve()
+    with connect(ws_url(s)) as ws:
+        send(ws, {"model": "moss-tts-realtime", "seed": 2})
+        until_event(ws, "started")
+        send(ws, {"type": "text", "text": long_text})          # no 'end': still speaking
+        while not isinstance(ws.recv(timeout=60), bytes):
+            pass
+        send(ws, {"type": "turn", "user_text": "Wait, stop."})  # barge-in
+        _, cut = until_event(ws, "turn_done")
+        second, done = speak_turn(ws, ["Sure, stopping."])
+    assert cut["interrupted"] is True and 0 < cut["seconds"] < len(full) / 3200
+    assert done["interrupted"] is False and len(second) > 0
 
 
 def test_a_client_that_leaves_mid_stream_closes_its_session_and_frees_the_line(serve, models):
