@@ -159,7 +159,7 @@ async function speak() {
 // end can be sent: what was spoken cannot be taken back)
 let live = null;
 window.liveBytes = 0;     // audio bytes of this live connection (the browser test reads it)
-window.liveTurns = 0;     // turns finished (turn_done events)
+window.liveDone = [];     // its turn_done events
 
 async function findLiveModel() {
   const r = await fetch("/v1/models", {headers: authHeaders()});
@@ -180,8 +180,8 @@ function startLive() {
                            `/v1/audio/live${key}`);
   ws.binaryType = "arraybuffer";
   live = {ws, ctx: null, at: 0, rate: 0, channels: 1, started: false, ended: false,
-          sent: false, spoken: ""};   // text already in the box is spoken first
-  window.liveBytes = 0; window.liveTurns = 0;
+          finished: false, sent: false, spoken: ""};   // text already in the box is spoken first
+  window.liveBytes = 0; window.liveDone = [];
   liveState(true); $("live-status").textContent = "connecting…";
   ws.onopen = () => {
     const config = {model: window.liveModel};
@@ -214,8 +214,9 @@ function liveMessage(ws, data) {
     $("live-status").textContent = "live: type or paste";
     sendLiveText();
   } else if (event.type === "turn_done") {
-    window.liveTurns += 1;
+    window.liveDone.push(event); live.finished = true;
     $("live-status").textContent = `turn done: ${event.seconds.toFixed(2)} s`;
+    sendLiveText();   // text typed while the turn finished opens the next one
   } else if (event.type === "error") {
     $("live-status").textContent = `error: ${event.message}`;
   }
@@ -231,7 +232,11 @@ function sendLiveText() {
   }
   const delta = text.slice(live.spoken.length);
   if (!delta) return;
-  if (live.ended) { live.ws.send(JSON.stringify({type: "turn"})); live.ended = false; }
+  if (live.ended) {   // a turn sent before turn_done would cut the speech short (barge-in)
+    if (!live.finished) return;
+    live.ws.send(JSON.stringify({type: "turn"}));
+    live.ended = live.finished = false;
+  }
   live.ws.send(JSON.stringify({type: "text", text: delta}));
   live.spoken = text; live.sent = true;
 }

@@ -64,15 +64,22 @@ def test_live_mode_speaks_typed_text_turn_by_turn(models, browser, tmp_path):
         wait_for(browser, STATUS, "live: type or paste")
         box = browser.find_element(By.ID, "live-text")
         box.send_keys(TEXT)                         # one input event per key: deltas
-        browser.find_element(By.ID, "live-end").click()
-        wait_for(browser, "return window.liveTurns", 1)
+        # End, then more text in the same JS task: it is typed before turn_done can arrive,
+        # and must wait for it (a turn sent earlier would cut the first turn short)
+        browser.execute_script(
+            "document.getElementById('live-end').click();"
+            "const box = document.getElementById('live-text'); box.value += arguments[0];"
+            "box.dispatchEvent(new Event('input'));", MORE)
+        wait_for(browser, "return window.liveDone.length", 1)
         want, _ = models["moss-tts-realtime"].synthesize(TEXT, seed=5)
-        assert browser.execute_script("return window.liveBytes") == len(pcm_bytes(want)) > 0
-        assert browser.execute_script(STATUS).startswith("turn done: ")
-        box.send_keys(MORE)                         # text after the end opens the next turn
+        done = browser.execute_script("return window.liveDone[0]")
+        assert done["interrupted"] is False                  # the first turn was not cut
+        assert done["seconds"] == pytest.approx(len(want) / 3200, abs=1e-3)
         browser.find_element(By.ID, "live-end").click()
-        wait_for(browser, "return window.liveTurns", 2)
-        assert browser.execute_script("return window.liveBytes") > len(pcm_bytes(want))
+        wait_for(browser, "return window.liveDone.length", 2)
+        assert browser.execute_script("return window.liveDone[1].seconds") > 0
+        assert browser.execute_script(STATUS).startswith("turn done: ")
+        assert browser.execute_script("return window.liveBytes") > len(pcm_bytes(want)) > 0
         browser.find_element(By.ID, "live-start").click()     # Stop
         wait_for(browser, STATUS, "closed", 10)
     finally:
