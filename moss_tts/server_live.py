@@ -9,8 +9,9 @@ Protocol (all client messages are JSON text; the server sends JSON text events a
   server → binary s16le PCM chunks as audio is ready
   client → {"type": "end"}                               no more text this turn
   server → (the rest of the audio) {"type": "turn_done", "interrupted": false, "seconds": S}
-  client → {"type": "turn", "user_text": T}              next turn, the model's cache kept; sent
-                                                         while a turn speaks it cuts that turn
+  client → {"type": "turn", "user_text": T}              next turn, the model's cache kept (or
+                                                         first: the user's words); sent while a
+                                                         turn speaks it cuts that turn short
                                                          (barge-in: "interrupted": true)
   server → {"type": "error", "message": M}               then the server closes the socket
 The session's work runs on its model's worker, one short job at a time (a slice of text, one
@@ -54,7 +55,11 @@ class LiveConfig:
 
 
 def parse_config(raw: str) -> LiveConfig:
-    body = parse_object(raw.encode(), LIVE_FIELDS)
+    body = parse_object(raw.encode(), (*LIVE_FIELDS, *MESSAGE_FIELDS))
+    if set(body) - set(LIVE_FIELDS):   # a message sent before the config
+        raise RequestError(400, f"the first message is the config ({', '.join(LIVE_FIELDS)}; "
+                                "all optional: {} for the defaults); text, end and turn "
+                                "messages come after it")
     _string(body, "format", None, ("pcm",))
     return LiveConfig(model=_string(body, "model"), voice=_string(body, "voice"),
                       reference_audio=_string(body, "reference_audio"),
@@ -267,7 +272,7 @@ async def speak(websocket, connection: LiveConnection, inbox: Inbox, rate: int,
     """The session's side: text (all that waits, in slices) → audio, end → the drain to EOS
     and `turn_done`, turn → a new turn, cutting short the one still speaking (its `turn_done`
     says `interrupted`)."""
-    sent, speaking = 0, True     # samples of this turn; no turn_done sent for it yet
+    sent, speaking = 0, False    # samples of this turn; its text began, no turn_done yet
 
     async def turn_done(interrupted: bool) -> None:
         nonlocal sent, speaking
@@ -277,6 +282,7 @@ async def speak(websocket, connection: LiveConnection, inbox: Inbox, rate: int,
 
     while True:
         kind, text = await inbox.get()
+        speaking = speaking or kind != "turn"
         if kind == "text":
             for piece in text_slices(text + inbox.take_text()):
                 if inbox.cutting:
@@ -293,7 +299,6 @@ async def speak(websocket, connection: LiveConnection, inbox: Inbox, rate: int,
             if speaking:
                 await turn_done(interrupted=True)
             await connection.new_turn(text)
-            speaking = True
 
 
 async def send_audio(websocket, connection: LiveConnection, audio, timeout: float) -> int:

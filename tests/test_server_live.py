@@ -139,6 +139,22 @@ def test_live_audio_is_the_sessions_audio_turn_after_turn(serve, models):
     assert session_pcm(models["moss-tts-realtime"], turns[:1], seed=6)[0] != first
 
 
+def test_a_user_turn_first_opens_the_conversation_without_a_turn_done(serve, models):
+    s = serve()
+    with connect(ws_url(s)) as ws:
+        send(ws, {"model": "moss-tts-realtime", "seed": 3})
+        until_event(ws, "started")
+        send(ws, {"type": "turn", "user_text": "Say hello."})
+        audio, done = speak_turn(ws, DELTAS)        # the first turn_done is this answer's
+    assert done["interrupted"] is False and len(audio) > 0
+    with models["moss-tts-realtime"].session(seed=3) as want:
+        want.new_turn("Say hello.")
+        parts = [want.push_text(ch) for ch in TEXT]
+        want.end_text()
+        parts += list(want.drain())
+    assert audio == pcm_bytes(np.concatenate(parts)[:, None])
+
+
 def test_a_turn_sent_while_one_speaks_cuts_it_short(serve, models):
     long_text = TEXT * 4
     full, _ = models["moss-tts-realtime"].synthesize(long_text, seed=2)
@@ -197,6 +213,7 @@ def test_a_client_that_leaves_mid_stream_closes_its_session_and_frees_the_line(s
     ({"model": "moss-tts-realtime", "seed": "one"}, "'seed' must be an integer"),
     ({"model": "moss-tts-realtime", "top_p": 2}, "'top_p' must be in"),
     ({"model": "moss-tts-realtime", "reference_audio": "!!"}, "not valid base64"),
+    ({"type": "text", "text": "Hi."}, "the first message is the config"),
 ])
 def test_a_bad_config_is_one_error_event(serve, config, problem):
     s = serve()
@@ -204,7 +221,7 @@ def test_a_bad_config_is_one_error_event(serve, config, problem):
         send(ws, config)
         message = error_event(ws)
     assert problem in message, message
-    if config["model"] == "moss-tts-nano":
+    if config.get("model") == "moss-tts-nano":
         assert "moss-tts-realtime" in message          # it names the model to use instead
 
 
