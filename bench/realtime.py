@@ -214,6 +214,13 @@ def run_peer(args) -> dict:
     if r.returncode:
         return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
     peer = json.loads(r.stdout.strip().splitlines()[-1])
+    if args.golden:      # the greedy frames upstream drew, for tests/models/test_realtime.py
+        Path(args.golden).write_text(json.dumps(
+            {"upstream": "OpenMOSS/MOSS-TTS 58b20a0 moss_tts_realtime, transformers 5.0.0, "
+                         "torch f32 eager, MossTTSRealtimeInference.prefill/step, greedy, "
+                         "repetition penalty 1.1 window 50",
+             "checkpoint": "fixtures.make_realtime seed 0, rvq 16, audio_pad_token 1024",
+             **{k: peer[k] for k in ("prompt", "text", "frames")}}) + "\n")
     model = RealtimeModel(Weights.load(convert(str(ckpt), root / "ours.gguf", strict=True),
                                        get_backend(None, args.threads)))
     cfg = model.config
@@ -262,6 +269,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
     ap.add_argument("--peer", help="a Python with torch + transformers: time upstream too")
+    ap.add_argument("--golden", help="with --peer: write upstream's greedy frames to this JSON")
     ap.add_argument("--worker", choices=["ours"], help=argparse.SUPPRESS)
     ap.add_argument("--type", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -21,7 +21,7 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession
+from ..nn.session import DecodeSession, bucket
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
                         greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
@@ -239,6 +239,16 @@ class FrameStream(NativeResource):
         """The turn's last frame has EOS on codebook 0 (the only stop, P6)."""
         return bool(self.frames) and self.frames[-1][0] == self.model.config.audio_eos
 
+    def warm(self, rows_ahead: int) -> None:
+        """Build now the step graphs that the next `rows_ahead` single rows and their frames
+        will run (one per bucket crossed, and the local positions), so that none is built on
+        the latency path: a graph build costs more than a step at the real size."""
+        for k in range(1, rows_ahead + 1):
+            n_slots = bucket(self.position + k, self.backbone.capacity)
+            self.backbone.step_graph(n_slots, True).allocate()
+        for j in range(self.model.config.rvq):
+            self.local.step_graph(bucket(1, self.local.capacity), j).allocate()
+
     def feed(self, rows) -> np.ndarray:
         """Append rows (a prompt, or text rows of a lead arriving token by token) → the last
         row's hidden state [H]."""
@@ -273,7 +283,7 @@ class FrameStream(NativeResource):
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class RealtimeModel:
+class RealtimeModel(NativeResource):
     """MossTTSRealtime on a backend; stateless after load (style C16). `kv_type` is the
     backbone cache's (F16: about 112 KB per row at the 1.7B shape); the local cache is 16 f32
     slots per layer."""
@@ -378,6 +388,6 @@ class RealtimeModel:
                 frame = s.step(text_ids[n] if n < len(text_ids) else self.config.text_pad)
 
     def close(self) -> None:
-        if self.weights is not None:
+        if getattr(self, "weights", None) is not None:
             self.weights.close()
             self.weights = None

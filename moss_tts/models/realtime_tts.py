@@ -247,8 +247,9 @@ class LiveSession(NativeResource):
         (training layout), then a user turn when user text or audio (codes from
         `tts.encode_reference`) is given. A turn still speaking is cut where it is (barge-in)."""
         self._need_open()
-        if self._opened:
-            head = prompts.eos_row(self.ids) if self._stream.finished else None
+        if self._opened:     # the EOS row only closes a turn that spoke until EOS
+            head = prompts.eos_row(self.ids) if self._prefilled and self._stream.finished \
+                else None
         else:   # nothing of this turn ran: its rows go, what came before it stays
             head = self._head
         user = None
@@ -283,6 +284,8 @@ class LiveSession(NativeResource):
         parts.append(prompts.assistant_prefix_rows(self.tts.tokenizer, self.ids,
                                                    first=self._first and user is None))
         self._prompt = np.vstack(parts)
+        # the lead's rows and the first frame run while the text arrives: their graphs now
+        self._stream.warm(len(self._prompt) + self.ids.lead)
         self._buffer, self._pending, self._text_ids = "", [], []
         self._opened = self._prefilled = self._ended = False
         self._frames = 0

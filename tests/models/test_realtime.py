@@ -181,3 +181,35 @@ def test_only_eos_on_codebook_0_ends_a_turn(realtime_model):
         assert not s.finished
         s.frames = [np.array([EOS, 1, 2, 3])]
         assert s.finished
+
+
+def test_greedy_frames_equal_upstream_pytorch(tmp_path):
+    """Upstream's own PyTorch code (MossTTSRealtimeInference.prefill/step, f32, greedy,
+    penalty 1.1) on the tiny checkpoint with upstream's fixed local shape (16 codebooks of
+    1027) drew the frames in fixtures/data/realtime_upstream_greedy.json (made by
+    `bench/realtime.py --tiny --peer PY --golden ...`); ours, through the converter, draws
+    the same."""
+    import json
+    from pathlib import Path
+
+    from converters.realtime import convert
+    from fixtures.make_realtime import make_tiny_realtime_checkpoint, tiny_config
+
+    golden = json.loads((Path(__file__).parents[2] / "fixtures" / "data" /
+                         "realtime_upstream_greedy.json").read_text())
+    ckpt = make_tiny_realtime_checkpoint(tmp_path / "hf", seed=0, config=tiny_config(
+        rvq=16, audio_pad_token=1024, audio_vocab_size=1027, sampling_rate=24000))
+    with RealtimeModel(Weights.load(convert(str(ckpt), tmp_path / "r.gguf", strict=True),
+                                    get_backend(None, 1))) as model:
+        cfg, text = model.config, golden["text"]
+        lead = np.full((12, cfg.rvq + 1), cfg.audio_pad_token)
+        lead[:, 0], lead[-1, 1] = text[:12], cfg.audio_bos
+        rows = np.vstack([np.array(golden["prompt"]), lead])
+        want = np.array(golden["frames"])
+        got = model.generate(rows, text[12:], options=GREEDY, max_frames=len(want))
+        np.testing.assert_array_equal(got, want)
+        # guard: BOS one row early (on the 11th lead token) draws other frames
+        early = rows.copy()
+        early[-1, 1], early[-2, 1] = cfg.audio_pad_token, cfg.audio_bos
+        assert not np.array_equal(model.generate(early, text[12:], options=GREEDY,
+                                                 max_frames=len(want)), want)

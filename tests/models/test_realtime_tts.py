@@ -175,6 +175,31 @@ def test_multi_turn_cache_reuse_equals_reprefill_of_the_whole_conversation(realt
         assert not np.array_equal(s.frames, turn2[0])
 
 
+def test_a_turn_cut_before_its_first_frame_leaves_no_eos_row(realtime_tts):
+    """Turn 2 takes 5 tokens (4 reach the backbone, the 5th waits to show it is not the last)
+    and is cut by new_turn: the conversation then holds turn 1, its EOS row, turn 2's prefix
+    and 4 lead rows — no EOS row for turn 2 — and turn 3 follows."""
+    tts = realtime_tts()
+    head = np.vstack([prompts.system_rows(tts.tokenizer, tts.ids),
+                      prompts.assistant_prefix_rows(tts.tokenizer, tts.ids, first=True)])
+    later = prompts.assistant_prefix_rows(tts.tokenizer, tts.ids, first=False)
+    ids = tts.tokenizer.encode(TEXT)
+    with tts.session(options=GREEDY) as s:
+        s.push_tokens(ids)
+        list(s.drain())
+        turn1 = (s.frames, s.text_ids)
+        s.new_turn()
+        assert s.push_tokens(ids[:5]).size == 0 and len(s.text_ids) == 4
+        cut = s.text_ids
+        s.new_turn()
+        s.push_tokens(ids)
+        list(s.drain())
+        turn3 = s.frames
+    rows = np.vstack([replay(tts, head, turn1[1], turn1[0]), prompts.eos_row(tts.ids), later,
+                      prompts.text_rows(cut, tts.ids), later, prompts.lead_rows(ids[:12], tts.ids)])
+    np.testing.assert_array_equal(turn3[:-1], tts.generate(rows, ids[12:], options=GREEDY))
+
+
 def test_a_user_turn_before_the_first_answer_opens_without_im_end(realtime_tts):
     """new_turn() on a fresh session: system block, `<|im_start|>user\\n…` (first turn, P17),
     then the assistant prefix — as a prefill of those rows draws."""
