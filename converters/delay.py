@@ -33,6 +33,23 @@ IGNORED = {"language_model.rotary_emb.inv_freq": "RoPE frequencies are recompute
 HEAD_FLOOR = GGMLType.Q8_0
 
 
+def qwen3_config(c: dict) -> Qwen3Config:
+    """A Qwen3 config dict of config.json → Qwen3Config. transformers 5 writes the RoPE base
+    inside `rope_parameters` (and `rope_theta: null`); older ones write `rope_theta`. A
+    scaled RoPE (factor ≠ 1) is not what these models use and is refused."""
+    c = {k: v for k, v in c.items() if v is not None}
+    rope = c.get("rope_parameters") or {}
+    if float(rope.get("factor", 1.0)) != 1.0:
+        raise ConfigError(f"RoPE scaling {rope} is not supported (the MOSS-TTS models use none)")
+    return Qwen3Config(
+        hidden_size=int(c["hidden_size"]), num_hidden_layers=int(c["num_hidden_layers"]),
+        num_attention_heads=int(c["num_attention_heads"]),
+        num_key_value_heads=int(c["num_key_value_heads"]), head_dim=int(c["head_dim"]),
+        intermediate_size=int(c["intermediate_size"]),
+        rope_theta=float(c["rope_theta"] if "rope_theta" in c else rope["rope_theta"]),
+        rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)))
+
+
 def delay_config(config: dict) -> DelayConfig:
     if config.get("model_type") not in (None, "moss_tts_delay"):
         raise ConfigError(f"model_type {config.get('model_type')!r} is not moss_tts_delay")
@@ -41,12 +58,7 @@ def delay_config(config: dict) -> DelayConfig:
                           "MossTTSDelay layout")
     try:
         lc = config["language_config"]
-        language = Qwen3Config(
-            hidden_size=int(lc["hidden_size"]), num_hidden_layers=int(lc["num_hidden_layers"]),
-            num_attention_heads=int(lc["num_attention_heads"]),
-            num_key_value_heads=int(lc["num_key_value_heads"]), head_dim=int(lc["head_dim"]),
-            intermediate_size=int(lc["intermediate_size"]), rope_theta=float(lc["rope_theta"]),
-            rms_norm_eps=float(lc.get("rms_norm_eps", 1e-6)))
+        language = qwen3_config(lc)
         ids = {k: int(config[k]) for k in DelayConfig.__dataclass_fields__
                if k not in ("language_config", "vocab_size") and k in config}
         return DelayConfig(language, vocab_size=int(lc["vocab_size"]), **ids)

@@ -19,11 +19,10 @@ import numpy as np
 
 from moss_tts.errors import ConfigError
 from moss_tts.models import spec
-from moss_tts.models.qwen3 import Qwen3Config
 from moss_tts.models.realtime import (FORMAT_VERSION, KIND, LOCAL_LAYER, LOCAL_NORM, TEXT_TABLE,
                                       TOKENIZER_KEY, RealtimeConfig)
 
-from .delay import find_tokenizer, group_types
+from .delay import find_tokenizer, group_types, qwen3_config
 from .gguf_io import Lazy, TypeFor
 from .registry import convert_checkpoint
 
@@ -39,16 +38,7 @@ IGNORED = {
 # upstream MossTTSRealtimeLocalTransformerConfig defaults, for keys a config.json leaves out
 LOCAL_DEFAULTS = {"hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 16,
                   "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
-                  "rope_theta": 1e6, "rms_norm_eps": 1e-6}
-
-
-def qwen3_config(c: dict) -> Qwen3Config:
-    return Qwen3Config(
-        hidden_size=int(c["hidden_size"]), num_hidden_layers=int(c["num_hidden_layers"]),
-        num_attention_heads=int(c["num_attention_heads"]),
-        num_key_value_heads=int(c["num_key_value_heads"]), head_dim=int(c["head_dim"]),
-        intermediate_size=int(c["intermediate_size"]), rope_theta=float(c["rope_theta"]),
-        rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)))
+                  "rope_parameters": {"rope_theta": 1e6}, "rms_norm_eps": 1e-6}
 
 
 def realtime_config(config: dict) -> RealtimeConfig:
@@ -57,7 +47,8 @@ def realtime_config(config: dict) -> RealtimeConfig:
                           "(convert the other families with their own `convert` family)")
     try:
         lc = config["language_config"]
-        local = LOCAL_DEFAULTS | dict(config.get("local_config") or {})
+        given = config.get("local_config") or {}
+        local = LOCAL_DEFAULTS | {k: v for k, v in given.items() if v is not None}
         ids = {k: int(config[k]) for k in ("rvq", "audio_pad_token", "audio_vocab_size",
                                           "reference_audio_pad", "text_pad", "sampling_rate")
                if k in config}

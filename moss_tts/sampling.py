@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -25,18 +25,24 @@ class SamplingOptions:
     audio_repetition_penalty: float = 1.2
 
     def __post_init__(self):
-        if not isinstance(self.do_sample, (bool, np.bool_)):
-            raise InputError(f"do_sample must be True or False, got {self.do_sample!r}")
-        for name in ("text_temperature", "audio_temperature", "audio_top_k", "audio_top_p",
-                     "audio_repetition_penalty"):
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-                raise InputError(f"{name} must be a number, got {value!r}")
-        for name in ("text_temperature", "audio_temperature"):
-            if self.do_sample and not 0 < getattr(self, name) < math.inf:
-                raise InputError(f"{name} must be finite and > 0 when sampling (use greedy "
-                                 f"instead of 0), got {getattr(self, name)}")
+        _check_switched(self, ("text_temperature", "audio_temperature"))
         _check_filters(self, "audio")
+
+
+def _check_switched(opts, temperatures: tuple[str, ...]) -> None:
+    """Options with a `do_sample` switch: it is a bool, every knob is a number, and each
+    temperature is finite and > 0 when sampling."""
+    if not isinstance(opts.do_sample, (bool, np.bool_)):
+        raise InputError(f"do_sample must be True or False, got {opts.do_sample!r}")
+    for f in fields(opts):
+        value = getattr(opts, f.name)
+        if f.name != "do_sample" and (isinstance(value, (bool, np.bool_))
+                                      or not isinstance(value, (int, float, np.number))):
+            raise InputError(f"{f.name} must be a number, got {value!r}")
+    for name in temperatures:
+        if opts.do_sample and not 0 < getattr(opts, name) < math.inf:
+            raise InputError(f"{name} must be finite and > 0 when sampling (use greedy "
+                             f"instead of 0), got {getattr(opts, name)}")
 
 
 def _check_filters(opts, group: str) -> None:
@@ -90,12 +96,7 @@ class RealtimeSamplingOptions:
     repetition_window: int = 50
 
     def __post_init__(self):
-        if not isinstance(self.do_sample, (bool, np.bool_)):
-            raise InputError(f"do_sample must be True or False, got {self.do_sample!r}")
-        t = self.audio_temperature
-        if self.do_sample and not 0 < t < math.inf:
-            raise InputError(f"audio_temperature must be finite and > 0 when sampling (use "
-                             f"do_sample=False for greedy), got {t}")
+        _check_switched(self, ("audio_temperature",))
         _check_filters(self, "audio")
         w = self.repetition_window
         if isinstance(w, bool) or not float(w).is_integer() or w < 1:

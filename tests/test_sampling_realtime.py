@@ -39,9 +39,11 @@ def test_top_k_sampler_draws_what_the_whole_vocabulary_sampler_draws(top_k, top_
     ({"audio_repetition_penalty": 0}, "audio_repetition_penalty must be finite"),
     ({"repetition_window": 0}, "repetition_window must be a whole number"),
     ({"do_sample": "yes"}, "do_sample must be True or False"),
+    ({"audio_temperature": "hot"}, "audio_temperature must be a number"),
+    ({"repetition_window": None}, "repetition_window must be a number"),
 ])
 def test_bad_options_raise_input_error(kw, match):
     with pytest.raises(InputError, match=match):
         RealtimeSamplingOptions(**kw)
-    if "audio_temperature" in kw:          # greedy takes any temperature
+    if kw == {"audio_temperature": 0}:      # greedy takes any temperature
         RealtimeSamplingOptions(do_sample=False, **kw)

@@ -182,7 +182,7 @@ class LiveSession(NativeResource):
     shows it is not the last (the last lead row carries BOS) — so the 12th token costs one
     backbone step and one frame. The lead is always min(12, the turn's tokens), the training
     layout, also when `end_text` finds more than 12 tokens waiting (upstream's session would
-    put them all before BOS).
+    put them all before BOS). One caller at a time (a session is not thread-safe).
     """
 
     def __init__(self, tts: RealtimeTTS, voice: Reference | None,

@@ -125,3 +125,21 @@ def test_convert_command_takes_the_type_flags_for_realtime(checkpoint, tmp_path)
     assert types["local.lm_heads.2.weight"] == GGMLType.F16
     assert types["embed_tokens.3.weight"] == types["local.embed_tokens.0.weight"] == GGMLType.Q8_0
     assert types["local.blk.0.attn_norm.weight"] == GGMLType.F32
+
+
+def test_transformers_5_rope_parameters_are_read(tmp_path):
+    """transformers 5 writes `rope_theta: null` and the base inside `rope_parameters` (the
+    local config always carries both); a scaled RoPE is refused."""
+    config = json.loads(json.dumps(tiny_config()))
+    for c in (config["language_config"], config["local_config"]):
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": 5000.0, "factor": 1.0}
+        c["rope_theta"] = None
+    ckpt = make_tiny_realtime_checkpoint(tmp_path / "v", config=config,
+                                         state=make_state(tiny_config(), 1))
+    with GGUFFile(convert(str(ckpt), tmp_path / "x.gguf", strict=True)) as f:
+        cfg = RealtimeConfig.from_gguf(f)
+    assert cfg.language_config.rope_theta == cfg.local_config.rope_theta == 5000.0
+    config["local_config"]["rope_parameters"]["factor"] = 2.0
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="RoPE scaling"):
+        convert(str(ckpt), tmp_path / "y.gguf", strict=True)
