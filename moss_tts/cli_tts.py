@@ -6,6 +6,7 @@ None: the family's options dataclass fills what is not given, so its defaults ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import sys
@@ -76,9 +77,11 @@ def stream_keywords(args, family: str) -> dict:
 
 
 def _tts(args) -> int:
+    from .cli_live import check_live, stdin_deltas
+    from .live import live_chunks
     from .load import tts_class
 
-    text = _read_text(args)
+    text = None if args.live else _read_text(args)   # --live: stdin is read as it arrives
     _check_audio_output(args, stdout_ok=True)
     _check_tts_flags(args)
     model = model_path(args.model)
@@ -86,14 +89,21 @@ def _tts(args) -> int:
     if args.family is not None and cls.FAMILY != args.family:
         raise InputError(f"{args.model}: a {cls.NAME} model; `{args.command}` speaks with "
                          f"{args.family} models only — use `python -m moss_tts tts`")
+    if args.live:
+        check_live(args, cls)
     check_family_flags(args, cls)
     options = sampling_options(args, cls.OPTIONS)
     codec = _resolve(_codec_spec(args.codec, cls), "codec", "--codec")
     with cls.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
-        chunks = tts.stream(text, reference=_reference(args, tts), options=options,
-                            seed=args.seed, **_prompt(args, tts),
-                            **stream_keywords(args, cls.FAMILY))
-        with Progress("generating", args.quiet) as bar:
+        if args.live:
+            session = tts.session(voice=_reference(args, tts), options=options, seed=args.seed,
+                                  **stream_keywords(args, cls.FAMILY))   # --max-frames a turn
+            chunks = live_chunks(session, stdin_deltas(sys.stdin.fileno()), tts.channels)
+        else:
+            chunks = tts.stream(text, reference=_reference(args, tts), options=options,
+                                seed=args.seed, **_prompt(args, tts),
+                                **stream_keywords(args, cls.FAMILY))
+        with Progress("generating", args.quiet) as bar, contextlib.closing(chunks):
             if args.out == "-":
                 _stream_to_stdout(args, chunks, tts, bar)
                 return 0
@@ -267,6 +277,9 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
                    help="Delay: the duration in codec frames (or --seconds)")
     p.add_argument("--seconds", type=positive_float, default=None,
                    help="Delay: the duration in seconds")
+    p.add_argument("--live", action="store_true",
+                   help="Realtime: speak stdin's text as it arrives (pipe an LLM's output in); "
+                        "the audio leaves as it is made")
     p.add_argument("--out", "-o", required=True,
                    help="output .wav/.flac, or - to stream WAV (or --format raw) to stdout")
     p.add_argument("--format", choices=["wav", "raw"], default="wav",

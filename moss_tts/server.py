@@ -8,8 +8,8 @@ one model object is never used by two threads; a full line
 answers 503 with Retry-After. Requests are checked before any work (server_request.py), access
 rules sit in front (server_access.py), audio encodings in server_formats.py.
 
-Endpoints: POST /v1/audio/speech, GET /v1/models, GET/POST/DELETE /v1/audio/voices, GET /health,
-and a browser page at / (moss_tts/web_page.py).
+Endpoints: POST /v1/audio/speech, WebSocket /v1/audio/live (server_live.py), GET /v1/models,
+GET/POST/DELETE /v1/audio/voices, GET /health, and a browser page at / (moss_tts/web_page.py).
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ class ServedModel:
         # OpenAI's `instructions` steers a family that has a style prompt (Delay's
         # `instruction`); the others accept and ignore it, as OpenAI clients send it freely
         self.takes_instruction = "instruction" in getattr(type(tts), "PROMPT_FIELDS", ())
+        self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
         self.worker = ModelWorker(tts, queue_depth, thread_name)
 
     def stream_keywords(self, req) -> dict:
@@ -235,8 +236,9 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     first), and a voice is refused by a model whose codec did not make it."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, Response
-    from starlette.routing import Route
+    from starlette.routing import Route, WebSocketRoute
 
+    from .server_live import live_endpoint
     from .voices import add_voice, check_name, codec_info, list_voices, remove_voice
 
     served = served_models(tts if isinstance(tts, dict) else {model_name: tts}, queue_depth)
@@ -381,7 +383,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     async def models(request):
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "owned_by": "moss-tts", "sample_rate": m.sample_rate,
-             "channels": m.channels} for name, m in served.items()]})
+             "channels": m.channels, "live": m.live} for name, m in served.items()]})
 
     async def health(request):
         return JSONResponse({"status": "ok", "sample_rate": default.sample_rate,
@@ -401,6 +403,8 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         Route("/v1/audio/voices", upload_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
+        WebSocketRoute("/v1/audio/live", live_endpoint(served, pick_model, reference_for,
+                                                       write_timeout)),
     ], lifespan=lifespan)
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
     gated = Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None)

@@ -47,8 +47,9 @@ def split_host(value: str) -> tuple[str, int | None]:
 class Gate:
     """Refuses, before any work: a Host outside the allow-list (400), a foreign Origin (403),
     and — with an API key — a request without `Authorization: Bearer KEY` (401) on every path
-    but /health and the page. CORS preflights are answered by the inner CORS layer, which sits
-    between the origin check and the key check."""
+    but /health and the page. WebSocket handshakes pass the same checks (the key may also come
+    as `?api_key=`). CORS preflights are answered by the inner CORS layer, which sits between
+    the origin check and the key check."""
 
     def __init__(self, app, *, hosts: set[str], origins: set[str], api_key: str | None):
         from starlette.middleware.cors import CORSMiddleware
@@ -60,38 +61,68 @@ class Gate:
                                     expose_headers=["X-Audio-Sample-Rate", "X-Audio-Channels"])
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             return await self.inner(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
         name, port = split_host(host)
-        default_port = 443 if scope.get("scheme") == "https" else 80
+        secure = scope.get("scheme") in ("https", "wss")
         server_port = (scope.get("server") or (None, None))[1]
         if "*" not in self.hosts and (name not in self.hosts or (
-                server_port is not None and (port or default_port) != server_port)):
-            return await send_error(send, 400, f"Host {host!r} is not served here; start the "
-                                               "server with --allowed-host NAME to add a name")
+                server_port is not None and (port or (443 if secure else 80)) != server_port)):
+            return await refuse(scope, receive, send, 400, f"Host {host!r} is not served here; "
+                                "start the server with --allowed-host NAME to add a name")
         origin = headers.get("origin")
         if origin is not None and origin not in self.origins \
-                and origin != f"{scope.get('scheme', 'http')}://{host}":
-            return await send_error(send, 403, f"cross-origin requests from {origin!r} are "
-                                               "refused; start the server with --cors-origin "
-                                               f"{origin} to allow them")
+                and origin != f"{'https' if secure else 'http'}://{host}":
+            return await refuse(scope, receive, send, 403, f"cross-origin requests from "
+                                f"{origin!r} are refused; start the server with --cors-origin "
+                                f"{origin} to allow them")
         await self.inner(scope, receive, send)
 
     def _authorized(self, app):
         async def check_key(scope, receive, send):
-            if self.api_key is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            if self.api_key is None or scope["type"] not in ("http", "websocket") \
+                    or scope["path"] in OPEN_PATHS:
                 return await app(scope, receive, send)
-            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    token.strip().encode(), self.api_key.encode()):
-                return await send_error(send, 401, "missing or wrong API key: send "
-                                        "'Authorization: Bearer KEY'", "invalid_api_key",
-                                        ((b"www-authenticate", b"Bearer"),))
+            if not hmac.compare_digest(given_key(scope).encode(), self.api_key.encode()):
+                return await refuse(scope, receive, send, 401, "missing or wrong API key: send "
+                                    "'Authorization: Bearer KEY' (a browser's WebSocket: "
+                                    "?api_key=KEY)", "invalid_api_key",
+                                    ((b"www-authenticate", b"Bearer"),))
             await app(scope, receive, send)
         return check_key
+
+
+def given_key(scope) -> str:
+    """The request's API key: `Authorization: Bearer KEY`, or for a WebSocket (a browser cannot
+    set its headers) the `api_key` query parameter."""
+    from urllib.parse import parse_qs
+
+    given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() == "bearer":
+        return token.strip()
+    if scope["type"] == "websocket":
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        return query.get("api_key", [""])[0]
+    return ""
+
+
+async def refuse(scope, receive, send, status: int, message: str, code: str | None = None,
+                 headers: tuple = ()) -> None:
+    """An HTTP error answer; for a WebSocket handshake the same answer when the server can send
+    one (ASGI's denial-response extension), else a close before accept (the client sees 403)."""
+    if scope["type"] == "http":
+        return await send_error(send, status, message, code, headers)
+    await receive()   # websocket.connect
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        return await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+    body = error_body(status, message, code)
+    await send({"type": "websocket.http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 class AccessLog:

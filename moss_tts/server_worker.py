@@ -51,13 +51,21 @@ class ModelWorker:
         """A future of job(model), or None when the line is full (the server answers 503)."""
         if not self._slots.acquire(blocking=False):
             return None
+        return self._put(job, frees_slot=True)
+
+    def open_lane(self) -> Lane | None:
+        """A slot held for a long-lived client (a live connection), or None when the line is
+        full: the client counts as one request in the line until `Lane.release`."""
+        return Lane(self) if self._slots.acquire(blocking=False) else None
+
+    def _put(self, job, *, frees_slot: bool) -> Future:
         future: Future = Future()
-        self._jobs.put((job, future))
+        self._jobs.put((job, future, frees_slot))
         return future
 
     def _run(self) -> None:
         while (item := self._jobs.get()) is not None:
-            job, future = item
+            job, future, frees_slot = item
             try:
                 if future.set_running_or_notify_cancel():   # False: cancelled while waiting
                     try:
@@ -65,11 +73,28 @@ class ModelWorker:
                     except BaseException as e:  # delivered to the awaiting request
                         future.set_exception(e)
             finally:
-                self._slots.release()
+                if frees_slot:
+                    self._slots.release()
 
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join()
+
+
+class Lane:
+    """One held slot of a worker's line: its jobs join the line like any request's, but never
+    find it full (the slot is already taken), so a live session can always be fed and closed."""
+
+    def __init__(self, worker: ModelWorker):
+        self._worker, self._held = worker, True
+
+    def submit(self, job) -> Future:
+        return self._worker._put(job, frees_slot=False)
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._worker._slots.release()
 
 
 class AudioChannel:

@@ -1,5 +1,7 @@
 """The browser page served at `/` by `python -m moss_tts serve`: text in, speech out, playing
-while it is generated (raw PCM over fetch, scheduled with Web Audio), then downloadable."""
+while it is generated (raw PCM over fetch, scheduled with Web Audio), then downloadable; and,
+when a MOSS-TTS-Realtime model is served, a live mode: text is sent as it is typed or pasted
+(WebSocket /v1/audio/live) and its speech plays as it arrives."""
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>moss-tts</title>
@@ -7,7 +9,7 @@ PAGE = """<!doctype html>
  body { font: 16px system-ui, sans-serif; max-width: 46rem; margin: 2rem auto; padding: 0 1rem; }
  textarea { width: 100%; height: 7rem; font: inherit; }
  .row { display: flex; gap: .75rem; align-items: center; margin: .75rem 0; flex-wrap: wrap; }
- #status { color: #555; }
+ #status, #live-status { color: #555; }
 </style></head>
 <body>
 <h1>moss-tts</h1>
@@ -25,6 +27,17 @@ PAGE = """<!doctype html>
  <a id="download" download="speech.wav" hidden>Download</a>
  <span id="status"></span>
 </div>
+<section id="live" hidden>
+<h2>Live</h2>
+<p>Start, then type or paste: the text is spoken as it arrives. End turn lets the speech finish;
+text typed after it starts the next turn.</p>
+<textarea id="live-text" placeholder="Type here once live"></textarea>
+<div class="row">
+ <button id="live-start">Start live</button>
+ <button id="live-end" disabled>End turn</button>
+ <span id="live-status"></span>
+</div>
+</section>
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
@@ -73,6 +86,27 @@ function clearResult() {
   if (old.startsWith("blob:")) URL.revokeObjectURL(old);
 }
 
+function audioContext(rate) {
+  // playback is best effort: some rates are outside Web Audio's range
+  try { return new AudioContext({sampleRate: rate}); } catch (e) { console.warn(String(e)); }
+  return null;
+}
+
+function play(ctx, at, pcm, rate, channels) {
+  // s16le interleaved bytes → scheduled right after what is queued; the new end time
+  const samples = new Int16Array(pcm.buffer, pcm.byteOffset, pcm.byteLength / 2);
+  const frames = samples.length / channels;
+  const buf = ctx.createBuffer(channels, frames, rate);
+  for (let c = 0; c < channels; c++) {
+    const ch = buf.getChannelData(c);
+    for (let i = 0; i < frames; i++) ch[i] = samples[i * channels + c] / 32768;
+  }
+  const src = ctx.createBufferSource();
+  src.buffer = buf; src.connect(ctx.destination);
+  at = Math.max(at, ctx.currentTime); src.start(at);
+  return at + buf.duration;
+}
+
 async function speak() {
   $("speak").disabled = true; $("status").textContent = "generating…";
   clearResult();  // a failure must not leave the previous result on screen
@@ -94,8 +128,7 @@ async function speak() {
       return;
     }
     const rate = Number(r.headers.get("X-Audio-Sample-Rate")), channels = Number(r.headers.get("X-Audio-Channels"));
-    let ctx = null;  // live playback is best effort: some rates are outside Web Audio's range
-    try { ctx = new AudioContext({sampleRate: rate}); } catch (e) { console.warn(String(e)); }
+    const ctx = audioContext(rate);
     let at = ctx ? ctx.currentTime + 0.1 : 0, carry = new Uint8Array(0);
     const chunks = [], reader = r.body.getReader();
     for (;;) {
@@ -109,16 +142,7 @@ async function speak() {
       if (!usable) continue;
       const pcm = bytes.slice(0, usable);
       chunks.push(pcm);
-      if (!ctx) continue;
-      const samples = new Int16Array(pcm.buffer), frames = samples.length / channels;
-      const buf = ctx.createBuffer(channels, frames, rate);
-      for (let c = 0; c < channels; c++) {
-        const ch = buf.getChannelData(c);
-        for (let i = 0; i < frames; i++) ch[i] = samples[i * channels + c] / 32768;
-      }
-      const src = ctx.createBufferSource();
-      src.buffer = buf; src.connect(ctx.destination);
-      at = Math.max(at, ctx.currentTime); src.start(at); at += buf.duration;
+      if (ctx) at = play(ctx, at, pcm, rate, channels);
     }
     const url = URL.createObjectURL(wavBlob(chunks, rate, channels));
     $("player").src = url; $("download").href = url; $("download").hidden = false;
@@ -131,9 +155,106 @@ async function speak() {
   }
 }
 
+// live mode: one WebSocket per Start; `spoken` is the text sent so far (only text added at the
+// end can be sent: what was spoken cannot be taken back)
+let live = null;
+window.liveBytes = 0;     // audio bytes of this live connection (the browser test reads it)
+window.liveDone = [];     // its turn_done events
+
+async function findLiveModel() {
+  const r = await fetch("/v1/models", {headers: authHeaders()});
+  const model = r.ok ? (await r.json()).data.find((m) => m.live) : undefined;
+  $("live").hidden = !model;
+  window.liveModel = model ? model.id : null;
+}
+
+function liveState(running) {
+  $("live-start").textContent = running ? "Stop live" : "Start live";
+  $("live-end").disabled = !running;
+}
+
+function startLive() {
+  if (live) { live.ws.close(); return; }
+  const key = $("key").value ? `?api_key=${encodeURIComponent($("key").value)}` : "";
+  const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}` +
+                           `/v1/audio/live${key}`);
+  ws.binaryType = "arraybuffer";
+  live = {ws, ctx: null, at: 0, rate: 0, channels: 1, started: false, ended: false,
+          finished: false, sent: false, spoken: ""};   // text already in the box is spoken first
+  window.liveBytes = 0; window.liveDone = [];
+  liveState(true); $("live-status").textContent = "connecting…";
+  ws.onopen = () => {
+    const config = {model: window.liveModel};
+    if ($("voice").value) config.voice = $("voice").value;
+    if ($("seed").value) config.seed = Number($("seed").value);
+    ws.send(JSON.stringify(config));
+  };
+  ws.onmessage = (e) => liveMessage(ws, e.data);
+  ws.onclose = () => {
+    const started = live && live.ws === ws && live.started;
+    if (live && live.ws === ws) live = null;
+    liveState(false);
+    if (!$("live-status").textContent.startsWith("error"))
+      $("live-status").textContent = started ? "closed" : "error: refused (is the API key right?)";
+  };
+}
+
+function liveMessage(ws, data) {
+  if (!live || live.ws !== ws) return;
+  if (typeof data !== "string") {
+    window.liveBytes += data.byteLength;
+    if (live.ctx) live.at = play(live.ctx, live.at, new Uint8Array(data), live.rate, live.channels);
+    return;
+  }
+  const event = JSON.parse(data);
+  if (event.type === "started") {
+    Object.assign(live, {started: true, rate: event.sample_rate, channels: event.channels,
+                         ctx: audioContext(event.sample_rate)});
+    live.at = live.ctx ? live.ctx.currentTime + 0.1 : 0;
+    $("live-status").textContent = "live: type or paste";
+    sendLiveText();
+  } else if (event.type === "turn_done") {
+    window.liveDone.push(event); live.finished = true;
+    $("live-status").textContent = `turn done: ${event.seconds.toFixed(2)} s`;
+    sendLiveText();   // text typed while the turn finished opens the next one
+  } else if (event.type === "error") {
+    $("live-status").textContent = `error: ${event.message}`;
+  }
+}
+
+function sendLiveText() {
+  if (!live || !live.started) return;
+  const text = $("live-text").value;
+  if (!text.startsWith(live.spoken)) {   // an edit before the end: keep speaking from here on
+    live.spoken = text;
+    $("live-status").textContent = "only text added at the end is spoken";
+    return;
+  }
+  const delta = text.slice(live.spoken.length);
+  if (!delta) return;
+  if (live.ended) {   // a turn sent before turn_done would cut the speech short (barge-in)
+    if (!live.finished) return;
+    live.ws.send(JSON.stringify({type: "turn"}));
+    live.ended = live.finished = false;
+  }
+  live.ws.send(JSON.stringify({type: "text", text: delta}));
+  live.spoken = text; live.sent = true;
+}
+
+function endLiveTurn() {
+  if (!live || !live.started || live.ended || !live.sent) return;
+  live.ws.send(JSON.stringify({type: "end"}));
+  live.ended = true; live.sent = false;
+  $("live-status").textContent = "finishing the turn…";
+}
+
 $("speak").addEventListener("click", speak);
-$("key").addEventListener("change", loadVoices);
+$("key").addEventListener("change", () => { loadVoices(); findLiveModel(); });
+$("live-start").addEventListener("click", startLive);
+$("live-end").addEventListener("click", endLiveTurn);
+$("live-text").addEventListener("input", sendLiveText);
 loadVoices();
+findLiveModel();
 </script>
 </body></html>
 """

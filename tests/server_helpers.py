@@ -1,5 +1,5 @@
 """Shared by the server tests and bench/serve_soak.py: uvicorn on loopback, a JSON client, the
-tiny Nano model behind it, and a stub model for the speed-dependent cases."""
+tiny Nano and Realtime models behind it, and a stub model for the speed-dependent cases."""
 
 import base64
 import io
@@ -16,8 +16,10 @@ import soundfile as sf
 
 from converters.codec import convert as convert_codec
 from converters.nano import convert as convert_nano
-from fixtures.make_codec import make_tiny_nano_checkpoint
+from converters.realtime import convert as convert_realtime
+from fixtures.make_codec import make_tiny_nano_checkpoint, make_tiny_v1_checkpoint
 from fixtures.make_nano import make_tiny_nano_tts_checkpoint
+from fixtures.make_realtime import make_tiny_realtime_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from moss_tts.errors import InputError
 from moss_tts.sampling import SamplingOptions
@@ -75,6 +77,14 @@ def tiny_model_files(d, rate=SR):
                                             tokenizer_model_bytes=make_tiny_spm(),
                                             audio_tokenizer_sample_rate=rate, stop_bias=-50)
     return convert_nano(tts_dir, d / "nano.gguf"), convert_codec(codec_dir, d / "codec.gguf")
+
+
+def tiny_realtime_files(d):
+    """(realtime.gguf, codec.gguf) of the tiny MOSS-TTS-Realtime model (3200 Hz mono), steered
+    so that it speaks until its text is spent and then stops (fixtures.make_realtime)."""
+    checkpoint = make_tiny_realtime_checkpoint(d / "rt", seed=0, steer=True)
+    return (convert_realtime(str(checkpoint), d / "realtime.gguf", strict=True),
+            convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf"))
 
 
 class StubTTS:

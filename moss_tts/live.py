@@ -1,0 +1,43 @@
+"""Feeding a live session (MOSS-TTS-Realtime `LiveSession`) from a text source that arrives in
+arbitrary pieces — stdin for `tts --live`, WebSocket messages for the server.
+
+A session cuts its text into segments at punctuation and tokenizes each on its own (as upstream),
+so where the pieces end changes the tokens: "there, " + "this" loses the space " this" carries
+when the whole text is tokenized. Pushed one character at a time, as upstream's demo feeds an
+LLM's stream, a cut never takes the next word's space, and the speech no longer depends on how a
+pipe or a socket happened to split the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+
+def push_as_typed(session, text: str) -> Iterator[np.ndarray]:
+    """`text` pushed character by character → the float32 audio [n] each push made ready, as
+    soon as it is (empty pushes left out)."""
+    for ch in text:
+        audio = session.push_text(ch)
+        if audio.size:
+            yield audio
+
+
+def live_chunks(session, deltas: Iterable[str], channels: int) -> Iterator[np.ndarray]:
+    """Audio [n, channels] as the text comes: what each delta makes ready, then the drain to the
+    end of speech once the text ends. The session is closed when this ends or is closed."""
+    try:
+        for delta in deltas:
+            for audio in push_as_typed(session, delta):
+                yield as_frames(audio, channels)
+        session.end_text()
+        for chunk in session.drain():
+            yield as_frames(chunk, channels)
+    finally:
+        session.close()
+
+
+def as_frames(audio, channels: int) -> np.ndarray:
+    """A session's samples [n] → [n / channels, channels], the layout of every other stream."""
+    return np.asarray(audio, np.float32).reshape(-1, channels)
