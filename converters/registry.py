@@ -13,13 +13,15 @@ FAMILIES = {
     "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
     "nano": ("converters.nano", "MOSS-TTS-Nano"),
     "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
+    "local-v15": ("converters.local_v15", "MOSS-TTS-Local-Transformer-v1.5 (4B)"),
 }
 # `convert` flags only some families take: flag → (families, help). Each reaches the family's
 # `convert()` as the keyword of the same name (--head-type → head_type) when given.
 FAMILY_FLAGS = {
     "--head-type": (("delay",), "type of the text and audio heads (default: --outtype, but "
                                 "q8_0 when that is lower: a quantized text head costs WER)"),
-    "--embed-type": (("delay",), "type of the embedding tables (default f32)"),
+    "--embed-type": (("delay", "local-v15"), "type of the embedding tables (default f32; "
+                                             "Local v1.5's audio tables are its heads too)"),
 }
 
 
