@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError, whole_number
 from ..ggml import F16, I32, GGMLType, Graph, Weights, ops
-from ..ggml.backend import released_on_error
+from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
 from ..nn.session import DecodeSession
@@ -158,7 +158,7 @@ def decide(logits: np.ndarray, rng, opts: LocalV15SamplingOptions) -> int:
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class GenerationState:
+class GenerationState(NativeResource):
     """Per-utterance state owned by the caller (style C16): the backbone's decode session for
     the prompt plus the frame budget, and the per-frame local session (one replayed step graph
     per local position, reset every frame: upstream's static 13-slot cache)."""
@@ -178,14 +178,9 @@ class GenerationState:
                 capacity=cfg.n_vq, prefix="depth", name="local_v15.depth")
 
     def close(self) -> None:
-        self.backbone.close()
-        self.depth.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        for session in (getattr(self, "backbone", None), getattr(self, "depth", None)):
+            if session is not None:
+                session.close()
 
 
 class LocalV15Model:
