@@ -21,17 +21,17 @@ SAMPLING_FLAGS = {"temperature": "audio_temperature", "top_k": "audio_top_k",
                   "top_p": "audio_top_p", "repetition_penalty": "audio_repetition_penalty",
                   "text_temperature": "text_temperature", "text_top_k": "text_top_k",
                   "text_top_p": "text_top_p"}
-# flags only one family takes: dest → (flag, family, the `stream` keyword it becomes)
+# flags only some families take: dest → (flag, families, the `stream` keyword it becomes)
 FAMILY_FLAGS = {
-    "prompt_text": ("--prompt-text", "nano", "prompt_text"),
-    "prompt_audio": ("--prompt-audio", "nano", None),          # encoded into `prompt`
-    "max_frames": ("--max-frames", "nano", "max_frames"),
-    "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", "nano", "max_text_tokens"),
-    "language": ("--language", "delay", "language"),
-    "instruction": ("--instruction", "delay", "instruction"),
-    "tokens": ("--tokens", "delay", "tokens"),
-    "seconds": ("--seconds", "delay", "seconds"),
-    "max_new_rows": ("--max-new-rows", "delay", "max_new_rows"),
+    "prompt_text": ("--prompt-text", ("nano", "local-v15"), "prompt_text"),
+    "prompt_audio": ("--prompt-audio", ("nano", "local-v15"), None),   # encoded into `prompt`
+    "max_frames": ("--max-frames", ("nano", "local-v15"), "max_frames"),
+    "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", ("nano",), "max_text_tokens"),
+    "language": ("--language", ("delay", "local-v15"), "language"),
+    "instruction": ("--instruction", ("delay", "local-v15"), "instruction"),
+    "tokens": ("--tokens", ("delay", "local-v15"), "tokens"),
+    "seconds": ("--seconds", ("delay", "local-v15"), "seconds"),
+    "max_new_rows": ("--max-new-rows", ("delay",), "max_new_rows"),
 }
 
 
@@ -47,8 +47,8 @@ def model_path(spec: str):
 def check_family_flags(args, cls) -> None:
     """A flag the loaded family does not take → one line naming the flag and the family."""
     fields = {f.name for f in dataclasses.fields(cls.OPTIONS)}
-    unused = [flag for dest, (flag, family, _) in FAMILY_FLAGS.items()
-              if family != cls.FAMILY and getattr(args, dest) is not None]
+    unused = [flag for dest, (flag, families, _) in FAMILY_FLAGS.items()
+              if cls.FAMILY not in families and getattr(args, dest) is not None]
     unused += ["--" + dest.replace("_", "-") for dest, field in SAMPLING_FLAGS.items()
                if field not in fields and getattr(args, dest) is not None]
     if unused:
@@ -69,8 +69,8 @@ def sampling_options(args, options_class):
 
 
 def stream_keywords(args, family: str) -> dict:
-    return {word: getattr(args, dest) for dest, (_, fam, word) in FAMILY_FLAGS.items()
-            if fam == family and word is not None and getattr(args, dest) is not None}
+    return {word: getattr(args, dest) for dest, (_, families, word) in FAMILY_FLAGS.items()
+            if family in families and word is not None and getattr(args, dest) is not None}
 
 
 def _tts(args) -> int:
@@ -156,7 +156,8 @@ def _reference(args, tts):
 
 
 def _prompt(args, tts) -> dict:
-    """Continuation (Nano): the prompt audio encoded whole (it must match its transcript)."""
+    """Continuation (Nano, Local v1.5): the prompt audio encoded whole (it must match its
+    transcript)."""
     from .audio import read_audio
 
     if args.prompt_audio is None:
@@ -227,10 +228,11 @@ def _collect(chunks, tts, bar):
 def _family_defaults(field: str) -> str:
     """'nano 0.8, delay 1.7': each family's default for an options field, read from its
     dataclass (the help never repeats a number)."""
-    from .sampling import DelaySamplingOptions, SamplingOptions
+    from .sampling import DelaySamplingOptions, LocalV15SamplingOptions, SamplingOptions
 
     return ", ".join(f"{family} {getattr(cls(), field)}" for family, cls in
-                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions))
+                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions),
+                      ("local-v15", LocalV15SamplingOptions))
                      if hasattr(cls(), field))
 
 
@@ -239,7 +241,7 @@ def add_tts_commands(sub, common) -> None:
 
     for name, family, helptext in (
             ("tts", None, "text → speech with any MOSS-TTS model (the family is read from the "
-                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay))"),
+                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), MOSS-TTS-Local-Transformer-v1.5)"),
             ("tts-nano", "nano", "text → 48 kHz stereo speech with MOSS-TTS-Nano")):
         p = sub.add_parser(name, help=helptext, parents=[common])
         _add_tts_flags(p, DEFAULT_NANO, DEFAULT_NANO_CODEC)
@@ -259,14 +261,16 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
     voice.add_argument("--reference", "--prompt-speech", dest="reference",
                        help="reference speech to clone (WAV/FLAC)")
     voice.add_argument("--voice", help="a stored voice (python -m moss_tts voice add ...)")
-    p.add_argument("--prompt-text", help="Nano continuation: the transcript of --prompt-audio")
-    p.add_argument("--prompt-audio", help="Nano continuation: speech the output continues")
-    p.add_argument("--language", help="Delay: the language of the text (e.g. en, zh)")
-    p.add_argument("--instruction", help="Delay: a style instruction for the voice")
+    p.add_argument("--prompt-text", help="Nano, Local v1.5 continuation: the transcript of "
+                   "--prompt-audio")
+    p.add_argument("--prompt-audio", help="Nano, Local v1.5 continuation: speech the output "
+                   "continues")
+    p.add_argument("--language", help="Delay, Local v1.5: the language of the text (e.g. en, zh)")
+    p.add_argument("--instruction", help="Delay, Local v1.5: a style instruction for the voice")
     p.add_argument("--tokens", type=positive_int, default=None,
-                   help="Delay: the duration in codec frames (or --seconds)")
+                   help="Delay, Local v1.5: the duration in codec frames (or --seconds)")
     p.add_argument("--seconds", type=positive_float, default=None,
-                   help="Delay: the duration in seconds")
+                   help="Delay, Local v1.5: the duration in seconds")
     p.add_argument("--out", "-o", required=True,
                    help="output .wav/.flac, or - to stream WAV (or --format raw) to stdout")
     p.add_argument("--format", choices=["wav", "raw"], default="wav",
@@ -281,13 +285,14 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
             ("--top-k", non_negative_int, "audio top-k, 0 = off"),
             ("--top-p", probability, "audio top-p"),
             ("--repetition-penalty", positive_float, "audio repetition penalty, 1 = off"),
-            ("--text-top-k", non_negative_int, "Delay: text top-k, 0 = off"),
-            ("--text-top-p", probability, "Delay: text top-p")):
+            ("--text-top-k", non_negative_int, "Delay, Local v1.5: text top-k, 0 = off"),
+            ("--text-top-p", probability, "Delay, Local v1.5: text top-p")):
         field = SAMPLING_FLAGS[flag[2:].replace("-", "_")]
         p.add_argument(flag, type=kind, default=None,
                        help=f"{what} (family default: {_family_defaults(field)})")
     p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
-                   default=None, help="Nano: hard cap of frames per text chunk (80 ms each)")
+                   default=None, help="Nano: hard cap of frames per text chunk; Local v1.5: of "
+                   "the utterance (80 ms each)")
     p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=None,
                    help="Nano: text tokens per chunk of a long text, 1-250")
     p.add_argument("--max-new-rows", type=positive_int, default=None,

@@ -20,7 +20,7 @@ from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..tts import CodecTTS, Reference
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
-from .nano_tts import as_voice
+from .nano_tts import as_voice, check_text, continuation_prompt_text
 
 FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§4.7)
 # (generation lead in s, frames per codec push) once audio flows: short pushes while generation
@@ -123,11 +123,19 @@ class LocalV15TTS(CodecTTS):
         width = None if self.codec is None else self.codec.n_quantizers
         return as_voice(value, self.config.n_vq, self.encode_reference, what, max_width=width)
 
-    def plan(self, text: str, *, reference=None, prompt=None, seconds: float | None = None,
-             **fields) -> np.ndarray:
+    def plan(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
+             seconds: float | None = None, **fields) -> np.ndarray:
         """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
         ambient_sound, language; `seconds` sets `tokens`, the duration in frames). With
-        `prompt` (continuation), `text` holds the prompt audio's transcript, then the new text."""
+        `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
+        text: give the transcript as `prompt_text` (joined by a space unless it is CJK) or
+        write both into `text`."""
+        text = check_text(text)
+        if prompt_text is not None:
+            if prompt is None:
+                raise InputError("prompt_text is the transcript of a continuation prompt: give "
+                                 "prompt= (its audio or codes) too")
+            text = continuation_prompt_text(check_text(prompt_text, "prompt_text")) + text
         if seconds is not None:
             if fields.get("tokens") is not None or not seconds > 0:
                 raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
@@ -149,7 +157,7 @@ class LocalV15TTS(CodecTTS):
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
         return self.model.generate(rows, **kwargs)
 
-    def stream(self, text: str, *, reference=None, prompt=None,
+    def stream(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
                options: LocalV15SamplingOptions = LocalV15SamplingOptions(),
                seed: int | None = None, max_frames: int = MAX_FRAMES, chunk_frames: int = 0,
                **fields) -> Iterator[np.ndarray]:
@@ -161,7 +169,8 @@ class LocalV15TTS(CodecTTS):
         codec = self._need_codec()
         chunk_frames = whole_number(chunk_frames, "chunk_frames", 0)
         prompt = self._as_voice(prompt, "prompt")
-        rows = self.plan(text, reference=reference, prompt=prompt, **fields)
+        rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
+                         **fields)
         frames = self.model.iter_frames(rows, options=options, seed=seed, max_frames=max_frames)
         return self._decode(codec, frames, prompt, ChunkLadder(codec.config.frame_rate,
                                                                fixed=chunk_frames))

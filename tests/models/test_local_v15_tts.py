@@ -94,6 +94,10 @@ def test_continuation_continues_the_prompt_through_the_codec(tts):
     whole = tts.codec.decode(np.vstack([prompt, codes]).T)
     assert_close(audio, whole[len(prompt) * HOP:], atol=DECODE_ATOL, what="continued audio")
     assert not np.allclose(audio, tts.codec.decode(codes.T), atol=1e-3), "prompt had no effect"
+    # the transcript as prompt_text is the same request
+    same, _ = tts.synthesize("Next.", prompt=prompt, prompt_text="Earlier.", options=GREEDY,
+                             max_frames=6)
+    assert_close(same, audio, atol=0, what="prompt_text joined to the text")
 
 
 def test_reference_audio_is_encoded_in_stereo_and_cloned(tts):
@@ -131,6 +135,7 @@ def test_a_mono_codec_is_refused(local_v15_files, tmp_path):
     ({"reference": "voice.wav"}, "cannot be a str"),
     ({"seconds": 2, "tokens": 5}, "seconds"),
     ({"mood": "happy"}, "unknown prompt field"),
+    ({"prompt_text": "Earlier."}, "give prompt="),
 ])
 def test_bad_arguments_fail_before_any_audio(tts, kwargs, match):
     with pytest.raises(InputError, match=match) as e:
