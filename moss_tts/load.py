@@ -36,8 +36,9 @@ def tts_class(model) -> type[CodecTTS]:
         kind = f.get(KIND_KEY)
     if kind not in classes:
         found = f"a {kind!r} GGUF" if kind else "not a moss-tts GGUF (no moss.kind)"
+        kinds = list(classes)
         raise ModelFileError(f"{model}: {found}, not a speech model — pass a "
-                             f"{' or '.join(classes)} model GGUF")
+                             f"{', '.join(kinds[:-1])} or {kinds[-1]} model GGUF")
     return classes[kind]
 
 
