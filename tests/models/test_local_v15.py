@@ -177,3 +177,33 @@ def test_local_block_at_the_real_head_dim_matches_reference(tmp_path):
             assert_close(got, reference(x[:p + 1])[-1:], atol=5e-5, what=f"position {p}")
     assert_differs(got, reference(x, mode="neox")[-1:], atol=5e-5, what="NEOX rotation")
     assert_differs(got, reference(x, activation="gelu_tanh")[-1:], atol=5e-5, what="gelu MLP")
+
+
+def test_each_local_position_graph_is_built_once_and_replayed(local_v15_model):
+    """Design §3: the local block's n_vq position graphs are built on the first frame and
+    replayed by every later one (the per-frame cache is reset, not rebuilt); the backbone's
+    one-row step graph too."""
+    model = local_v15_model(6.0)
+    rng, opts = np.random.default_rng(0), GREEDY
+    seen = np.zeros((N_VQ, AUDIO_VOCAB), dtype=bool)
+    with model.make_state(64) as state:
+        h = model.prefill(state, prompt_rows())
+        codes = model.frame(state, h, opts, rng, seen)
+        graphs = dict(state.depth.step_graphs)
+        assert sorted(p for p, _ in graphs) == list(range(N_VQ))
+        for _ in range(3):
+            h = model.prefill(state, model.frame_row(codes))
+            steps = dict(state.backbone.step_graphs)
+            codes = model.frame(state, h, opts, rng, seen)
+            assert state.depth.step_graphs == graphs
+        assert state.backbone.step_graphs == steps and len(steps) == 1
+
+
+def test_a_gguf_of_another_kind_is_a_one_line_model_file_error(delay_files):
+    from moss_tts.errors import ModelFileError
+    from moss_tts.ggml import Weights
+    from moss_tts.models.local_v15 import LocalV15Model
+
+    with pytest.raises(ModelFileError, match="local-v15") as e:
+        LocalV15Model(Weights.load(delay_files()[3]))
+    assert "\n" not in str(e.value)
