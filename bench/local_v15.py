@@ -15,7 +15,8 @@ process after waiting for a quiet machine (--no-wait skips that). Both sides for
 at the 2-way head (after computing it) so every run makes --frames frames. The peer needs
 `pip install torch transformers` (not package dependencies) and upstream's source: --upstream-src
 or $MOSS_TTS_UPSTREAM (a checkout or bare git mirror of OpenMOSS/MOSS-TTS); it runs on its own
-random f32 weights (speed does not depend on the values).
+random f32 weights (speed does not depend on the values). fixtures/upstream_local_v15.py checks
+the same upstream model against ours, frame for frame, on the tiny checkpoint.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +38,8 @@ from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb  # noqa: E402
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local_v15 import tensor_types  # noqa: E402
+from fixtures.upstream_local_v15 import (UPSTREAM_ENV, backbone_hidden, upstream_model,  # noqa: E402
+                                         upstream_modules)
 from moss_tts.ggml import Graph, Weights, get_backend, ops  # noqa: E402
 from moss_tts.models import gpt2, local_v15 as lv  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
@@ -50,9 +51,6 @@ TINY = (Qwen3Config(64, 2, 4, 2, 16, 96, 1e6), gpt2.GPT2Config(64, 4, 1, 96, 1e-
         151680)
 KV_BYTES = 2                 # f16 K and V (LocalV15Model's default)
 FIRST_CHUNK = 4              # frames of upstream's first codec chunk (§4.7)
-UPSTREAM_ENV = "MOSS_TTS_UPSTREAM"
-UPSTREAM_FILES = ("configuration_moss_tts.py", "modeling_moss_tts.py", "gpt2_decoder.py",
-                  "qwen3_decoder.py")
 
 
 def config(tiny: bool) -> lv.LocalV15Config:
@@ -178,30 +176,9 @@ def run_ours(args) -> dict:
 
 
 # -- upstream PyTorch f32 -----------------------------------------------------------------------
-def upstream_package(src: Path, into: Path) -> str:
-    """Upstream's four model files as an importable package under `into` (from a checkout or
-    a bare mirror's HEAD); returns the package name."""
-    pkg = into / "moss_tts_local_v15_upstream"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text("")
-    for name in UPSTREAM_FILES:
-        path = src / "moss_tts_local_v1.5" / name
-        text = path.read_text() if path.is_file() else subprocess.run(
-            ["git", "-C", str(src), "show", f"HEAD:moss_tts_local_v1.5/{name}"], check=True,
-            capture_output=True, text=True).stdout
-        (pkg / name).write_text(text)
-    return pkg.name
-
-
 def run_peer(args) -> dict:
     import torch
 
-    src = Path(args.upstream_src or os.environ.get(UPSTREAM_ENV, ""))
-    with tempfile.TemporaryDirectory() as tmp:
-        sys.path.insert(0, tmp)
-        name = upstream_package(src, Path(tmp))
-        conf = __import__(f"{name}.configuration_moss_tts", fromlist=["x"])
-        modeling = __import__(f"{name}.modeling_moss_tts", fromlist=["x"])
     cfg = config(args.tiny)
     lc, loc = cfg.language_config, cfg.local
     torch.manual_seed(0)
@@ -215,9 +192,8 @@ def run_peer(args) -> dict:
                     activation_function="silu", layer_norm_epsilon=1e-6,
                     position_embedding_type="rope", rope_base=loc.rope_base,
                     vocab_size=cfg.vocab_size, n_positions=cfg.n_vq + 1)
-    config_ = conf.MossTTSLocalConfig(qwen3_config=qwen3, gpt2_config=gpt2_cfg, n_vq=cfg.n_vq,
-                                      attn_implementation="sdpa")
-    model = modeling.MossTTSLocalModel(config_).float().eval()
+    model = upstream_model(upstream_modules(args.upstream_src),
+                           {"qwen3_config": qwen3, "gpt2_config": gpt2_cfg, "n_vq": cfg.n_vq})
     plain = model._sample_next_assistant_text_token
     slot = torch.tensor([cfg.audio_assistant_slot_token_id])
     model._sample_next_assistant_text_token = lambda **kw: (plain(**kw), slot)[1]
@@ -241,12 +217,7 @@ def run_peer(args) -> dict:
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
-            with torch.inference_mode():   # as generate's first step calls the backbone
-                model.transformer(input_ids=None, inputs_embeds=model._build_inputs_embeds(ids),
-                                  attention_mask=torch.ones(ids.shape[:2], dtype=torch.bool),
-                                  position_ids=None, past_key_values=None, use_cache=True,
-                                  output_attentions=False, output_hidden_states=False,
-                                  return_dict=True, cu_seqlens=None, num_sequences=None)
+            backbone_hidden(model, ids)
             best = min(best, time.perf_counter() - t0)
         return best
 
