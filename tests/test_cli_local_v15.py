@@ -54,7 +54,9 @@ def test_tts_speaks_local_v15_as_the_api_does(files, tmp_path):
                                  max_frames=7, language="en", seconds=0.2,
                                  options=LocalV15SamplingOptions(audio_temperature=1.1))
     assert sr == SAMPLE_RATE and audio.shape == (7 * 32, 2)
-    np.testing.assert_array_equal(audio, want)
+    # the command streams (adaptive chunks), synthesize() pushes 8 frames at a time: the same
+    # frames, decoded up to the codec's f32 order
+    np.testing.assert_allclose(audio, want, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("flag, value", [("--max-new-rows", 5),

@@ -46,4 +46,12 @@ def test_serve_speaks_local_v15_as_the_api_does(served):
     with LocalV15TTS.load(model, codec=codec, threads=1) as tts:
         want, _ = tts.synthesize("Hello.", seed=7, max_frames=6)
     assert rate == SAMPLE_RATE and audio.shape == want.shape == (6 * 32, 2)
-    np.testing.assert_array_equal(audio, want)   # the family's defaults: the API's audio
+    # the family's defaults: the API's audio (streamed in adaptive chunks, so up to the
+    # codec's f32 order)
+    np.testing.assert_allclose(audio, want, atol=1e-5, rtol=0)
+    assert not np.allclose(audio, tts_other_seed(model, codec), atol=1e-3)
+
+
+def tts_other_seed(model, codec):
+    with LocalV15TTS.load(model, codec=codec, threads=1) as tts:
+        return tts.synthesize("Hello.", seed=8, max_frames=6)[0]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
 from ..codec import Codec
-from ..errors import InputError, ModelFileError
+from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import DelayPromptIds, build_generation_rows
@@ -53,11 +53,8 @@ class DelayTTS(CodecTTS):
 
     def __init__(self, model: DelayModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
-        f = model.weights.file
-        if model.tokenizer_json is None:
-            raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
-                                 "re-convert with `moss_tts convert delay`")
-        self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
+        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, model.weights.file.path,
+                                                TOKENIZER_KEY, KIND)
         c = self.config
         self.ids = DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
                                   c.audio_start_token_id, c.audio_end_token_id,

@@ -292,13 +292,13 @@ class LocalV15Model:
         with self.make_state(len(rows) + max_frames) as state:
             h = self.prefill(state, rows)
             for i in range(max_frames):
-                if i:   # the last frame's row is never run: nothing would read its hidden
-                    h = self.prefill(state, self.frame_row(codes))
                 codes = self.frame(state, h, options, rng, seen)
                 if codes is None:
                     return
                 seen[np.arange(cfg.n_vq), codes] = True
                 yield codes
+                if i + 1 < max_frames:   # the last frame's row: nothing would read its hidden
+                    h = self.prefill(state, self.frame_row(codes))
 
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → the new rows [N, 1 + n_vq] (assistant slot + codes; the stop is not a

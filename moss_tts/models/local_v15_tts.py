@@ -13,7 +13,7 @@ import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
 from ..codec import Codec
-from ..errors import InputError, ModelFileError, whole_number
+from ..errors import InputError, whole_number
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalV15SamplingOptions
 from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
@@ -80,11 +80,8 @@ class LocalV15TTS(CodecTTS):
 
     def __init__(self, model: LocalV15Model, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
-        f = model.weights.file
-        if model.tokenizer_json is None:
-            raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
-                                 "re-convert with `moss_tts convert local-v15`")
-        self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
+        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, model.weights.file.path,
+                                                TOKENIZER_KEY, KIND)
         c = self.config
         self.ids = LocalV15PromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
                                      c.audio_start_token_id, c.audio_end_token_id,
@@ -156,6 +153,14 @@ class LocalV15TTS(CodecTTS):
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
         return self.model.generate(rows, **kwargs)
+
+    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
+        """Text → (samples float32 [n, 2], sample_rate); options as `stream`. Nothing waits
+        for a first chunk here, so the codec takes fixed pushes of MAX_CHUNK_FRAMES (fewer
+        calls, and the same floats on every run: adaptive chunks follow the wall clock, and the
+        codec's f32 sums differ by 1e-6 between chunkings) unless `chunk_frames` says else."""
+        kwargs.setdefault("chunk_frames", MAX_CHUNK_FRAMES)
+        return super().synthesize(text, **kwargs)
 
     def stream(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
                options: LocalV15SamplingOptions = LocalV15SamplingOptions(),

@@ -29,6 +29,15 @@ class QwenTokenizer:
         except Exception as e:  # the Rust error names the JSON problem
             raise ModelFileError(f"{source}: not a usable tokenizer.json ({e})") from None
 
+    @classmethod
+    def embedded(cls, text: str | None, path, key: str, family: str) -> "QwenTokenizer":
+        """The tokenizer.json a model GGUF at `path` holds under `key`; ModelFileError saying
+        how to re-convert (`convert <family>`) when it holds none."""
+        if text is None:
+            raise ModelFileError(f"{path}: no embedded tokenizer.json ({key}) — re-convert with "
+                                 f"`moss_tts convert {family}`")
+        return cls.from_json(text, source=str(path))
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()

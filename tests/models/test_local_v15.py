@@ -11,7 +11,6 @@ from fixtures.make_local_v15 import AUDIO_VOCAB, N_VQ
 from fixtures.reference import local_v15 as ref
 from moss_tts.errors import InputError
 from moss_tts.sampling import LocalV15SamplingOptions
-from tests.models.local_v15_fixtures import local_v15_files, local_v15_model  # noqa: F401
 
 # f32 ggml vs float64 through 2 Qwen3 blocks (bf16-valued weights are exact in f32) and the
 # final norm: |h| ≲ 4, ≤ 48-term dots. Logits add the local block and one 32-term dot.

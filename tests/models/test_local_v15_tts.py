@@ -15,7 +15,7 @@ from moss_tts.load import load_tts, tts_class
 from moss_tts.models.local_v15_tts import ChunkLadder, LocalV15TTS, ladder_frames
 from moss_tts.sampling import LocalV15SamplingOptions
 from moss_tts.tts import TTS, Reference
-from tests.models.local_v15_fixtures import THREADS, local_v15_files  # noqa: F401
+from tests.models.local_v15_fixtures import THREADS
 
 DECODE_ATOL = 1e-5   # streaming vs offline codec decode: f32 kernel order only (codec tests)
 GREEDY = LocalV15SamplingOptions(do_sample=False)
@@ -46,7 +46,10 @@ def test_stream_equals_synthesize_equals_offline_decode(tts, chunk_frames):
     audio, sr = tts.synthesize("Hello there.", chunk_frames=chunk_frames, **kw)
     codes = frames_of(tts, "Hello there.", **kw)
     assert sr == SAMPLE_RATE and audio.shape == (11 * HOP, 2) and len(codes) == 11
-    assert_close(np.concatenate(chunks), audio, atol=0, what="stream vs synthesize")
+    # adaptive chunks follow the wall clock, so two runs may push different chunks: equal up
+    # to the codec's chunking (f32 kernel order); fixed chunks are bit for bit the same
+    assert_close(np.concatenate(chunks), audio, atol=0 if chunk_frames else DECODE_ATOL,
+                 what="stream vs synthesize")
     assert_close(audio, tts.codec.decode(codes.T), atol=DECODE_ATOL, what="offline decode")
     sizes = [len(c) // HOP for c in chunks]
     if chunk_frames:
@@ -56,9 +59,10 @@ def test_stream_equals_synthesize_equals_offline_decode(tts, chunk_frames):
 
 
 def test_sampled_stream_is_reproducible_and_seeded(tts):
-    a, _ = tts.synthesize("Hello.", seed=3, max_frames=6)
-    b, _ = tts.synthesize("Hello.", seed=3, max_frames=6)
-    c, _ = tts.synthesize("Hello.", seed=4, max_frames=6)
+    """synthesize() pushes fixed chunks by default, so a seed gives the same floats."""
+    a, _ = tts.synthesize("Hello.", seed=3, max_frames=12)
+    b, _ = tts.synthesize("Hello.", seed=3, max_frames=12)
+    c, _ = tts.synthesize("Hello.", seed=4, max_frames=12)
     assert_close(a, b, atol=0, what="same seed")
     assert not np.array_equal(a, c)
 
@@ -97,7 +101,7 @@ def test_continuation_continues_the_prompt_through_the_codec(tts):
     # the transcript as prompt_text is the same request
     same, _ = tts.synthesize("Next.", prompt=prompt, prompt_text="Earlier.", options=GREEDY,
                              max_frames=6)
-    assert_close(same, audio, atol=0, what="prompt_text joined to the text")
+    assert_close(same, audio, atol=DECODE_ATOL, what="prompt_text joined to the text")
 
 
 def test_reference_audio_is_encoded_in_stereo_and_cloned(tts):
