@@ -38,8 +38,8 @@ from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb  # noqa: E402
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local_v15 import tensor_types  # noqa: E402
-from fixtures.upstream_local_v15 import (UPSTREAM_ENV, backbone_hidden, upstream_model,  # noqa: E402
-                                         upstream_modules)
+from fixtures.upstream_local_v15 import (  # noqa: E402
+    UPSTREAM_ENV, backbone_hidden, upstream_model, upstream_modules)
 from moss_tts.ggml import Graph, Weights, get_backend, ops  # noqa: E402
 from moss_tts.models import gpt2, local_v15 as lv  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402

@@ -45,7 +45,8 @@ def _qwen3(lc: dict) -> Qwen3Config:
         num_attention_heads=heads, num_key_value_heads=int(lc["num_key_value_heads"]),
         head_dim=int(lc.get("head_dim") or d // heads),
         intermediate_size=int(lc["intermediate_size"]),
-        rope_theta=float(lc.get("rope_theta", 1e6)), rms_norm_eps=float(lc.get("rms_norm_eps", 1e-6)))
+        rope_theta=float(lc.get("rope_theta", 1e6)),
+        rms_norm_eps=float(lc.get("rms_norm_eps", 1e-6)))
 
 
 def _local(g: dict, config: dict, d: int) -> gpt2.GPT2Config:

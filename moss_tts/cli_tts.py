@@ -241,7 +241,8 @@ def add_tts_commands(sub, common) -> None:
 
     for name, family, helptext in (
             ("tts", None, "text → speech with any MOSS-TTS model (the family is read from the "
-                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), MOSS-TTS-Local-Transformer-v1.5)"),
+                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), "
+                          "MOSS-TTS-Local-Transformer-v1.5)"),
             ("tts-nano", "nano", "text → 48 kHz stereo speech with MOSS-TTS-Nano")):
         p = sub.add_parser(name, help=helptext, parents=[common])
         _add_tts_flags(p, DEFAULT_NANO, DEFAULT_NANO_CODEC)
