@@ -13,6 +13,7 @@ FAMILIES = {
     "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
     "nano": ("converters.nano", "MOSS-TTS-Nano"),
     "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
+    "local-v15": ("converters.local_v15", "MOSS-TTS-Local-Transformer-v1.5 (4B)"),
     "realtime": ("converters.realtime", "MOSS-TTS-Realtime (MossTTSRealtime)"),
 }
 # what a repo id or checkpoint directory given as a model converts to when no type is asked
@@ -24,7 +25,9 @@ FAMILY_FLAGS = {
     "--head-type": (("delay", "realtime"), "type of the text and audio heads (default: "
                                             "--outtype, but q8_0 when that is lower: a quantized "
                                             "text head costs WER)"),
-    "--embed-type": (("delay", "realtime"), "type of the embedding tables (default f32)"),
+    "--embed-type": (("delay", "local-v15", "realtime"),
+                     "type of the embedding tables (default f32; Local v1.5's audio tables are "
+                     "its heads too)"),
 }
 
 

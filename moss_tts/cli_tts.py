@@ -24,15 +24,15 @@ SAMPLING_FLAGS = {"temperature": "audio_temperature", "top_k": "audio_top_k",
                   "text_top_p": "text_top_p"}
 # flags only some families take: dest → (flag, families, the `stream` keyword it becomes)
 FAMILY_FLAGS = {
-    "prompt_text": ("--prompt-text", ("nano", "delay"), "prompt_text"),
-    "prompt_audio": ("--prompt-audio", ("nano", "delay"), None),   # encoded into `prompt`
-    "max_frames": ("--max-frames", ("nano", "realtime"), "max_frames"),
+    "prompt_text": ("--prompt-text", ("nano", "delay", "local-v15"), "prompt_text"),
+    "prompt_audio": ("--prompt-audio", ("nano", "delay", "local-v15"), None),   # → `prompt`
+    "max_frames": ("--max-frames", ("nano", "local-v15", "realtime"), "max_frames"),
     "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", ("nano",),
                                     "max_text_tokens"),
-    "language": ("--language", ("delay",), "language"),
-    "instruction": ("--instruction", ("delay",), "instruction"),
-    "tokens": ("--tokens", ("delay",), "tokens"),
-    "seconds": ("--seconds", ("delay",), "seconds"),
+    "language": ("--language", ("delay", "local-v15"), "language"),
+    "instruction": ("--instruction", ("delay", "local-v15"), "instruction"),
+    "tokens": ("--tokens", ("delay", "local-v15"), "tokens"),
+    "seconds": ("--seconds", ("delay", "local-v15"), "seconds"),
     "max_new_rows": ("--max-new-rows", ("delay",), "max_new_rows"),
 }
 
@@ -236,10 +236,12 @@ def _collect(chunks, tts, bar):
 def _family_defaults(field: str) -> str:
     """'nano 0.8, delay 1.7': each family's default for an options field, read from its
     dataclass (the help never repeats a number)."""
-    from .sampling import DelaySamplingOptions, RealtimeSamplingOptions, SamplingOptions
+    from .sampling import (DelaySamplingOptions, LocalV15SamplingOptions,
+                           RealtimeSamplingOptions, SamplingOptions)
 
     return ", ".join(f"{family} {getattr(cls(), field)}" for family, cls in
                      (("nano", SamplingOptions), ("delay", DelaySamplingOptions),
+                      ("local-v15", LocalV15SamplingOptions),
                       ("realtime", RealtimeSamplingOptions))
                      if hasattr(cls(), field))
 
@@ -274,7 +276,7 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
     p.add_argument("--language", help="Delay: the language of the text (e.g. en, zh)")
     p.add_argument("--instruction", help="Delay: a style instruction for the voice")
     p.add_argument("--tokens", type=positive_int, default=None,
-                   help="Delay: the duration in codec frames (or --seconds)")
+                   help="Delay, Local v1.5: the duration in codec frames (or --seconds)")
     p.add_argument("--seconds", type=positive_float, default=None,
                    help="Delay: the duration in seconds")
     p.add_argument("--live", action="store_true",
@@ -294,8 +296,8 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
             ("--top-k", non_negative_int, "audio top-k, 0 = off"),
             ("--top-p", probability, "audio top-p"),
             ("--repetition-penalty", positive_float, "audio repetition penalty, 1 = off"),
-            ("--text-top-k", non_negative_int, "Delay: text top-k, 0 = off"),
-            ("--text-top-p", probability, "Delay: text top-p")):
+            ("--text-top-k", non_negative_int, "Delay, Local v1.5: text top-k, 0 = off"),
+            ("--text-top-p", probability, "Delay, Local v1.5: text top-p")):
         field = SAMPLING_FLAGS[flag[2:].replace("-", "_")]
         p.add_argument(flag, type=kind, default=None,
                        help=f"{what} (family default: {_family_defaults(field)})")

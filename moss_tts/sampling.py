@@ -62,6 +62,24 @@ def _check_filters(opts, group: str) -> None:
 
 
 @dataclass(frozen=True)
+class LocalV15SamplingOptions(SamplingOptions):
+    """MOSS-TTS-Local-Transformer-v1.5's knobs with its README defaults (moss_tts_family.md
+    §4.6: audio 1.7 / 0.8 / 25 / 1.0, the continue/stop head 1.0 / 1.0 / 50); the repetition
+    penalty reads the generated frames only."""
+
+    audio_temperature: float = 1.7
+    audio_top_k: int = 25
+    audio_top_p: float = 0.8
+    audio_repetition_penalty: float = 1.0
+    text_top_k: int = 50
+    text_top_p: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_filters(self, "text")
+
+
+@dataclass(frozen=True)
 class DelaySamplingOptions:
     """MossTTSDelay's knobs with upstream defaults (moss_tts_family.md §2.7: text 1.5 / 1.0 /
     50, audio 1.7 / 0.8 / 25 / 1.0); a temperature of 0 makes that channel greedy."""

@@ -1,7 +1,7 @@
 """GPT-2 backbone with rotary positions (no learned wpe), as in MOSS-TTS-Nano's global and
 local transformers (upstream `MossTTSNanoGPT2Model`; facts in shared/reference/nano.md §2).
 
-Pre-LN blocks: x + c_proj(attn(ln_1 x)), then x + fc_out(gelu_new(fc_in(ln_2 x))); fused QKV
+Pre-LN blocks: x + c_proj(attn(ln_1 x)), then x + fc_out(act(fc_in(ln_2 x))); fused QKV
 split q|k|v; RoPE on interleaved pairs over the full head dim; K cached after RoPE.
 """
 
@@ -19,6 +19,8 @@ from . import spec
 
 # far beyond any real backbone, far below what a corrupt file could make the loader loop over
 MAX_WIDTH, MAX_LAYERS = 1 << 16, 1 << 10
+# HF `activation_function` → nn.mlp activation: Nano's gelu_new; Local v1.5's local block silu
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "silu": "silu"}
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,9 @@ class GPT2Config:
             raise ConfigError(f"GPT-2: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         if self.head_dim % 2:
             raise ConfigError(f"GPT-2: RoPE needs an even head_dim, got {self.head_dim}")
-        if self.activation_function != "gelu_new":
+        if self.activation_function not in ACTIVATIONS:
             raise ConfigError(f"GPT-2: activation {self.activation_function!r} is not supported "
-                              "(MOSS checkpoints use gelu_new)")
+                              f"(MOSS checkpoints use {' or '.join(ACTIVATIONS)})")
 
     @property
     def head_dim(self) -> int:
@@ -114,7 +116,8 @@ def block(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, kv: CacheVie
     h = layer_norm(x, layer.ln_1_weight, layer.ln_1_bias, eps=eps)
     x = x + self_attention(h, layer, cfg, il=il, kv=kv, stage=stage)
     h = layer_norm(x, layer.ln_2_weight, layer.ln_2_bias, eps=eps)
-    x = x + mlp(h, layer.mlp_fc_in_weight, layer.mlp_fc_out_weight, activation="gelu_tanh",
+    x = x + mlp(h, layer.mlp_fc_in_weight, layer.mlp_fc_out_weight,
+                activation=ACTIVATIONS[cfg.activation_function],
                 b_in=layer.mlp_fc_in_bias, b_out=layer.mlp_fc_out_bias)
     return ops.name(x, f"{stage}.{il}.out")
 

@@ -1,0 +1,316 @@
+"""MOSS-TTS-Local-Transformer-v1.5 (4B): a Qwen3 backbone over rows of 1 text + n_vq audio
+channels and a 1-layer GPT-2-style local block that emits one frame's codes (upstream
+`moss_tts_local_v1.5/modeling_moss_tts.py`, `gpt2_decoder.py`; moss_tts_family.md §4, §6).
+
+A row [text, code_0 … code_{N−1}] embeds as token_embd[text] + Σ_k audio_embeddings[k][code_k]
+with pad codes contributing zero (the tables have no pad row, P12). Heads are tied: audio head k
+is audio_embeddings[k]; the text head is replaced by a 2-way continue/stop head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, InputError, whole_number
+from ..ggml import F16, I32, GGMLType, Graph, Weights, ops
+from ..ggml.backend import NativeResource, released_on_error
+from ..ggml.graph import Tensor
+from ..nn import CacheView, last_row, masked_embedding_sum
+from ..nn.session import DecodeSession
+from ..sampling import (LocalV15SamplingOptions, check_finite, greedy_token, sample_audio_code,
+                        sample_token)
+from . import gpt2, qwen3, spec
+from .nano import row_inputs
+
+KIND = "local-v15"
+FORMAT_VERSION = 1
+PREFIX = "moss.local_v15"
+TOKENIZER_KEY = "moss.tokenizer.json"
+LOCAL = "local_transformer"
+DECISION_HEAD = "local_text_lm_head.weight"    # [2, D]: row 0 continue, row 1 stop (P13)
+MAX_FRAMES = 4096                              # upstream generate's default frame budget
+CONTINUE, STOP = 0, 1
+
+
+@dataclass(frozen=True)
+class LocalV15Config:
+    """Field names and defaults of upstream `MossTTSLocalConfig` (§4.1)."""
+
+    language_config: qwen3.Qwen3Config
+    local: gpt2.GPT2Config
+    vocab_size: int
+    n_vq: int = 12
+    audio_vocab_size: int = 1024
+    audio_pad_token_id: int = 1024
+    pad_token_id: int = 151643
+    im_start_token_id: int = 151644
+    im_end_token_id: int = 151645
+    audio_start_token_id: int = 151669
+    audio_end_token_id: int = 151670
+    audio_user_slot_token_id: int = 151654
+    audio_assistant_slot_token_id: int = 151656
+    sampling_rate: int = 48000
+
+    def __post_init__(self):
+        if not 1 <= self.n_vq <= 64 or not 1 <= self.audio_vocab_size <= 1 << 16:
+            raise ConfigError(f"Local v1.5: n_vq {self.n_vq} or audio_vocab_size "
+                              f"{self.audio_vocab_size} is out of range (a corrupt file?)")
+        if self.local.n_embd != self.language_config.hidden_size:
+            raise ConfigError(f"Local v1.5: the local block's width {self.local.n_embd} must "
+                              f"equal the backbone's {self.language_config.hidden_size} (tied "
+                              "audio tables feed both)")
+        if self.audio_pad_token_id < self.audio_vocab_size:
+            raise ConfigError(f"Local v1.5: audio pad id {self.audio_pad_token_id} lies inside "
+                              f"the codebooks (size {self.audio_vocab_size})")
+        top = max(self.pad_token_id, self.im_start_token_id, self.im_end_token_id,
+                  self.audio_start_token_id, self.audio_end_token_id,
+                  self.audio_user_slot_token_id, self.audio_assistant_slot_token_id)
+        if top >= self.vocab_size:
+            raise ConfigError(f"Local v1.5: special id {top} lies outside the text vocabulary "
+                              f"of {self.vocab_size}")
+
+    @classmethod
+    def from_gguf(cls, meta) -> "LocalV15Config":
+        return spec.config_from_gguf(cls, meta, PREFIX,
+                                     language_config=qwen3.Qwen3Config.from_gguf(meta),
+                                     local=gpt2.GPT2Config.from_gguf(meta, f"{PREFIX}.local"))
+
+    def to_metadata(self) -> dict:
+        return (spec.config_to_metadata(self, PREFIX) | self.language_config.to_metadata()
+                | spec.config_to_metadata(self.local, f"{PREFIX}.local"))
+
+    def tensor_shapes(self) -> dict[str, tuple]:
+        d = self.language_config.hidden_size
+        shapes = {"token_embd.weight": (self.vocab_size, d)} | self.language_config.tensor_shapes()
+        for i in range(self.local.n_layer):
+            shapes |= spec.shapes(self.local.layer_spec(), f"{LOCAL}.h.{i}.")
+        shapes |= {f"{LOCAL}.ln_f.weight": (d,), f"{LOCAL}.ln_f.bias": (d,),
+                   DECISION_HEAD: (2, d)}
+        return shapes | {f"audio_embeddings.{k}.weight": (self.audio_vocab_size, d)
+                         for k in range(self.n_vq)}
+
+
+@dataclass(frozen=True)
+class LocalV15Weights:
+    token_embd: Tensor
+    layers: list[qwen3.Qwen3Layer]
+    output_norm: Tensor
+    local_layers: list[gpt2.GPT2Layer]
+    local_ln_f: tuple[Tensor, Tensor]
+    decision_head: Tensor
+    audio_embeddings: list[Tensor]     # input tables, and (tied) the audio heads
+
+    @classmethod
+    def from_tensors(cls, t: dict, cfg: LocalV15Config) -> "LocalV15Weights":
+        return cls(t["token_embd.weight"], qwen3.layers_from_tensors(t, cfg.language_config),
+                   t["output_norm.weight"],
+                   [gpt2.GPT2Layer.from_tensors(t, f"{LOCAL}.h.{i}.", cfg.local)
+                    for i in range(cfg.local.n_layer)],
+                   (t[f"{LOCAL}.ln_f.weight"], t[f"{LOCAL}.ln_f.bias"]), t[DECISION_HEAD],
+                   [t[f"audio_embeddings.{k}.weight"] for k in range(cfg.n_vq)])
+
+
+# -- graph builders ---------------------------------------------------------------------------
+def embed_rows(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, n_rows: int) -> Tensor:
+    """[D, n_rows]: token_embd[text] + Σ_k mask_k · audio_embeddings[k][code_k] (P12)."""
+    text = g.input("rows.text", (n_rows,), I32)
+    ids = [g.input(f"rows.code.{k}", (n_rows,), I32) for k in range(cfg.n_vq)]
+    masks = [g.input(f"rows.mask.{k}", (n_rows, 1)) for k in range(cfg.n_vq)]
+    return ops.add(ops.get_rows(w.token_embd, text),
+                   masked_embedding_sum(w.audio_embeddings, ids, masks))
+
+
+def build_rows(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, n_rows: int, kv: CacheView,
+               last_only: bool) -> None:
+    """Rows → "hidden" [D, R], the post-norm backbone state of the last row (R = 1: what a
+    frame starts from) or of every row."""
+    h = qwen3.forward(embed_rows(g, w, cfg, n_rows), w.layers, w.output_norm,
+                      cfg.language_config, kv=kv)
+    g.output(last_row(h) if last_only else h, "hidden", ndim=2)
+
+
+def build_depth_step(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, kv: CacheView,
+                     p: int) -> None:
+    """Local position p of a frame (§4.4): input the backbone hidden (p = 0) or
+    audio_embeddings[p−1][code] (p ≥ 1); output audio head p's logits "depth.logits" [V] and,
+    at p = 0, the continue/stop logits "depth.decision" [2] (position 0 feeds both, P13)."""
+    if p == 0:
+        x = g.input("depth.h", (1, cfg.local.n_embd))
+    else:
+        x = ops.get_rows(w.audio_embeddings[p - 1], g.input("depth.code", (1,), I32))
+    # the local block rotates interleaved pairs over head_dim 80 (GPT-J), not NEOX halves (P10)
+    h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local, kv=kv, stage="depth")
+    if p == 0:
+        g.output(ops.mul_mat(w.decision_head, h), "depth.decision", ndim=1)
+    g.output(ops.mul_mat(w.audio_embeddings[p], h), "depth.logits", ndim=1)
+
+
+# -- sampling ---------------------------------------------------------------------------------
+def decide(logits: np.ndarray, rng, opts: LocalV15SamplingOptions) -> int:
+    """CONTINUE or STOP from the 2-way head (argmax continues on a tie, as upstream)."""
+    check_finite(logits, "continue/stop")
+    if not opts.do_sample:
+        return greedy_token(logits)
+    return sample_token(logits, rng, temperature=opts.text_temperature, top_k=opts.text_top_k,
+                        top_p=opts.text_top_p)
+
+
+# -- the runtime ------------------------------------------------------------------------------
+class GenerationState(NativeResource):
+    """Per-utterance state owned by the caller (style C16): the backbone's decode session for
+    the prompt plus the frame budget, and the per-frame local session (one replayed step graph
+    per local position, reset every frame: upstream's static 13-slot cache)."""
+
+    def __init__(self, model: "LocalV15Model", capacity: int):
+        cfg, w, lc, loc = model.config, model.w, model.config.language_config, model.config.local
+        self.capacity = capacity
+        self.backbone = DecodeSession(
+            lambda g, n, kv, last: build_rows(g, w, cfg, n, kv, last), backend=model.backend,
+            n_layer=lc.num_hidden_layers, n_kv_head=lc.num_key_value_heads,
+            head_dim=lc.head_dim, capacity=capacity, prefix="backbone", name="local_v15",
+            dtype=model.kv_type)
+        with released_on_error(self.backbone):
+            self.depth = DecodeSession(
+                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
+                n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
+                capacity=cfg.n_vq, prefix="depth", name="local_v15.depth")
+
+    def close(self) -> None:
+        for session in (getattr(self, "backbone", None), getattr(self, "depth", None)):
+            if session is not None:
+                session.close()
+
+
+class LocalV15Model:
+    """MOSS-TTS-Local-Transformer-v1.5 on a backend; stateless after load (style C16).
+    `kv_type` F16 halves the backbone's KV cache (144 KB per row on the 4B shape); F32 keeps
+    attention exact to f32 rounding."""
+
+    def __init__(self, weights: Weights, *, kv_type: GGMLType = F16):
+        self.weights = weights
+        self.backend = weights.backend
+        self.kv_type = GGMLType(kv_type)
+        with released_on_error(weights):
+            weights.file.check_kind(KIND, version=FORMAT_VERSION)
+            self.config = LocalV15Config.from_gguf(weights.file)
+            self.w = LocalV15Weights.from_tensors(
+                weights.require(self.config.tensor_shapes(), floats=True), self.config)
+            self.tokenizer_json = weights.file.get(TOKENIZER_KEY)
+
+    def make_state(self, capacity: int) -> GenerationState:
+        return GenerationState(self, capacity)
+
+    def check_rows(self, rows) -> dict[str, np.ndarray]:
+        """rows int [S, 1 + n_vq] → the backbone's row inputs (InputError when malformed)."""
+        return row_inputs(rows, self.config)
+
+    # -- the steps ------------------------------------------------------------------------------
+    def prefill(self, state: GenerationState, rows) -> np.ndarray:
+        """Rows appended after what the state holds → the hidden state of the last row [D]."""
+        feed = self.check_rows(rows)
+        return state.backbone.run(feed, len(rows), variant=True)["hidden"][0]
+
+    def depth_position(self, state: GenerationState, p: int, value) -> dict[str, np.ndarray]:
+        """Local position p of the current frame: value is the backbone hidden (p = 0, which
+        starts a fresh local sequence) or code p−1. → {"logits": audio head p [V]} and, at
+        p = 0, "decision" [2]."""
+        if p == 0:
+            state.depth.reset()
+            feed = {"depth.h": np.asarray(value, np.float32).reshape(1, -1)}
+        else:
+            feed = {"depth.code": np.array([value], np.int32)}
+        out = state.depth.run(feed, 1, variant=p)
+        return {"logits": out["depth.logits"]} | (
+            {"decision": out["depth.decision"]} if p == 0 else {})
+
+    def frame(self, state: GenerationState, h: np.ndarray, opts: LocalV15SamplingOptions, rng,
+              seen: np.ndarray) -> np.ndarray | None:
+        """One frame's codes [n_vq] from the backbone hidden h, or None when the 2-way head
+        stops (that frame has no codes: no trailing junk frame). `seen` [n_vq, V] is each
+        channel's generated history for the repetition penalty."""
+        out = self.depth_position(state, 0, h)
+        if decide(out["decision"], rng, opts) == STOP:
+            return None
+        codes = np.empty(self.config.n_vq, dtype=np.int64)
+        for c in range(self.config.n_vq):
+            if c:   # position c reads code c−1 through audio_embeddings[c−1]
+                out = self.depth_position(state, c, codes[c - 1])
+            codes[c] = sample_audio_code(out["logits"], seen[c], rng, opts)
+        return codes
+
+    def frame_row(self, codes: np.ndarray) -> np.ndarray:
+        """A generated frame as the next backbone row: the assistant slot and its codes."""
+        return np.concatenate([[self.config.audio_assistant_slot_token_id], codes])[None]
+
+    # -- research API ---------------------------------------------------------------------------
+    def forward(self, rows) -> np.ndarray:
+        """rows [S, 1 + n_vq] → the post-norm backbone hidden state of every row [S, D]."""
+        feed = self.check_rows(rows)
+        with self.make_state(len(rows)) as state:
+            return state.backbone.run(feed, len(rows), variant=False)["hidden"]
+
+    def depth_logits(self, hidden_row, codes=()) -> tuple[np.ndarray, np.ndarray]:
+        """Teacher-forced local block: hidden_row [D] and a frame's codes [k ≤ n_vq] →
+        (continue/stop logits [2], audio logits [min(k + 1, n_vq), V]: channel c given
+        codes[:c])."""
+        cfg = self.config
+        h = np.asarray(hidden_row, dtype=np.float32)
+        codes = np.asarray(codes)
+        if h.shape != (cfg.language_config.hidden_size,):
+            raise InputError(f"hidden_row must have shape [{cfg.language_config.hidden_size}], "
+                             f"got {list(h.shape)}")
+        if codes.ndim != 1 or len(codes) > cfg.n_vq or (len(codes) and (
+                codes.dtype.kind not in "iu" or codes.min() < 0
+                or codes.max() >= cfg.audio_vocab_size)):
+            raise InputError(f"codes must be at most {cfg.n_vq} integers in "
+                             f"[0, {cfg.audio_vocab_size}), got {codes.dtype} {list(codes.shape)}")
+        with self.make_state(1) as state:
+            out = self.depth_position(state, 0, h)
+            decision, logits = out["decision"], [out["logits"]]
+            for c in range(1, min(len(codes) + 1, cfg.n_vq)):
+                logits.append(self.depth_position(state, c, int(codes[c - 1]))["logits"])
+        return decision, np.stack(logits)
+
+    def iter_frames(self, rows, *, options: LocalV15SamplingOptions = LocalV15SamplingOptions(),
+                    seed: int | None = None, max_frames: int = MAX_FRAMES):
+        """Frames [n_vq] generated after prompt rows until the 2-way head stops or the budget
+        ends (§4.6). The repetition history is the generated frames only, per channel."""
+        if not isinstance(options, LocalV15SamplingOptions):
+            raise InputError(f"options must be a LocalV15SamplingOptions, got "
+                             f"{type(options).__name__}")
+        max_frames = whole_number(max_frames, "max_frames", 1)
+        seed = None if seed is None else whole_number(seed, "seed", 0)
+        self.check_rows(rows)
+        return self._frames(np.asarray(rows), options, seed, max_frames)
+
+    def _frames(self, rows, options, seed, max_frames):
+        cfg = self.config
+        rng = np.random.default_rng(seed)
+        seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)
+        with self.make_state(len(rows) + max_frames) as state:
+            h = self.prefill(state, rows)
+            for i in range(max_frames):
+                codes = self.frame(state, h, options, rng, seen)
+                if codes is None:
+                    return
+                seen[np.arange(cfg.n_vq), codes] = True
+                yield codes
+                if i + 1 < max_frames:   # the last frame's row: nothing would read its hidden
+                    h = self.prefill(state, self.frame_row(codes))
+
+    def generate(self, rows, **kwargs) -> np.ndarray:
+        """Prompt rows → the new rows [N, 1 + n_vq] (assistant slot + codes; the stop is not a
+        row). Keywords as `iter_frames`."""
+        frames = list(self.iter_frames(rows, **kwargs))
+        out = np.full((len(frames), 1 + self.config.n_vq),
+                      self.config.audio_assistant_slot_token_id, dtype=np.int64)
+        if frames:
+            out[:, 1:] = frames
+        return out
+
+    def close(self) -> None:
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None

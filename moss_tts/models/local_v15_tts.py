@@ -1,0 +1,195 @@
+"""`LocalV15TTS`: text → 48 kHz stereo speech with MOSS-TTS-Local-Transformer-v1.5 and the
+MOSS-Audio-Tokenizer-v2 codec (moss_tts_family.md §4.5-4.7). Frames go through the codec's
+exact streaming decoder in chunks sized by upstream's adaptive ladder, so streamed audio equals
+`synthesize()` for the same seed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
+from ..codec import Codec
+from ..errors import InputError, whole_number
+from ..ggml import F16, GGMLType, Weights, get_backend
+from ..sampling import LocalV15SamplingOptions
+from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
+from ..text.qwen_tokenizer import QwenTokenizer
+from ..tts import CodecTTS, Reference
+from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
+from .nano_tts import as_voice, check_text, continuation_prompt_text
+
+FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§4.7)
+# (generation lead in s, frames per codec push) once audio flows: short pushes while generation
+# barely keeps up, longer ones (fewer codec calls) once it is ahead (upstream streaming.py)
+LEAD_LADDER = ((0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
+MAX_CHUNK_FRAMES = 8
+
+
+def ladder_frames(lead_seconds: float | None) -> int:
+    """Frames the next codec push waits for: FIRST_CHUNK_FRAMES before any audio (lead None),
+    then by the generation lead (≤ 0 → 1, < 0.16 → 2, < 0.32 → 3, < 0.64 → 4, < 1 → 6, else 8)."""
+    if lead_seconds is None:
+        return FIRST_CHUNK_FRAMES
+    if lead_seconds <= 0.0:
+        return 1
+    return next((frames for bound, frames in LEAD_LADDER if lead_seconds < bound),
+                MAX_CHUNK_FRAMES)
+
+
+class ChunkLadder:
+    """When to push pending frames to the codec: a fixed chunk (`fixed` > 0) or upstream's
+    adaptive ladder, whose lead is the audio generated since the first push minus the wall time
+    since then (the codec runs inline here, so no decode queue ever builds)."""
+
+    def __init__(self, frame_rate: float, *, fixed: int = 0, clock=time.perf_counter):
+        self.frame_rate, self.fixed, self.clock = frame_rate, fixed, clock
+        self.first_at = None
+        self.frames_since_first = 0
+
+    def lead(self) -> float | None:
+        if self.first_at is None:
+            return None
+        return self.frames_since_first / self.frame_rate - (self.clock() - self.first_at)
+
+    def ready(self, n_pending: int) -> bool:
+        """Called after each generated frame with the frames waiting: push them now?"""
+        if self.first_at is not None:
+            self.frames_since_first += 1
+        return n_pending >= (self.fixed or ladder_frames(self.lead()))
+
+    def pushed(self) -> None:
+        if self.first_at is None:
+            self.first_at = self.clock()
+
+
+class LocalV15TTS(CodecTTS):
+    """MOSS-TTS-Local-Transformer-v1.5. `LocalV15TTS.load("local-v15.gguf",
+    codec="codec-v2.gguf")`, then `synthesize(text, reference=(samples, sr))` → (samples
+    float32 [n, 2], 48000).
+
+    >>> tts = LocalV15TTS.load("local-v15.gguf", codec="codec-v2.gguf")      # doctest: +SKIP
+    >>> audio, sr = tts.synthesize("Hello there.", seed=1234)               # doctest: +SKIP
+    """
+
+    CODEC_NAME = "the MOSS-Audio-Tokenizer-v2 (48 kHz stereo) GGUF"
+    FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer-v1.5", LocalV15SamplingOptions
+
+    def __init__(self, model: LocalV15Model, codec: Codec | None):
+        self.model, self.config, self.codec = model, model.config, codec
+        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, path=model.weights.file.path,
+                                                key=TOKENIZER_KEY, family=KIND)
+        c = self.config
+        self.ids = LocalV15PromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
+                                     c.audio_start_token_id, c.audio_end_token_id,
+                                     c.audio_user_slot_token_id, c.audio_assistant_slot_token_id,
+                                     c.audio_pad_token_id)
+        if codec is not None:
+            self._check_codec(codec)
+
+    @classmethod
+    def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
+             kv_type: GGMLType = F16) -> "LocalV15TTS":
+        b = get_backend(backend, threads)
+        return cls._with_codec(LocalV15Model(Weights.load(model, b), kv_type=kv_type), codec, b)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sampling_rate
+
+    @property
+    def channels(self) -> int:
+        return 2
+
+    def encode_reference(self, samples, sample_rate: int, *,
+                         max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
+        """Reference speech → codes [frames, n_vq]: cut to max_seconds, two channels (mono is
+        duplicated, P22), the codec's rate, loudness normalization over both channels (§1.3),
+        then the codec."""
+        codec = self._need_codec()
+        x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
+        x = resample(to_channels(x, 2), sample_rate, codec.sample_rate)
+        codes = codec.encode(loudness_normalize(x), codec.sample_rate,
+                             n_quantizers=self.config.n_vq)
+        return Reference(np.ascontiguousarray(codes.T))
+
+    def _as_voice(self, value, what: str) -> Reference | None:
+        width = None if self.codec is None else self.codec.n_quantizers
+        return as_voice(value, self.config.n_vq, self.encode_reference, what, max_width=width)
+
+    def plan(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
+             seconds: float | None = None, **fields) -> np.ndarray:
+        """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
+        ambient_sound, language; `seconds` sets `tokens`, the duration in frames). With
+        `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
+        text: give the transcript as `prompt_text` (joined by a space unless it is CJK) or
+        write both into `text`."""
+        text = check_text(text)
+        if prompt_text is not None:
+            if prompt is None:
+                raise InputError("prompt_text is the transcript of a continuation prompt: give "
+                                 "prompt= (its audio or codes) too")
+            text = continuation_prompt_text(check_text(prompt_text, "prompt_text")) + text
+        if seconds is not None:
+            if fields.get("tokens") is not None or not seconds > 0:
+                raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
+            fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
+        reference, prompt = self._as_voice(reference, "reference"), self._as_voice(prompt, "prompt")
+        return build_prompt_rows(self.tokenizer, self.ids, text,
+                                 references=None if reference is None else [reference.codes],
+                                 prompt_codes=None if prompt is None else prompt.codes, **fields)
+
+    def forward(self, rows) -> np.ndarray:
+        """rows [S, 1 + n_vq] → backbone hidden [S, H] (`LocalV15Model.forward`)."""
+        return self.model.forward(rows)
+
+    def depth_logits(self, hidden_row, codes=()):
+        """(continue/stop logits [2], audio logits per channel) — `LocalV15Model.depth_logits`."""
+        return self.model.depth_logits(hidden_row, codes)
+
+    def generate(self, rows, **kwargs) -> np.ndarray:
+        """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
+        return self.model.generate(rows, **kwargs)
+
+    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
+        """Text → (samples float32 [n, 2], sample_rate); options as `stream`. Nothing waits
+        for a first chunk here, so the codec takes fixed pushes of MAX_CHUNK_FRAMES (fewer
+        calls, and the same floats on every run: adaptive chunks follow the wall clock, and the
+        codec's f32 sums differ by 1e-6 between chunkings) unless `chunk_frames` says else."""
+        kwargs.setdefault("chunk_frames", MAX_CHUNK_FRAMES)
+        return super().synthesize(text, **kwargs)
+
+    def stream(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
+               options: LocalV15SamplingOptions = LocalV15SamplingOptions(),
+               seed: int | None = None, max_frames: int = MAX_FRAMES, chunk_frames: int = 0,
+               **fields) -> Iterator[np.ndarray]:
+        """Audio chunks [m, 2] as frames are generated. `chunk_frames` 0 is upstream's adaptive
+        ladder (4 frames first, then by how far generation leads playback), else a fixed push
+        size. A continuation's prompt codes go through the codec first (their audio dropped,
+        as upstream trims it), so the output continues the prompt audio. Arguments are checked
+        before the first frame."""
+        codec = self._need_codec()
+        chunk_frames = whole_number(chunk_frames, "chunk_frames", 0)
+        prompt = self._as_voice(prompt, "prompt")
+        rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
+                         **fields)
+        frames = self.model.iter_frames(rows, options=options, seed=seed, max_frames=max_frames)
+        return self._decode(codec, frames, prompt, ChunkLadder(codec.config.frame_rate,
+                                                               fixed=chunk_frames))
+
+    def _decode(self, codec, frames, prompt, ladder: ChunkLadder) -> Iterator[np.ndarray]:
+        with codec.stream_decoder(n_quantizers=self.config.n_vq) as decoder:
+            if prompt is not None:
+                decoder.push(prompt.codes.T)
+            pending = []
+            for codes in frames:
+                pending.append(codes)
+                if ladder.ready(len(pending)):
+                    yield decoder.push(np.array(pending).T)
+                    pending = []
+                    ladder.pushed()
+            if pending:
+                yield decoder.push(np.array(pending).T)
