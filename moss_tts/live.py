@@ -1,11 +1,9 @@
 """Feeding a live session (MOSS-TTS-Realtime `LiveSession`) from a text source that arrives in
 arbitrary pieces — stdin for `tts --live`, WebSocket messages for the server.
 
-A session cuts its text into segments at punctuation and tokenizes each on its own (as upstream),
-so where the pieces end changes the tokens: "there, " + "this" loses the space " this" carries
-when the whole text is tokenized. Pushed one character at a time, as upstream's demo feeds an
-LLM's stream, a cut never takes the next word's space, and the speech no longer depends on how a
-pipe or a socket happened to split the text.
+A session cuts its text a character at a time, so the speech does not depend on how a pipe or a
+socket split the text; the text is still pushed here one character at a time so that a long
+delta (a paste) gives its first audio as soon as that is ready, not after the whole delta.
 """
 
 from __future__ import annotations

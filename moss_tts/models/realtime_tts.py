@@ -205,13 +205,17 @@ class LiveSession(NativeResource):
 
     # -- the API ----------------------------------------------------------------------------
     def push_text(self, delta: str) -> np.ndarray:
-        """A text delta → the float32 audio [n] ready now (often empty)."""
+        """A text delta → the float32 audio [n] ready now (often empty). The text is cut a
+        character at a time, so the speech does not depend on how it was split into deltas
+        (a cut checked only at a delta's end would move with it: "there, this" in one delta
+        cuts after the space, in two it cuts before)."""
         self._need_text()
         if not isinstance(delta, str):
             raise InputError(f"push_text takes text (str), got {type(delta).__name__}")
-        segments, self._buffer = split_segments(self._buffer + delta)
-        for segment in segments:
-            self._pending += self.tts.tokenizer.encode(segment)
+        for ch in delta:
+            segments, self._buffer = split_segments(self._buffer + ch)
+            for segment in segments:
+                self._pending += self.tts.tokenizer.encode(segment)
         return _joined(self._advance())
 
     def push_tokens(self, ids) -> np.ndarray:

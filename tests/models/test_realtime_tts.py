@@ -93,6 +93,27 @@ def test_live_session_fed_token_by_token_draws_the_offline_frames(realtime_tts):
         assert not np.array_equal(s.frames[:len(frames)], frames)
 
 
+def test_the_speech_does_not_depend_on_how_the_text_was_split(realtime_tts):
+    tts = realtime_tts()
+    text = "Hello there, this is it; and more. Then words without any cut at all here ok"
+
+    def frames_for(deltas):
+        with tts.session(options=GREEDY) as s:
+            for d in deltas:
+                s.push_text(d)
+            list(s.drain())
+            return s.frames, s.text_ids
+
+    whole = frames_for([text])
+    rng = np.random.default_rng(3)
+    cuts = sorted(rng.choice(np.arange(1, len(text)), size=9, replace=False))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    for deltas in (list(text), pieces, ["Hello there,", " this is it;", text[24:]]):
+        frames, ids = frames_for(deltas)
+        assert ids == whole[1]
+        np.testing.assert_array_equal(frames, whole[0])
+
+
 def test_frames_are_paced_by_the_text(realtime_tts):
     """Nothing before the 12th token; then the prefill's frame and one frame per later token,
     at once; the rest (one frame for the last token's row and EOS) only in drain()."""
