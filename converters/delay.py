@@ -39,6 +39,12 @@ def delay_config(config: dict) -> DelayConfig:
     if "local_num_layers" in config or "gpt2_config" in config:   # P26: V2 / V2b say the same
         raise ConfigError("this checkpoint has a local transformer (MOSS-TTS-Local), not the "
                           "MossTTSDelay layout")
+    return with_language_config(DelayConfig, config)
+
+
+def with_language_config(cls, config: dict):
+    """A model config `cls` from config.json: the Qwen3 `language_config`, its vocab_size, and
+    every other field of `cls` that config.json sets (the rest keep upstream's defaults)."""
     try:
         lc = config["language_config"]
         language = Qwen3Config(
@@ -47,9 +53,9 @@ def delay_config(config: dict) -> DelayConfig:
             num_key_value_heads=int(lc["num_key_value_heads"]), head_dim=int(lc["head_dim"]),
             intermediate_size=int(lc["intermediate_size"]), rope_theta=float(lc["rope_theta"]),
             rms_norm_eps=float(lc.get("rms_norm_eps", 1e-6)))
-        ids = {k: int(config[k]) for k in DelayConfig.__dataclass_fields__
+        ids = {k: int(config[k]) for k in cls.__dataclass_fields__
                if k not in ("language_config", "vocab_size") and k in config}
-        return DelayConfig(language, vocab_size=int(lc["vocab_size"]), **ids)
+        return cls(language, vocab_size=int(lc["vocab_size"]), **ids)
     except KeyError as e:
         raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
 
