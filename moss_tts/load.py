@@ -14,9 +14,10 @@ from .tts import CodecTTS
 def tts_classes() -> dict[str, type[CodecTTS]]:
     """GGUF kind → the family's TTS class."""
     from .models.delay_tts import DelayTTS
+    from .models.local_tts import LocalTTS
     from .models.nano_tts import NanoTTS
 
-    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS)}
+    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS, LocalTTS)}
 
 
 def tts_class(model) -> type[CodecTTS]:
@@ -41,7 +42,7 @@ def tts_class(model) -> type[CodecTTS]:
 
 
 def load_tts(model, *, codec=None, backend=None, threads: int | None = None) -> CodecTTS:
-    """A model GGUF (or published directory) and its codec → NanoTTS or DelayTTS.
+    """A model GGUF (or published directory) and its codec → NanoTTS, DelayTTS or LocalTTS.
 
     >>> tts = load_tts("delay.gguf", codec="codec.gguf")                    # doctest: +SKIP
     >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP

@@ -50,13 +50,14 @@ class DelayTTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
+    DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
 
     def __init__(self, model: DelayModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
         f = model.weights.file
         if model.tokenizer_json is None:
             raise ModelFileError(f"{f.path}: no embedded tokenizer.json ({TOKENIZER_KEY}) — "
-                                 "re-convert with `moss_tts convert delay`")
+                                 f"re-convert with `moss_tts convert {self.FAMILY}`")
         self.tokenizer = QwenTokenizer.from_json(model.tokenizer_json, source=str(f.path))
         c = self.config
         self.ids = DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
@@ -107,7 +108,7 @@ class DelayTTS(CodecTTS):
         refs = None if reference is None else [reference.codes]
         return build_generation_rows(self.tokenizer, self.ids, text, references=refs,
                                      prompt_codes=None if prompt is None else prompt.codes,
-                                     normalize=normalize, **fields)
+                                     normalize=normalize, delayed=self.DELAYED, **fields)
 
     def forward(self, rows):
         """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits
