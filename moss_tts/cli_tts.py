@@ -21,17 +21,17 @@ SAMPLING_FLAGS = {"temperature": "audio_temperature", "top_k": "audio_top_k",
                   "top_p": "audio_top_p", "repetition_penalty": "audio_repetition_penalty",
                   "text_temperature": "text_temperature", "text_top_k": "text_top_k",
                   "text_top_p": "text_top_p"}
-# flags only one family takes: dest → (flag, family, the `stream` keyword it becomes)
+# flags only some families take: dest → (flag, families, the `stream` keyword it becomes)
 FAMILY_FLAGS = {
-    "prompt_text": ("--prompt-text", "nano", "prompt_text"),
-    "prompt_audio": ("--prompt-audio", "nano", None),          # encoded into `prompt`
-    "max_frames": ("--max-frames", "nano", "max_frames"),
-    "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", "nano", "max_text_tokens"),
-    "language": ("--language", "delay", "language"),
-    "instruction": ("--instruction", "delay", "instruction"),
-    "tokens": ("--tokens", "delay", "tokens"),
-    "seconds": ("--seconds", "delay", "seconds"),
-    "max_new_rows": ("--max-new-rows", "delay", "max_new_rows"),
+    "prompt_text": ("--prompt-text", ("nano",), "prompt_text"),
+    "prompt_audio": ("--prompt-audio", ("nano",), None),          # encoded into `prompt`
+    "max_frames": ("--max-frames", ("nano", "local"), "max_frames"),
+    "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", ("nano",), "max_text_tokens"),
+    "language": ("--language", ("delay", "local"), "language"),
+    "instruction": ("--instruction", ("delay", "local"), "instruction"),
+    "tokens": ("--tokens", ("delay", "local"), "tokens"),
+    "seconds": ("--seconds", ("delay", "local"), "seconds"),
+    "max_new_rows": ("--max-new-rows", ("delay",), "max_new_rows"),
 }
 
 
@@ -47,8 +47,8 @@ def model_path(spec: str):
 def check_family_flags(args, cls) -> None:
     """A flag the loaded family does not take → one line naming the flag and the family."""
     fields = {f.name for f in dataclasses.fields(cls.OPTIONS)}
-    unused = [flag for dest, (flag, family, _) in FAMILY_FLAGS.items()
-              if family != cls.FAMILY and getattr(args, dest) is not None]
+    unused = [flag for dest, (flag, families, _) in FAMILY_FLAGS.items()
+              if cls.FAMILY not in families and getattr(args, dest) is not None]
     unused += ["--" + dest.replace("_", "-") for dest, field in SAMPLING_FLAGS.items()
                if field not in fields and getattr(args, dest) is not None]
     if unused:
@@ -69,8 +69,8 @@ def sampling_options(args, options_class):
 
 
 def stream_keywords(args, family: str) -> dict:
-    return {word: getattr(args, dest) for dest, (_, fam, word) in FAMILY_FLAGS.items()
-            if fam == family and word is not None and getattr(args, dest) is not None}
+    return {word: getattr(args, dest) for dest, (_, fams, word) in FAMILY_FLAGS.items()
+            if family in fams and word is not None and getattr(args, dest) is not None}
 
 
 def _tts(args) -> int:
@@ -227,10 +227,11 @@ def _collect(chunks, tts, bar):
 def _family_defaults(field: str) -> str:
     """'nano 0.8, delay 1.7': each family's default for an options field, read from its
     dataclass (the help never repeats a number)."""
-    from .sampling import DelaySamplingOptions, SamplingOptions
+    from .sampling import DelaySamplingOptions, LocalSamplingOptions, SamplingOptions
 
     return ", ".join(f"{family} {getattr(cls(), field)}" for family, cls in
-                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions))
+                     (("nano", SamplingOptions), ("delay", DelaySamplingOptions),
+                      ("local", LocalSamplingOptions))
                      if hasattr(cls(), field))
 
 
@@ -239,7 +240,7 @@ def add_tts_commands(sub, common) -> None:
 
     for name, family, helptext in (
             ("tts", None, "text → speech with any MOSS-TTS model (the family is read from the "
-                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay))"),
+                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), MOSS-TTS-Local-Transformer)"),
             ("tts-nano", "nano", "text → 48 kHz stereo speech with MOSS-TTS-Nano")):
         p = sub.add_parser(name, help=helptext, parents=[common])
         _add_tts_flags(p, DEFAULT_NANO, DEFAULT_NANO_CODEC)

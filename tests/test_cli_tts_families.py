@@ -131,5 +131,5 @@ def test_help_shows_each_familys_default_from_its_dataclass(capsys):
     with pytest.raises(SystemExit):
         main(["tts", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(family default: nano 0.8, delay 1.7)" in text          # --temperature
-    assert "(family default: delay 50)" in text                     # --text-top-k
+    assert "(family default: nano 0.8, delay 1.7, local 1.0)" in text   # --temperature
+    assert "(family default: delay 50, local 50)" in text               # --text-top-k

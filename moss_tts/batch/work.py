@@ -22,7 +22,8 @@ SAMPLING_FIELDS = {"temperature": "audio_temperature", "text_temperature": "text
 
 # stream keywords a manifest line may give, per family (moss.kind); sampling options go to the
 # family's own options dataclass
-FAMILY_OPTIONS = {"nano": ("max_frames", "max_text_tokens"), "delay": ("max_new_rows",)}
+FAMILY_OPTIONS = {"nano": ("max_frames", "max_text_tokens"), "delay": ("max_new_rows",),
+                  "local": ("max_frames",)}
 
 
 class LineRunner:

@@ -80,14 +80,15 @@ class LocalTTS(DelayTTS):
     def stream(self, text: str, *, reference: Reference | None = None,
                prompt: Reference | None = None,
                options: LocalSamplingOptions = LocalSamplingOptions(), seed: int | None = None,
-               max_new_frames: int = MAX_NEW_FRAMES, n_vq_for_inference: int | None = None,
+               max_frames: int = MAX_NEW_FRAMES, n_vq_for_inference: int | None = None,
                chunk_frames: int = 0, normalize: bool = False, **fields) -> Iterator[np.ndarray]:
-        """Audio chunks [m, 1] as frames are generated — the audio-end row's codes included
-        (upstream decodes that trailing frame, P9). chunk_frames 0 sizes chunks by the adaptive
-        ladder (it follows the clock, so two runs may chunk differently and agree to f32
-        kernel order only), else that many frames each (bit-identical runs). With `prompt` (continuation) the prompt's frames
-        prime the codec and their audio is dropped, so the output continues the prompt audio.
-        n_vq_for_inference < n_vq generates and decodes that many codebooks (upstream's
+        """Audio chunks [m, 1] as frames are generated (at most max_frames, the name Nano's
+        `stream` gives its budget), the audio-end row's codes included (upstream decodes that
+        trailing frame, P9). chunk_frames 0 sizes chunks by the adaptive ladder (it follows
+        the clock, so two runs may chunk differently and agree to f32 kernel order only), else
+        that many frames each (bit-identical runs). With `prompt` (continuation) the prompt's
+        frames prime the codec and their audio is dropped, so the output continues the prompt
+        audio. n_vq_for_inference < n_vq generates and decodes that many codebooks (upstream's
         processor would decode its zero-filled channels as code 0; decoding the first n is
         the codec's variable-bitrate route)."""
         codec = self._need_codec()
@@ -98,7 +99,7 @@ class LocalTTS(DelayTTS):
                              f"{chunk_frames}")
         rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
         frames = (row[1:1 + n] for row in self.model.iter_rows(
-            rows, options=options, seed=seed, max_new_frames=max_new_frames,
+            rows, options=options, seed=seed, max_new_frames=max_frames,
             n_vq_for_inference=n))
         with codec.stream_decoder(n_quantizers=n) as decoder:
             if prompt is not None and len(prompt.codes):

@@ -48,7 +48,8 @@ def test_config_and_every_tensor_arrive_under_their_gguf_names(checkpoint, conve
         assert sorted(w.names()) == sorted(cfg.tensor_shapes())
         pairs = {"token_embd.weight": "model.embedding_list.0.weight",
                  "output.weight": "lm_heads.0.weight",
-                 "blk.1.attn_k_norm.weight": "model.language_model.layers.1.self_attn.k_norm.weight",
+                 "blk.1.attn_k_norm.weight":
+                     "model.language_model.layers.1.self_attn.k_norm.weight",
                  "local.blk.0.attn_q.weight": "local_transformer.layers.0.self_attn.q_proj.weight",
                  "local.blk.1.ffn_down.weight": "local_transformer.layers.1.mlp.down_proj.weight",
                  "local.output_norm.weight": "local_transformer.norm.weight",

@@ -40,6 +40,7 @@ def tts(local_files, v1_codec):
 
 def offline(tts, text, n_vq=None, **kw):
     """Decode the generated rows' codes at once (every row is a frame, the last one too)."""
+    kw["max_new_frames"] = kw.pop("max_frames")
     rows = tts.model.generate(tts.plan(text), n_vq_for_inference=n_vq, **kw)
     n = n_vq or N_VQ
     return tts.codec.decode(rows[:, 1:1 + n].T, n_quantizers=n), rows
@@ -50,7 +51,7 @@ def offline(tts, text, n_vq=None, **kw):
     ids=["greedy_adaptive", "greedy_1", "greedy_3", "sampled_adaptive"])
 def test_stream_equals_synthesize_equals_offline_decode(tts, options, seed, chunk):
     text = "Hello there."
-    kw = dict(options=options, seed=seed, max_new_frames=12)
+    kw = dict(options=options, seed=seed, max_frames=12)
     chunks = list(tts.stream(text, chunk_frames=chunk, **kw))
     audio, sr = tts.synthesize(text, chunk_frames=chunk, **kw)
     assert sr == SAMPLE_RATE and audio.shape[1] == 1
@@ -68,8 +69,8 @@ def test_stream_equals_synthesize_equals_offline_decode(tts, options, seed, chun
 def test_the_audio_end_row_is_decoded_as_a_trailing_frame(tts):
     """P9: the row whose text token is audio_end still carries sampled codes; they are the
     last frame of the audio."""
-    audio, _ = tts.synthesize("Hi.", options=GREEDY, max_new_frames=12)
-    _, rows = offline(tts, "Hi.", options=GREEDY, max_new_frames=12)
+    audio, _ = tts.synthesize("Hi.", options=GREEDY, max_frames=12)
+    _, rows = offline(tts, "Hi.", options=GREEDY, max_frames=12)
     assert rows[-1, 0] == END and (rows[:-1, 0] == GEN).all()
     assert len(audio) == len(rows) * HOP
     without = tts.codec.decode(rows[:-1, 1:].T)
@@ -83,18 +84,18 @@ def test_adaptive_ladder_is_upstreams():
 
 
 def test_adaptive_chunks_start_with_four_frames(tts):
-    chunks = list(tts.stream("Hello there.", options=GREEDY, max_new_frames=12))
+    chunks = list(tts.stream("Hello there.", options=GREEDY, max_frames=12))
     if len(chunks) > 1:
         assert len(chunks[0]) == 4 * HOP
 
 
 def test_fewer_codebooks_generate_and_decode_that_many(tts):
-    audio, _ = tts.synthesize("Hello there.", options=GREEDY, max_new_frames=8,
+    audio, _ = tts.synthesize("Hello there.", options=GREEDY, max_frames=8,
                               n_vq_for_inference=2)
-    want, rows = offline(tts, "Hello there.", n_vq=2, options=GREEDY, max_new_frames=8)
+    want, rows = offline(tts, "Hello there.", n_vq=2, options=GREEDY, max_frames=8)
     assert (rows[:, 3:] == 0).all()
     assert_close(audio, want, atol=DECODE_ATOL, what="n_vq 2")
-    full, _ = tts.synthesize("Hello there.", options=GREEDY, max_new_frames=8)
+    full, _ = tts.synthesize("Hello there.", options=GREEDY, max_frames=8)
     assert full.shape != audio.shape or not np.array_equal(full, audio)
 
 
@@ -129,9 +130,10 @@ def test_continuation_stream_continues_the_prompt_audio(tts):
     offline decode of prompt + generated frames minus the prompt's samples (upstream trims the
     first segment by the same ratio)."""
     prompt = Reference(np.random.default_rng(9).integers(0, 64, size=(6, N_VQ)))
-    kw = dict(options=GREEDY, max_new_frames=10)
-    got = np.concatenate(list(tts.stream("Prompt words. New words.", prompt=prompt, **kw)))
-    generated = tts.model.generate(tts.plan("Prompt words. New words.", prompt=prompt), **kw)
+    got = np.concatenate(list(tts.stream("Prompt words. New words.", prompt=prompt,
+                                         options=GREEDY, max_frames=10)))
+    generated = tts.model.generate(tts.plan("Prompt words. New words.", prompt=prompt),
+                                   options=GREEDY, max_new_frames=10)
     full = tts.codec.decode(np.vstack([prompt.codes, generated[:, 1:]]).T)
     assert_close(got, full[len(prompt.codes) * HOP:], atol=DECODE_ATOL,
                  what="continuation stream vs offline decode minus the prompt")
@@ -146,8 +148,8 @@ def test_voice_clone_reference_goes_through_the_codec_into_the_prompt(tts):
     assert voice.codes.shape == (len(t) // HOP, N_VQ)
     rows = tts.plan("Hi.", reference=voice)
     assert (rows[:, 0] == tts.config.audio_user_slot_token_id).sum() == len(voice.codes)
-    audio, _ = tts.synthesize("Hi.", reference=voice, options=GREEDY, max_new_frames=8)
-    plain, _ = tts.synthesize("Hi.", options=GREEDY, max_new_frames=8)
+    audio, _ = tts.synthesize("Hi.", reference=voice, options=GREEDY, max_frames=8)
+    plain, _ = tts.synthesize("Hi.", options=GREEDY, max_frames=8)
     assert audio.size and np.isfinite(audio).all()
     assert plain.shape != audio.shape or not np.array_equal(plain, audio)
 
