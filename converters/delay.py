@@ -101,20 +101,23 @@ def default_head_type(outtype: GGMLType) -> GGMLType:
     return outtype if outtype in (F32, F16, BF16, HEAD_FLOOR) else HEAD_FLOOR
 
 
-def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
-    """A type per group: block linears (`blk.*`) in outtype, the text and audio heads in
-    `head` (default `default_head_type(outtype)`), the embedding tables (token_embd, emb_ext.*) in
-    `embed` (design §4 keeps them f32; ggml reads rows of any type), norms f32."""
-    outtype = weight_type(outtype)
-    head = weight_type(head, "head type") if head is not None else default_head_type(outtype)
-    embed = weight_type(embed, "embed type")
+def delay_group(name: str) -> str:
+    """A Delay GGUF tensor's type group: block linears, heads, or else embedding tables."""
+    if name.startswith("blk."):
+        return "block"
+    return "head" if name in (TEXT_HEAD, AUDIO_HEADS) else "embed"
+
+
+def tensor_types(outtype="f32", *, head=None, embed="f32", group=delay_group) -> TypeFor:
+    """A type per group (`group(name)`): block linears in outtype, the text and audio heads in
+    `head` (default `default_head_type(outtype)`), the embedding tables in `embed` (design §4
+    keeps them f32; ggml reads rows of any type), norms f32."""
+    types = {"block": weight_type(outtype), "embed": weight_type(embed, "embed type"),
+             "head": weight_type(head, "head type") if head is not None
+             else default_head_type(weight_type(outtype))}
 
     def type_for(name: str, spec) -> GGMLType:
-        if spec.ndim != 2:
-            return F32
-        if name.startswith("blk."):
-            return fitted(outtype, spec)
-        return fitted(head if name in (TEXT_HEAD, AUDIO_HEADS) else embed, spec)
+        return F32 if spec.ndim != 2 else fitted(types[group(name)], spec)
     return type_for
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from moss_tts.errors import ConfigError
-from moss_tts.ggml.types import F32, GGMLType
 from moss_tts.models.local import (AUDIO_EMBED, AUDIO_HEAD, FORMAT_VERSION, HEAD_NORM, KIND,
                                    LOCAL, TEXT_EMBED, TEXT_HEAD, TOKENIZER_KEY, LocalConfig)
 
-from .delay import default_head_type, find_tokenizer, with_language_config
-from .gguf_io import Lazy, TypeFor, fitted, weight_type
+from .delay import find_tokenizer, tensor_types, with_language_config
+from .gguf_io import Lazy
 from .registry import convert_checkpoint
 
 MODEL = "model."
@@ -82,24 +81,13 @@ def map_tensors(ckpt, cfg: LocalConfig) -> tuple[dict[str, Lazy], list[str]]:
     return out, unmapped
 
 
-def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
-    """A type per group: every matmul of the backbone, the depth stack and the adapters in
-    outtype; the heads in `head` (default: outtype, not below q8_0, as Delay's, P21); the
-    embedding tables in `embed` (f32 by default: ggml reads rows of any type) — a tied text
-    table too; norms f32."""
-    outtype = weight_type(outtype)
-    head = weight_type(head, "head type") if head is not None else default_head_type(outtype)
-    embed = weight_type(embed, "embed type")
-
-    def type_for(name: str, spec) -> GGMLType:
-        if spec.ndim != 2:
-            return F32
-        if name.startswith("lm_heads.") or name == TEXT_HEAD:
-            return fitted(head, spec)
-        if name.startswith("embedding_list.") or name == TEXT_EMBED:
-            return fitted(embed, spec)
-        return fitted(outtype, spec)
-    return type_for
+def local_group(name: str) -> str:
+    """A Local GGUF tensor's type group (converters.delay.tensor_types): the text and audio
+    heads; the embedding tables (a tied text table too); every other matrix — backbone, depth
+    stack and adapters — a block linear."""
+    if name.startswith("lm_heads.") or name == TEXT_HEAD:
+        return "head"
+    return "embed" if name.startswith("embedding_list.") or name == TEXT_EMBED else "block"
 
 
 def convert(model: str, out, *, outtype: str = "f32", head_type: str | None = None,
@@ -108,4 +96,5 @@ def convert(model: str, out, *, outtype: str = "f32", head_type: str | None = No
                               map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
                               version=FORMAT_VERSION, strict=strict, progress=progress,
                               refine=tied_head,
-                              type_for=tensor_types(outtype, head=head_type, embed=embed_type))
+                              type_for=tensor_types(outtype, head=head_type, embed=embed_type,
+                                                    group=local_group))

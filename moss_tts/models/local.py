@@ -24,7 +24,7 @@ from ..nn import CacheView, last_row, mlp, rms_norm
 from ..nn.session import DecodeSession
 from ..sampling import LocalSamplingOptions, apply_repetition_penalty, check_finite, seen_per_head
 from . import qwen3, spec
-from .delay import pick
+from .delay import check_ids, check_rows, pick
 
 KIND = "local"
 FORMAT_VERSION = 1
@@ -67,15 +67,7 @@ class LocalConfig:
     tie_text_head: int = 0       # 1: lm_heads.0 is embedding_list.0, stored once
 
     def __post_init__(self):
-        if not 0 <= self.audio_pad_code <= self.audio_vocab_size:
-            raise ConfigError(f"Local: audio_pad_code {self.audio_pad_code} is outside the "
-                              f"{self.audio_vocab_size + 1} rows of each audio table")
-        top = max(self.pad_token_id, self.im_start_token_id, self.im_end_token_id,
-                  self.audio_user_slot_token_id, self.audio_assistant_gen_slot_token_id,
-                  self.audio_start_token_id, self.audio_end_token_id)
-        if top >= self.vocab_size:
-            raise ConfigError(f"Local: special id {top} lies outside the text vocabulary of "
-                              f"{self.vocab_size}")
+        check_ids(self, "Local")
         if self.n_vq < 1 or self.local_num_layers < 1:
             raise ConfigError(f"Local: n_vq {self.n_vq} and local_num_layers "
                               f"{self.local_num_layers} must be at least 1")
@@ -165,21 +157,6 @@ class LocalWeights:
 
 
 # -- host-side inputs -------------------------------------------------------------------------
-def check_rows(rows, cfg: LocalConfig) -> np.ndarray:
-    """rows int [S, 1 + n_vq] with text ids in the vocabulary and codes in the tables."""
-    rows = np.asarray(rows)
-    if rows.dtype.kind not in "iu":
-        raise InputError(f"rows must be integers, got dtype {rows.dtype}")
-    if rows.ndim != 2 or rows.shape[1] != cfg.n_vq + 1 or rows.shape[0] == 0:
-        raise InputError(f"rows must have shape [S, {cfg.n_vq + 1}], got {rows.shape}")
-    if rows[:, 0].min() < 0 or rows[:, 0].max() >= cfg.vocab_size:
-        raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
-    if rows[:, 1:].min() < 0 or rows[:, 1:].max() >= cfg.audio_rows:
-        raise InputError(f"audio codes must lie in [0, {cfg.audio_rows}) (the pad code "
-                         f"{cfg.audio_pad_code} included)")
-    return rows
-
-
 def check_n_vq(n_vq: int | None, cfg: LocalConfig) -> int:
     """n_vq_for_inference: None = all; 1..n_vq codebooks are generated (variable bitrate)."""
     if n_vq is None:

@@ -16,6 +16,7 @@ from fixtures.reference import nano as ref
 from moss_tts.ggml import Weights, get_backend
 from moss_tts.models.nano import NanoModel
 from moss_tts.models.nano_tts import NanoTTS
+from tests.models.local_fixtures import local_files, local_model  # noqa: F401 (MossTTSLocal)
 
 # The tiny models' ops take microseconds; on a shared machine several ggml threads mostly wait on
 # each other (tests/codec/conftest.py measured 10× slower on 2 loaded cores).

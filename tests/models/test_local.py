@@ -15,7 +15,6 @@ from moss_tts.ggml import Weights, get_backend
 from moss_tts.models.local import LocalConfig, LocalModel
 from moss_tts.models.qwen3 import Qwen3Config
 from moss_tts.sampling import LocalSamplingOptions
-from tests.models.local_fixtures import local_files, local_model  # noqa: F401 (fixtures)
 
 # f32 ggml vs float64 through 2 Qwen3 blocks (bf16-valued weights are exact in f32) and the
 # final norm: measured ≤ 1e-6 on |h| ≲ 4. The depth logits add the adapters, 2 more blocks,

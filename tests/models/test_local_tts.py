@@ -17,7 +17,7 @@ from moss_tts.errors import InputError, ModelFileError
 from moss_tts.models.local_tts import LocalTTS, ladder_chunk
 from moss_tts.sampling import LocalSamplingOptions
 from moss_tts.tts import TTS, Reference
-from tests.models.local_fixtures import THREADS, local_files  # noqa: F401 (fixture)
+from tests.models.local_fixtures import THREADS
 
 # the codec's streaming decoder equals its offline decode up to f32 kernel order (codecs tests)
 DECODE_ATOL = 1e-5
