@@ -32,6 +32,7 @@ FAMILY_FLAGS = {
     "tokens": ("--tokens", ("delay", "local"), "tokens"),
     "seconds": ("--seconds", ("delay", "local"), "seconds"),
     "max_new_rows": ("--max-new-rows", ("delay",), "max_new_rows"),
+    "n_vq": ("--n-vq", ("local",), "n_vq_for_inference"),
 }
 
 
@@ -288,9 +289,13 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
         p.add_argument(flag, type=kind, default=None,
                        help=f"{what} (family default: {_family_defaults(field)})")
     p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
-                   default=None, help="Nano: hard cap of frames per text chunk (80 ms each)")
+                   default=None, help="Nano: hard cap of frames per text chunk (80 ms each); "
+                   "Local: cap of generated frames")
     p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=None,
                    help="Nano: text tokens per chunk of a long text, 1-250")
     p.add_argument("--max-new-rows", type=positive_int, default=None,
                    help="Delay: cap of generated rows (frames plus the staircase)")
+    p.add_argument("--n-vq", type=positive_int, default=None,
+                   help="Local: codebooks to generate and decode, 1-32 (variable bitrate; "
+                        "default all)")
     _add_runtime_flags(p)

@@ -55,6 +55,23 @@ def test_tts_command_equals_the_api(files, tmp_path):
     np.testing.assert_allclose(audio, want, atol=1e-5)
 
 
+def test_n_vq_flag_reaches_the_model(files, tmp_path):
+    out = tmp_path / "n.wav"
+    r = cli("tts", "--model", files.model, "--codec", files.codec, "--text", TEXT, "--seed", 7,
+            "--max-frames", 6, "--n-vq", 2, "--threads", 1, "--sample-format", "f32", "-o", out)
+    assert r.returncode == 0, r.stderr
+    audio, _ = sf.read(out, dtype="float32", always_2d=True)
+    with LocalTTS.load(files.model, codec=files.codec, threads=1) as tts:
+        want, _ = tts.synthesize(TEXT, seed=7, max_frames=6, n_vq_for_inference=2)
+        full, _ = tts.synthesize(TEXT, seed=7, max_frames=6)
+    np.testing.assert_allclose(audio, want, atol=1e-5)
+    assert full.shape != want.shape or not np.allclose(full, want, atol=1e-5)
+    r = cli("tts", "--model", files.model, "--codec", files.codec, "--text", TEXT, "--n-vq", 9,
+            "-o", tmp_path / "bad.wav")
+    assert r.returncode != 0 and "n_vq_for_inference must be a whole number in 1..4" in \
+        r.stderr.decode()
+
+
 @pytest.mark.parametrize("flag", [["--max-new-rows", "5"], ["--prompt-text", "a",
                                                              "--prompt-audio", "x.wav"]])
 def test_another_familys_flag_is_refused_in_one_line(files, flag, tmp_path):
