@@ -267,8 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=12, help=f"≥ {FIRST_CHUNK} (first audio)")
     ap.add_argument("--prompt", type=int, default=200, help="prompt rows (a voice clone)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--data", default=os.environ.get("MOSS_TTS_BENCH_DATA",
-                                                     str(ROOT / "bench" / "results" / "local_data")),
+    default_data = str(ROOT / "bench" / "results" / "local_data")
+    ap.add_argument("--data", default=os.environ.get("MOSS_TTS_BENCH_DATA", default_data),
                     help="where the random-weight files are written once and reused")
     ap.add_argument("--no-peer", action="store_true", help="skip upstream PyTorch")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
