@@ -1,5 +1,6 @@
 """Upstream's MossTTSLocal in PyTorch f32 on bench/local.py's random weights: the peer of its
-per-frame table. Not a package dependency: needs `pip install torch transformers` and the
+per-frame table; and `python bench/local_upstream.py [SRC]`, a check that our greedy frames
+equal upstream's modules' on the tiny test checkpoints. Not a package dependency: needs `pip install torch transformers` and the
 upstream OpenMOSS/MOSS-TTS code (a clone or a bare mirror) in --upstream-src or
 $MOSS_TTS_UPSTREAM_TTS.
 
@@ -21,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import median
-from moss_tts.ggml.types import F32
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import median  # noqa: E402
+from moss_tts.ggml.types import F32  # noqa: E402
 
 ENV = "MOSS_TTS_UPSTREAM_TTS"
 FILES = ("configuration_moss_tts.py", "modeling_moss_tts.py")
@@ -175,3 +178,71 @@ def run_upstream(cfg, values: dict, rows: np.ndarray, frames: int, threads: int 
                   "prefill_ms": 1e3 * prefill,
                   "first_audio_ms": 1e3 * (prefill + sum(sum(p.values()) for p in parts[:4])),
                   "threads": torch.get_num_threads()}
+
+
+def greedy_rows(modeling, conf, cfg, state: dict, rows: np.ndarray, frames: int) -> np.ndarray:
+    """Upstream's modules greedy (`_sample` with do_sample False: the repetition penalty, then
+    argmax), the backbone recomputed over the whole sequence each frame."""
+    import torch
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    model = modeling.MossTTSDelayModel(upstream_config(conf, cfg)).float().eval()
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in
+                           state.items()}, strict=True)
+    penalty, ids, new = RepetitionPenaltyLogitsProcessor(1.1), torch.from_numpy(rows)[None], []
+    with torch.inference_mode():
+        for _ in range(frames):
+            g = model.model(input_ids=ids).last_hidden_state[:, -1, :]
+            inputs, tokens = torch.zeros(1, 0, cfg.local_hidden_size), []
+            current = model.speech_embedding_to_local_mlp(g)
+            for c in range(cfg.n_vq + 1):
+                inputs = torch.cat([inputs, current[:, None]], 1)
+                h = model.local_transformer(input_ids=None, attention_mask=None,
+                                            inputs_embeds=inputs)[0]
+                logits = model.lm_heads[c](model.layer_norm_before_lm_heads[c](
+                    model.local_to_speech_embedding_mlps[c](h))[:, -1, :])
+                if c:
+                    logits[:, cfg.audio_pad_code] = -torch.inf
+                    logits = penalty(ids[..., c], logits)
+                tokens.append(torch.argmax(logits, -1))
+                current = model.speech_embedding_to_local_mlp(
+                    model.model.embedding_list[c](tokens[-1]))
+            row = torch.stack(tokens, -1)[:, None]
+            ids = torch.cat([ids, row], 1)
+            new.append(row[0, 0].numpy())
+            if int(row[0, 0, 0]) == cfg.audio_end_token_id:
+                break
+    return np.array(new, dtype=np.int64)
+
+
+def check(src: str | None = None) -> int:
+    """Ours == upstream's modules, greedy frame for frame, on the tiny test checkpoints."""
+    from converters.local import convert, local_config
+    from fixtures.make_local import make_state, make_tiny_local_checkpoint, tiny_config
+    from moss_tts.ggml import F32 as F32_KV, Weights, get_backend
+    from moss_tts.models.local import LocalModel
+    from moss_tts.sampling import LocalSamplingOptions
+    from tests.models.test_local import prompt_rows
+
+    modeling, conf = upstream_package(src)
+    failed = 0
+    for seed, prompt in ((1, 7), (4, 3), (2, 4)):
+        with tempfile.TemporaryDirectory() as d:
+            ckpt = make_tiny_local_checkpoint(Path(d) / "hf", seed=seed, speech=True)
+            model = LocalModel(Weights.load(convert(str(ckpt), Path(d) / "l.gguf", strict=True),
+                                            get_backend(None, 1)), kv_type=F32_KV)
+            rows = prompt_rows(prompt)
+            ours = model.generate(rows, options=LocalSamplingOptions(
+                text_temperature=0, audio_temperature=0), max_new_frames=10)
+            model.close()
+        theirs = greedy_rows(modeling, conf, local_config(tiny_config()),
+                             make_state(tiny_config(), seed, True), rows, 10)
+        same = np.array_equal(ours, theirs)
+        failed += not same
+        print(f"seed {seed}, prompt {prompt}: {len(ours)} frames, "
+              f"{'equal' if same else 'DIFFERENT'}")
+    return failed
+
+
+if __name__ == "__main__":
+    raise SystemExit(check(sys.argv[1] if len(sys.argv) > 1 else None))
