@@ -18,8 +18,9 @@ FAMILIES = {
 # `convert` flags only some families take: flag → (families, help). Each reaches the family's
 # `convert()` as the keyword of the same name (--head-type → head_type) when given.
 FAMILY_FLAGS = {
-    "--head-type": (("delay", "local"), "type of the text and audio heads (default: --outtype, but "
-                                "q8_0 when that is lower: a quantized text head costs WER)"),
+    "--head-type": (("delay", "local"), "type of the text and audio heads (default: --outtype, "
+                                         "but q8_0 when that is lower: a quantized text head "
+                                         "costs WER)"),
     "--embed-type": (("delay", "local"), "type of the embedding tables (default f32)"),
 }
 
