@@ -22,15 +22,12 @@ from moss_tts.models.delay import (AUDIO_HEADS, FORMAT_VERSION, KIND, TEXT_HEAD,
                                    DelayConfig)
 from moss_tts.models.qwen3 import Qwen3Config
 
-from .gguf_io import Lazy, TypeFor, fitted, weight_type
+from .gguf_io import Lazy, TypeFor, group_types
 from .registry import convert_checkpoint
 
 BACKBONE = "language_model."
 # Keys the runtime never reads, each with the reason (C21: nothing is dropped silently).
 IGNORED = {"language_model.rotary_emb.inv_freq": "RoPE frequencies are recomputed"}
-# P21: upstream's llama.cpp route quantizes the text head with the backbone, and that alone
-# raises EN WER 1.79 → 2.8-3.2 %; so the heads go below q8_0 only when asked to
-HEAD_FLOOR = GGMLType.Q8_0
 
 
 def qwen3_config(c: dict) -> Qwen3Config:
@@ -56,12 +53,18 @@ def delay_config(config: dict) -> DelayConfig:
     if "local_num_layers" in config or "gpt2_config" in config:   # P26: V2 / V2b say the same
         raise ConfigError("this checkpoint has a local transformer (MOSS-TTS-Local), not the "
                           "MossTTSDelay layout")
+    return with_language_config(DelayConfig, config)
+
+
+def with_language_config(cls, config: dict):
+    """A model config `cls` from config.json: the Qwen3 `language_config`, its vocab_size, and
+    every other field of `cls` that config.json sets (the rest keep upstream's defaults)."""
     try:
         lc = config["language_config"]
         language = qwen3_config(lc)
-        ids = {k: int(config[k]) for k in DelayConfig.__dataclass_fields__
+        ids = {k: int(config[k]) for k in cls.__dataclass_fields__
                if k not in ("language_config", "vocab_size") and k in config}
-        return DelayConfig(language, vocab_size=int(lc["vocab_size"]), **ids)
+        return cls(language, vocab_size=int(lc["vocab_size"]), **ids)
     except KeyError as e:
         raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
 
@@ -102,33 +105,17 @@ def map_tensors(ckpt, cfg: DelayConfig) -> tuple[dict[str, Lazy], list[str]]:
     return out, unmapped
 
 
-def default_head_type(outtype: GGMLType) -> GGMLType:
-    """The heads' default type: outtype, but not below q8_0 (P21)."""
-    return outtype if outtype in (F32, F16, BF16, HEAD_FLOOR) else HEAD_FLOOR
-
-
-def group_types(outtype, head, embed, *, is_block, is_head) -> TypeFor:
-    """A type per group: block linears (`is_block(name)`) in outtype, heads (`is_head(name)`)
-    in `head` (default `default_head_type(outtype)`), the other matrices — embedding tables —
-    in `embed` (design §4 keeps them f32; ggml reads rows of any type), norms f32."""
-    outtype = weight_type(outtype)
-    head = weight_type(head, "head type") if head is not None else default_head_type(outtype)
-    embed = weight_type(embed, "embed type")
-
-    def type_for(name: str, spec) -> GGMLType:
-        if spec.ndim != 2:
-            return F32
-        if is_block(name):
-            return fitted(outtype, spec)
-        return fitted(head if is_head(name) else embed, spec)
-    return type_for
+def delay_group(name: str) -> str:
+    """A Delay GGUF tensor's type group (gguf_io.group_types): block linears, the text and
+    stacked audio heads, else embedding tables."""
+    if name.startswith("blk."):
+        return "block"
+    return "head" if name in (TEXT_HEAD, AUDIO_HEADS) else "embed"
 
 
 def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
-    """`group_types` of Delay: blocks `blk.*`, heads the text head and the stacked audio
-    heads, tables token_embd and emb_ext.*."""
-    return group_types(outtype, head, embed, is_block=lambda n: n.startswith("blk."),
-                       is_head=lambda n: n in (TEXT_HEAD, AUDIO_HEADS))
+    """Delay's types per group (`delay_group`)."""
+    return group_types(delay_group, outtype, head=head, embed=embed)
 
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,

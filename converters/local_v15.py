@@ -24,7 +24,7 @@ from moss_tts.models.local_v15 import (DECISION_HEAD, FORMAT_VERSION, KIND, LOCA
 from moss_tts.models.qwen3 import Qwen3Config
 
 from .delay import find_tokenizer
-from .gguf_io import Lazy, TypeFor, fitted, weight_type
+from .gguf_io import Lazy, TypeFor, group_types
 from .registry import convert_checkpoint
 
 BACKBONE = "transformer."
@@ -132,18 +132,17 @@ def map_tensors(ckpt, cfg: LocalV15Config) -> tuple[dict[str, Lazy], list[str]]:
     return out, unmapped
 
 
-def tensor_types(outtype="f32", *, embed="f32") -> TypeFor:
-    """Block linears (`blk.*`, the local block's) in outtype; the text and audio tables (the
-    audio ones are also the heads) in `embed`; norms, biases and the 2-way head f32."""
-    outtype, embed = weight_type(outtype), weight_type(embed, "embed type")
+def local_v15_group(name: str) -> str:
+    """A Local v1.5 GGUF tensor's type group (gguf_io.group_types): the backbone's and the local
+    block's linears; the 2-way head kept f32; the text and audio tables (the audio ones are the
+    heads too) as tables."""
+    if name == DECISION_HEAD:
+        return "f32"
+    return "block" if name.startswith(("blk.", f"{LOCAL}.h.")) else "embed"
 
-    def type_for(name: str, spec) -> GGMLType:
-        if spec.ndim != 2 or name == DECISION_HEAD:
-            return F32
-        if name.startswith(("blk.", f"{LOCAL}.h.")):
-            return fitted(outtype, spec)
-        return fitted(embed, spec)
-    return type_for
+
+def tensor_types(outtype="f32", *, embed="f32") -> TypeFor:
+    return group_types(local_v15_group, outtype, embed=embed)
 
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", embed_type: str = "f32",

@@ -22,8 +22,8 @@ from moss_tts.models import spec
 from moss_tts.models.realtime import (FORMAT_VERSION, KIND, LOCAL_LAYER, LOCAL_NORM, TEXT_TABLE,
                                       TOKENIZER_KEY, RealtimeConfig)
 
-from .delay import find_tokenizer, group_types, qwen3_config
-from .gguf_io import Lazy, TypeFor
+from .delay import find_tokenizer, qwen3_config
+from .gguf_io import Lazy, TypeFor, group_types
 from .registry import convert_checkpoint
 
 BACKBONE = "language_model."
@@ -88,12 +88,16 @@ def map_tensors(ckpt, cfg: RealtimeConfig) -> tuple[dict[str, Lazy], list[str]]:
     return out, unmapped
 
 
+def realtime_group(name: str) -> str:
+    """A Realtime GGUF tensor's type group (gguf_io.group_types): the backbone's and the local
+    transformer's block linears, the local heads, else the text, audio and local tables."""
+    if name.startswith(("blk.", "local.blk.")):
+        return "block"
+    return "head" if name.startswith("local.lm_heads.") else "embed"
+
+
 def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
-    """`group_types` of Realtime: blocks of the backbone and the local transformer, heads the
-    local heads, tables the text, audio and local input tables."""
-    return group_types(outtype, head, embed,
-                       is_block=lambda n: n.startswith(("blk.", "local.blk.")),
-                       is_head=lambda n: n.startswith("local.lm_heads."))
+    return group_types(realtime_group, outtype, head=head, embed=embed)
 
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,

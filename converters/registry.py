@@ -13,6 +13,7 @@ FAMILIES = {
     "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
     "nano": ("converters.nano", "MOSS-TTS-Nano"),
     "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
+    "local": ("converters.local", "MOSS-TTS-Local-Transformer (MossTTSLocal, 1.7B)"),
     "local-v15": ("converters.local_v15", "MOSS-TTS-Local-Transformer-v1.5 (4B)"),
     "realtime": ("converters.realtime", "MOSS-TTS-Realtime (MossTTSRealtime)"),
 }
@@ -22,10 +23,10 @@ HUB_OUTTYPE = {"delay": "q8_0"}
 # `convert` flags only some families take: flag → (families, help). Each reaches the family's
 # `convert()` as the keyword of the same name (--head-type → head_type) when given.
 FAMILY_FLAGS = {
-    "--head-type": (("delay", "realtime"), "type of the text and audio heads (default: "
+    "--head-type": (("delay", "local", "realtime"), "type of the text and audio heads (default: "
                                             "--outtype, but q8_0 when that is lower: a quantized "
                                             "text head costs WER)"),
-    "--embed-type": (("delay", "local-v15", "realtime"),
+    "--embed-type": (("delay", "local", "local-v15", "realtime"),
                      "type of the embedding tables (default f32; Local v1.5's audio tables are "
                      "its heads too)"),
 }
@@ -89,16 +90,20 @@ def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[st
 
 def convert_checkpoint(model: str, out, *, parse_config, find_tokenizer, map_tensors,
                        tokenizer_key: str, kind: str, version: int, type_for, strict: bool,
-                       progress=None) -> Path:
+                       progress=None, refine=None) -> Path:
     """The common route of a TTS converter: resolve the checkpoint, parse its config.json,
-    embed its tokenizer, map its tensors lazily, then `finish`."""
+    embed its tokenizer, map its tensors lazily, then `finish`. `refine(cfg, ckpt) -> cfg`
+    settles what only the tensors tell (a tied head stored once)."""
     from .checkpoint import open_checkpoint, read_config, resolve_model_dir
 
     model_dir = resolve_model_dir(model)
     cfg = parse_config(read_config(model_dir))
-    meta = cfg.to_metadata() | {tokenizer_key: find_tokenizer(model_dir)}
+    tokenizer = find_tokenizer(model_dir)
     # closed on every way out: a failed conversion keeps no checkpoint file mapped
     with open_checkpoint(model_dir) as ckpt:
+        if refine is not None:
+            cfg = refine(cfg, ckpt)
+        meta = cfg.to_metadata() | {tokenizer_key: tokenizer}
         tensors, unmapped = map_tensors(ckpt, cfg)
         return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(), meta, kind=kind,
                       version=version, type_for=type_for, strict=strict, progress=progress)

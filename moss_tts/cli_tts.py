@@ -24,16 +24,17 @@ SAMPLING_FLAGS = {"temperature": "audio_temperature", "top_k": "audio_top_k",
                   "text_top_p": "text_top_p"}
 # flags only some families take: dest → (flag, families, the `stream` keyword it becomes)
 FAMILY_FLAGS = {
-    "prompt_text": ("--prompt-text", ("nano", "delay", "local-v15"), "prompt_text"),
-    "prompt_audio": ("--prompt-audio", ("nano", "delay", "local-v15"), None),   # → `prompt`
-    "max_frames": ("--max-frames", ("nano", "local-v15", "realtime"), "max_frames"),
+    "prompt_text": ("--prompt-text", ("nano", "delay", "local", "local-v15"), "prompt_text"),
+    "prompt_audio": ("--prompt-audio", ("nano", "delay", "local", "local-v15"), None),  # prompt
+    "max_frames": ("--max-frames", ("nano", "local", "local-v15", "realtime"), "max_frames"),
     "voice_clone_max_text_tokens": ("--voice-clone-max-text-tokens", ("nano",),
                                     "max_text_tokens"),
-    "language": ("--language", ("delay", "local-v15"), "language"),
-    "instruction": ("--instruction", ("delay", "local-v15"), "instruction"),
-    "tokens": ("--tokens", ("delay", "local-v15"), "tokens"),
-    "seconds": ("--seconds", ("delay", "local-v15"), "seconds"),
+    "language": ("--language", ("delay", "local", "local-v15"), "language"),
+    "instruction": ("--instruction", ("delay", "local", "local-v15"), "instruction"),
+    "tokens": ("--tokens", ("delay", "local", "local-v15"), "tokens"),
+    "seconds": ("--seconds", ("delay", "local", "local-v15"), "seconds"),
     "max_new_rows": ("--max-new-rows", ("delay",), "max_new_rows"),
+    "n_vq": ("--n-vq", ("local",), "n_vq_for_inference"),
 }
 
 
@@ -236,12 +237,12 @@ def _collect(chunks, tts, bar):
 def _family_defaults(field: str) -> str:
     """'nano 0.8, delay 1.7': each family's default for an options field, read from its
     dataclass (the help never repeats a number)."""
-    from .sampling import (DelaySamplingOptions, LocalV15SamplingOptions,
+    from .sampling import (DelaySamplingOptions, LocalSamplingOptions, LocalV15SamplingOptions,
                            RealtimeSamplingOptions, SamplingOptions)
 
     return ", ".join(f"{family} {getattr(cls(), field)}" for family, cls in
                      (("nano", SamplingOptions), ("delay", DelaySamplingOptions),
-                      ("local-v15", LocalV15SamplingOptions),
+                      ("local", LocalSamplingOptions), ("local-v15", LocalV15SamplingOptions),
                       ("realtime", RealtimeSamplingOptions))
                      if hasattr(cls(), field))
 
@@ -251,11 +252,22 @@ def add_tts_commands(sub, common) -> None:
 
     for name, family, helptext in (
             ("tts", None, "text → speech with any MOSS-TTS model (the family is read from the "
-                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), MOSS-TTS-Realtime)"),
+                          "GGUF: MOSS-TTS-Nano, MOSS-TTS (Delay), MOSS-TTS-Local-Transformer, "
+                          "MOSS-TTS-Local-Transformer-v1.5, MOSS-TTS-Realtime)"),
             ("tts-nano", "nano", "text → 48 kHz stereo speech with MOSS-TTS-Nano")):
         p = sub.add_parser(name, help=helptext, parents=[common])
         _add_tts_flags(p, DEFAULT_NANO, DEFAULT_NANO_CODEC)
         p.set_defaults(func=_tts, family=family)
+
+
+# how --help names a family, for the flags only some families take
+SHORT_NAMES = {"nano": "Nano", "delay": "Delay", "local": "Local", "local-v15": "Local v1.5",
+               "realtime": "Realtime"}
+
+
+def _who(dest: str, text: str) -> str:
+    """A family flag's help, prefixed by the families FAMILY_FLAGS gives it to."""
+    return f"{', '.join(SHORT_NAMES[f] for f in FAMILY_FLAGS[dest][1])}: {text}"
 
 
 def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec: str) -> None:
@@ -263,7 +275,7 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
     src.add_argument("--text", help="the text to speak (or --text-file, or stdin)")
     src.add_argument("--text-file", help="read the text from this UTF-8 file")
     p.add_argument("--model", default=default_model, help="model GGUF (any family), published "
-                   "MOSS-TTS-GGUF directory, Nano checkpoint directory or Hugging Face repo id "
+                   "MOSS-TTS-GGUF directory, checkpoint directory or Hugging Face repo id "
                    f"(default {default_model}; converted once into the cache)")
     p.add_argument("--codec", default=None, help="codec GGUF, checkpoint directory or repo id "
                    f"(default for Nano: {default_codec}; required for other families)")
@@ -271,14 +283,16 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
     voice.add_argument("--reference", "--prompt-speech", dest="reference",
                        help="reference speech to clone (WAV/FLAC)")
     voice.add_argument("--voice", help="a stored voice (python -m moss_tts voice add ...)")
-    p.add_argument("--prompt-text", help="continuation (Nano, Delay): the transcript of --prompt-audio")
-    p.add_argument("--prompt-audio", help="continuation (Nano, Delay): speech the output continues")
-    p.add_argument("--language", help="Delay: the language of the text (e.g. en, zh)")
-    p.add_argument("--instruction", help="Delay: a style instruction for the voice")
+    p.add_argument("--prompt-text", help=_who("prompt_text", "continuation: the transcript of "
+                                                              "--prompt-audio"))
+    p.add_argument("--prompt-audio", help=_who("prompt_audio", "continuation: speech the output "
+                                                                "continues"))
+    p.add_argument("--language", help=_who("language", "the language of the text (e.g. en, zh)"))
+    p.add_argument("--instruction", help=_who("instruction", "a style instruction for the voice"))
     p.add_argument("--tokens", type=positive_int, default=None,
-                   help="Delay, Local v1.5: the duration in codec frames (or --seconds)")
+                   help=_who("tokens", "the duration in codec frames (or --seconds)"))
     p.add_argument("--seconds", type=positive_float, default=None,
-                   help="Delay: the duration in seconds")
+                   help=_who("seconds", "the duration in seconds"))
     p.add_argument("--live", action="store_true",
                    help="Realtime: speak stdin's text as it arrives (pipe an LLM's output in); "
                         "the audio leaves as it is made")
@@ -296,16 +310,20 @@ def _add_tts_flags(p: argparse.ArgumentParser, default_model: str, default_codec
             ("--top-k", non_negative_int, "audio top-k, 0 = off"),
             ("--top-p", probability, "audio top-p"),
             ("--repetition-penalty", positive_float, "audio repetition penalty, 1 = off"),
-            ("--text-top-k", non_negative_int, "Delay, Local v1.5: text top-k, 0 = off"),
-            ("--text-top-p", probability, "Delay, Local v1.5: text top-p")):
+            ("--text-top-k", non_negative_int, "text top-k, 0 = off"),
+            ("--text-top-p", probability, "text top-p")):
         field = SAMPLING_FLAGS[flag[2:].replace("-", "_")]
         p.add_argument(flag, type=kind, default=None,
                        help=f"{what} (family default: {_family_defaults(field)})")
     p.add_argument("--max-frames", "--max-new-frames", dest="max_frames", type=positive_int,
-                   default=None, help="Nano: hard cap of frames per text chunk; Realtime: of "
-                   "frames (80 ms each)")
+                   default=None, help=_who("max_frames", "cap of generated frames (Nano: per "
+                                                         "text chunk)"))
     p.add_argument("--voice-clone-max-text-tokens", type=positive_int, default=None,
-                   help="Nano: text tokens per chunk of a long text, 1-250")
+                   help=_who("voice_clone_max_text_tokens", "text tokens per chunk of a long "
+                                                            "text, 1-250"))
     p.add_argument("--max-new-rows", type=positive_int, default=None,
-                   help="Delay: cap of generated rows (frames plus the staircase)")
+                   help=_who("max_new_rows", "cap of generated rows (frames plus the staircase)"))
+    p.add_argument("--n-vq", type=positive_int, default=None,
+                   help=_who("n_vq", "codebooks to generate and decode, 1-32 (variable bitrate; "
+                                     "default all)"))
     _add_runtime_flags(p)

@@ -14,11 +14,12 @@ from .tts import CodecTTS
 def tts_classes() -> dict[str, type[CodecTTS]]:
     """GGUF kind → the family's TTS class."""
     from .models.delay_tts import DelayTTS
+    from .models.local_tts import LocalTTS
     from .models.local_v15_tts import LocalV15TTS
     from .models.nano_tts import NanoTTS
     from .models.realtime_tts import RealtimeTTS
 
-    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS, LocalV15TTS, RealtimeTTS)}
+    return {cls.FAMILY: cls for cls in (NanoTTS, DelayTTS, LocalTTS, LocalV15TTS, RealtimeTTS)}
 
 
 def tts_class(model) -> type[CodecTTS]:
@@ -44,7 +45,7 @@ def tts_class(model) -> type[CodecTTS]:
 
 
 def load_tts(model, *, codec=None, backend=None, threads: int | None = None) -> CodecTTS:
-    """A model GGUF (or published directory) and its codec → NanoTTS, DelayTTS or LocalV15TTS.
+    """A model GGUF (or published directory) and its codec → its family's TTS (`tts_classes`).
 
     >>> tts = load_tts("delay.gguf", codec="codec.gguf")                    # doctest: +SKIP
     >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP

@@ -122,6 +122,18 @@ class RealtimeSamplingOptions:
         object.__setattr__(self, "repetition_window", int(w))
 
 
+@dataclass(frozen=True)
+class LocalSamplingOptions(DelaySamplingOptions):
+    """MossTTSLocal's knobs with upstream defaults (moss_tts_family.md §3.6: text 1.5 / 1.0 /
+    50, audio 1.0 / 0.95 / 50 / 1.1, the penalty per channel over prompt + generated codes);
+    a temperature of 0 makes that channel greedy (the penalty still applies, as in HF)."""
+
+    audio_temperature: float = 1.0
+    audio_top_p: float = 0.95
+    audio_top_k: int = 50
+    audio_repetition_penalty: float = 1.1
+
+
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
     """For every id already generated (boolean `seen`, broadcast over the rows: one row per

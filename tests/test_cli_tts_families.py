@@ -168,5 +168,6 @@ def test_help_shows_each_familys_default_from_its_dataclass(capsys):
     with pytest.raises(SystemExit):
         main(["tts", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(family default: nano 0.8, delay 1.7, local-v15 1.7, realtime 0.8)" in text   # --temperature
-    assert "(family default: delay 50, local-v15 50)" in text       # --text-top-k
+    assert ("(family default: nano 0.8, delay 1.7, local 1.0, local-v15 1.7, realtime 0.8)"
+            in text)                                                      # --temperature
+    assert "(family default: delay 50, local 50, local-v15 50)" in text   # --text-top-k

@@ -23,7 +23,8 @@ SAMPLING_FIELDS = {"temperature": "audio_temperature", "text_temperature": "text
 # stream keywords a manifest line may give, per family (moss.kind); sampling options go to the
 # family's own options dataclass
 FAMILY_OPTIONS = {"nano": ("max_frames", "max_text_tokens"), "delay": ("max_new_rows",),
-                  "local-v15": ("max_frames",), "realtime": ("max_frames",)}
+                  "local": ("max_frames",), "local-v15": ("max_frames",),
+                  "realtime": ("max_frames",)}
 
 
 class LineRunner:

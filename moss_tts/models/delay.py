@@ -8,7 +8,7 @@ pad code's row is a learned vector and is added like any other (P1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -57,16 +57,7 @@ class DelayConfig:
     sampling_rate: int = 24000
 
     def __post_init__(self):
-        if not 0 <= self.audio_pad_code <= self.audio_vocab_size:
-            raise ConfigError(f"Delay: audio_pad_code {self.audio_pad_code} is outside the "
-                              f"{self.audio_vocab_size + 1} rows of each audio table")
-        top = max(self.pad_token_id, self.im_start_token_id, self.im_end_token_id,
-                  self.audio_user_slot_token_id, self.audio_assistant_gen_slot_token_id,
-                  self.audio_assistant_delay_slot_token_id, self.audio_start_token_id,
-                  self.audio_end_token_id)
-        if top >= self.vocab_size:
-            raise ConfigError(f"Delay: special id {top} lies outside the text vocabulary of "
-                              f"{self.vocab_size}")
+        check_ids(self, "Delay")
 
     @property
     def audio_rows(self) -> int:
@@ -118,6 +109,18 @@ class DelayWeights:
         return cls(t["token_embd.weight"], [t[f"emb_ext.{k}.weight"] for k in range(cfg.n_vq)],
                    qwen3.layers_from_tensors(t, cfg.language_config), t["output_norm.weight"],
                    t[TEXT_HEAD], t[AUDIO_HEADS])
+
+
+def check_ids(cfg, family: str) -> None:
+    """The pad code inside the audio tables and every `*_token_id` inside the text vocabulary
+    of a config with MossTTSDelayConfig's fields (Delay's, Local's)."""
+    if not 0 <= cfg.audio_pad_code <= cfg.audio_vocab_size:
+        raise ConfigError(f"{family}: audio_pad_code {cfg.audio_pad_code} is outside the "
+                          f"{cfg.audio_vocab_size + 1} rows of each audio table")
+    top = max(getattr(cfg, f.name) for f in fields(cfg) if f.name.endswith("_token_id"))
+    if top >= cfg.vocab_size:
+        raise ConfigError(f"{family}: special id {top} lies outside the text vocabulary of "
+                          f"{cfg.vocab_size}")
 
 
 # -- host-side row inputs -----------------------------------------------------------------------

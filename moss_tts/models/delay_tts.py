@@ -60,11 +60,12 @@ class DelayTTS(CodecTTS):
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
     PROMPT_FIELDS = FIELDS
+    DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
 
     def __init__(self, model: DelayModel, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
         self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, path=model.weights.file.path,
-                                                key=TOKENIZER_KEY, family=KIND)
+                                                key=TOKENIZER_KEY, family=self.FAMILY)
         c = self.config
         self.ids = DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
                                   c.audio_start_token_id, c.audio_end_token_id,
@@ -102,11 +103,17 @@ class DelayTTS(CodecTTS):
         return Reference(np.ascontiguousarray(codes.T))
 
     def plan(self, text: str, *, reference: Reference | None = None,
-             prompt: Reference | None = None, normalize: bool = True,
-             seconds: float | None = None, **fields) -> np.ndarray:
+             prompt: Reference | None = None, prompt_text: str | None = None,
+             normalize: bool = True, seconds: float | None = None, **fields) -> np.ndarray:
         """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
         ambient_sound, language; `seconds` sets `tokens`, the duration in codec frames). With
-        `prompt` (continuation), `text` holds the prompt audio's transcript, then the new text."""
+        `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
+        text: give the transcript as `prompt_text` (as for Nano), or both in `text`."""
+        if prompt_text is not None:
+            if prompt is None:
+                raise InputError("prompt_text is the transcript of the prompt audio: give "
+                                 "`prompt` too, or use `reference` to clone a voice")
+            text = join_transcript(prompt_text, text)
         if seconds is not None:
             if fields.get("tokens") is not None or not seconds > 0:
                 raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
@@ -114,7 +121,7 @@ class DelayTTS(CodecTTS):
         refs = None if reference is None else [reference.codes]
         return build_generation_rows(self.tokenizer, self.ids, text, references=refs,
                                      prompt_codes=None if prompt is None else prompt.codes,
-                                     normalize=normalize, **fields)
+                                     normalize=normalize, delayed=self.DELAYED, **fields)
 
     def forward(self, rows):
         """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits
@@ -133,15 +140,10 @@ class DelayTTS(CodecTTS):
         """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
         segment (upstream decodes each segment on its own, §2.8): the next starts a new codec
         stream. A continuation's prompt frames go through the codec first (their audio is
-        dropped, as upstream cuts it), so the output continues the prompt audio. Upstream's
-        continuation text is the prompt's transcript followed by the new text: give the
-        transcript as `prompt_text` (as for Nano), or both in `text`."""
-        if prompt_text is not None:
-            if prompt is None:
-                raise InputError("prompt_text is the transcript of the prompt audio: give "
-                                 "`prompt` too, or use `reference` to clone a voice")
-            text = join_transcript(prompt_text, text)
-        rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
+        dropped, as upstream cuts it), so the output continues the prompt audio (`prompt_text`:
+        its transcript, see `plan`)."""
+        rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
+                         normalize=normalize, **fields)
         frames = FrameAssembler(self.config.n_vq)
         skip = 0
         if prompt is not None:   # the prompt's (cut) staircase: its last rows start the buffer

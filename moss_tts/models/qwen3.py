@@ -117,12 +117,13 @@ def layers_from_tensors(tensors, cfg: Qwen3Config) -> list[Qwen3Layer]:
 
 
 def self_attention(x: Tensor, layer: Qwen3Layer, cfg: Qwen3Config, *, il: int, kv: CacheView,
-                   stage: str) -> Tensor:
-    """Normed rows x [D, T] → attention output [D, T] (GQA, q/k norm, NEOX RoPE, §1.1)."""
+                   stage: str, rope_mode: str | None = "neox") -> Tensor:
+    """Normed rows x [D, T] → attention output [D, T] (GQA, q/k norm, NEOX RoPE, §1.1; no RoPE
+    with rope_mode None)."""
     q, k, v = project_heads(x, layer.attn_q_weight, layer.attn_k_weight, layer.attn_v_weight,
                             n_head=cfg.num_attention_heads, n_kv_head=cfg.num_key_value_heads,
                             head_dim=cfg.head_dim)
-    o = cached_attention(q, k, v, kv, il, rope_mode="neox", rope_base=cfg.rope_theta,
+    o = cached_attention(q, k, v, kv, il, rope_mode=rope_mode, rope_base=cfg.rope_theta,
                          q_norm=layer.attn_q_norm_weight, k_norm=layer.attn_k_norm_weight,
                          norm_eps=cfg.rms_norm_eps)
     ops.name(o, f"{stage}.{il}.attn_out")
@@ -130,11 +131,11 @@ def self_attention(x: Tensor, layer: Qwen3Layer, cfg: Qwen3Config, *, il: int, k
 
 
 def block(x: Tensor, layer: Qwen3Layer, cfg: Qwen3Config, *, il: int, kv: CacheView,
-          stage: str) -> Tensor:
+          stage: str, rope_mode: str | None = "neox") -> Tensor:
     """One pre-norm Qwen3 block, x [D, T] → [D, T]."""
     eps = cfg.rms_norm_eps
     x = x + self_attention(rms_norm(x, layer.attn_norm_weight, eps=eps), layer, cfg, il=il,
-                           kv=kv, stage=stage)
+                           kv=kv, stage=stage, rope_mode=rope_mode)
     m = rms_norm(x, layer.ffn_norm_weight, eps=eps)
     x = x + mlp(m, layer.ffn_up_weight, layer.ffn_down_weight, activation="silu",
                 w_gate=layer.ffn_gate_weight)
@@ -142,8 +143,9 @@ def block(x: Tensor, layer: Qwen3Layer, cfg: Qwen3Config, *, il: int, kv: CacheV
 
 
 def forward(x: Tensor, layers: list[Qwen3Layer], norm: Tensor, cfg: Qwen3Config, *,
-            kv: CacheView, stage: str = "backbone") -> Tensor:
-    """Embedded rows x [D, T] through every block and the final RMSNorm → hidden [D, T]."""
+            kv: CacheView, stage: str = "backbone", rope_mode: str | None = "neox") -> Tensor:
+    """Embedded rows x [D, T] through every block and the final RMSNorm → hidden [D, T]
+    (rope_mode None: a stack without positional encoding, MossTTSLocal's depth transformer)."""
     for il, layer in enumerate(layers):
-        x = block(x, layer, cfg, il=il, kv=kv, stage=stage)
+        x = block(x, layer, cfg, il=il, kv=kv, stage=stage, rope_mode=rope_mode)
     return ops.name(rms_norm(x, norm, eps=cfg.rms_norm_eps), f"{stage}.hidden")

@@ -90,20 +90,23 @@ def fused_heads(qkv: Tensor, *, n_head: int):
 
 
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, kv: CacheView, il: int, *,
-                     rope_mode: str, rope_base: float, q_norm: Tensor | None = None,
+                     rope_mode: str | None, rope_base: float, q_norm: Tensor | None = None,
                      k_norm: Tensor | None = None, norm_eps: float = 1e-6) -> Tensor:
     """q [Dh, Hq, T], k and v [Dh, Hkv, T] of new rows → attention output [Hq·Dh, T] over the
     cache of layer il (its first kv.n_slots slots), writing this graph's k and v at kv.slots.
 
     q/k RMSNorm (per head, over Dh) comes before RoPE (Qwen3); K is cached after RoPE; the
-    scale is 1/√Dh. A cache with transposed V always takes the softmax path.
+    scale is 1/√Dh. rope_mode None: no positional encoding at all (MossTTSLocal's depth
+    transformer, P7 — causal order is all it sees). A cache with transposed V always takes the
+    softmax path.
     """
     if q_norm is not None:
         q = head_rms_norm(q, q_norm, eps=norm_eps)
     if k_norm is not None:
         k = head_rms_norm(k, k_norm, eps=norm_eps)
-    q = rope(q, kv.positions, mode=rope_mode, base=rope_base)
-    k = rope(k, kv.positions, mode=rope_mode, base=rope_base)
+    if rope_mode is not None:
+        q = rope(q, kv.positions, mode=rope_mode, base=rope_base)
+        k = rope(k, kv.positions, mode=rope_mode, base=rope_base)
     cache = kv.cache
     cache.store(il, k, v, kv.slots)
     g = q.graph

@@ -44,6 +44,12 @@ def delay(codes: np.ndarray, pad: int) -> np.ndarray:
     return grid
 
 
+def block_rows(frames: int, n_vq: int, delayed: bool) -> int:
+    """Slot rows of a user audio block of `frames` frames: the staircase's T + n_vq − 1, or T
+    undelayed (an empty block has none)."""
+    return frames + n_vq - 1 if delayed and frames else frames
+
+
 def user_pieces(text: str, references, fields: dict) -> list:
     """The user content as text pieces and reference code arrays, in template order; text
     between two audio items is one piece, tokenized at once as upstream's string is."""
@@ -67,7 +73,8 @@ def user_pieces(text: str, references, fields: dict) -> list:
 
 def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: str, *,
                           references=None, prompt_codes=None, normalize: bool = True,
-                          start_audio: bool = True, **fields) -> np.ndarray:
+                          start_audio: bool = True, delayed: bool = True,
+                          **fields) -> np.ndarray:
     """The prompt rows [S, 1 + n_vq] of one request: `<|im_start|>user\\n{content}<|im_end|>\\n
     <|im_start|>assistant\\n`, then (start_audio) the AUDIO_START row. references: a list of
     codes [T, n_vq] (or None entries); fields: instruction, tokens, quality, sound_event,
@@ -75,7 +82,11 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
 
     Continuation (P28, `prompt_codes` [T, n_vq], the text then holding the prompt's transcript
     and the new text): the assistant turn carries that audio and is cut after its T-th GEN
-    row, so the staircase is incomplete — generation re-samples its tail."""
+    row, so the staircase is incomplete — generation re-samples its tail.
+
+    `delayed` False is MossTTSLocal's layout (§3.5): an audio block of T frames is T slot rows
+    carrying the codes row for row, no staircase (a continuation then ends on its last frame);
+    MossTTSLocal also passes normalize=False (its processor does not normalize)."""
     unknown = set(fields) - set(FIELDS)
     if unknown:
         raise InputError(f"unknown prompt field(s) {', '.join(sorted(unknown))}; known: "
@@ -95,7 +106,7 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
         codes = _check_codes(piece, n)
         text_ids.append(ids.audio_start)
         blocks.append((len(text_ids), codes))      # the staircase starts after AUDIO_START
-        text_ids += [ids.user_slot] * (len(codes) + n - 1 if len(codes) else 0)
+        text_ids += [ids.user_slot] * block_rows(len(codes), n, delayed)
         text_ids.append(ids.audio_end)
     text_ids += [ids.im_end] + tokenizer.encode("\n") + [ids.im_start] + \
         tokenizer.encode("assistant\n")
@@ -109,8 +120,9 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
     rows = np.full((len(text_ids), 1 + n), ids.audio_pad, dtype=np.int64)
     rows[:, 0] = text_ids
     for at, codes in blocks:
-        staircase = delay(codes, ids.audio_pad)[:len(rows) - at]   # continuation: cut (P28)
-        rows[at:at + len(staircase), 1:] = staircase
+        laid = delay(codes, ids.audio_pad) if delayed else codes
+        laid = laid[:len(rows) - at]                # a continuation's staircase is cut (P28)
+        rows[at:at + len(laid), 1:] = laid
     return rows
 
 

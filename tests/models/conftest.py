@@ -17,6 +17,7 @@ from moss_tts.ggml import Weights, get_backend
 from moss_tts.models.nano import NanoModel
 from moss_tts.models.nano_tts import NanoTTS
 from tests.models.local_v15_fixtures import local_v15_files, local_v15_model  # noqa: F401
+from tests.models.local_fixtures import local_files, local_model  # noqa: F401 (MossTTSLocal)
 
 # The tiny models' ops take microseconds; on a shared machine several ggml threads mostly wait on
 # each other (tests/codec/conftest.py measured 10× slower on 2 loaded cores).

@@ -1,0 +1,121 @@
+"""`LocalTTS`: text → 24 kHz speech with MossTTSLocal and the MOSS-Audio-Tokenizer codec
+(moss_tts_family.md §3). Every generated row is a whole frame (no delay), decoded through the
+codec's exact streaming decoder in chunks sized by upstream's adaptive ladder (§4.7) or a
+fixed size, so streamed audio equals the offline decode of the same frames (to f32 kernel
+order) whatever the chunking.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import InputError
+from ..ggml import F16, GGMLType, Weights, get_backend
+from ..sampling import LocalSamplingOptions
+from ..tts import Reference
+from .delay_tts import DelayTTS
+from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
+
+# upstream's adaptive ladder (streaming.py, §4.7): the first chunk, then frames per chunk by
+# how far generation leads playback (seconds of audio made minus seconds since the first chunk)
+FIRST_CHUNK = 4
+LADDER = ((0.0, 1), (0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
+LONGEST_CHUNK = 8
+
+
+def ladder_chunk(first: bool, lead: float) -> int:
+    """Frames in the next codec chunk: FIRST_CHUNK for the first (latency), then few while
+    generation barely leads playback and more as the lead grows (≤ 0 s → 1, < 0.16 → 2,
+    < 0.32 → 3, < 0.64 → 4, < 1 → 6, else 8)."""
+    if first:
+        return FIRST_CHUNK
+    if lead <= LADDER[0][0]:
+        return LADDER[0][1]
+    for bound, frames in LADDER[1:]:
+        if lead < bound:
+            return frames
+    return LONGEST_CHUNK
+
+
+class LocalTTS(DelayTTS):
+    """MOSS-TTS-Local-Transformer (MossTTSLocal, 1.7B). `LocalTTS.load("local.gguf",
+    codec="codec.gguf")`, then `synthesize(text, reference=tts.encode_reference(samples, sr))`
+    → (samples [n, 1], 24000). Prompts, references and the codec check are Delay's (§3.5:
+    the same template without the delay pattern and without text normalization).
+
+    >>> tts = LocalTTS.load("local.gguf", codec="codec.gguf")               # doctest: +SKIP
+    >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP
+    """
+
+    FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer", LocalSamplingOptions
+    DELAYED = False
+
+    @classmethod
+    def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
+             kv_type: GGMLType = F16) -> "LocalTTS":
+        b = get_backend(backend, threads)
+        return cls._with_codec(LocalModel(Weights.load(model, b), kv_type=kv_type), codec, b)
+
+    def plan(self, text: str, *, normalize: bool = False, **kwargs) -> np.ndarray:
+        """The prompt rows [S, 1 + n_vq], as Delay's `plan` but undelayed and, as upstream's
+        Local processor, without text normalization unless asked."""
+        return super().plan(text, normalize=normalize, **kwargs)
+
+    def forward(self, rows, **kwargs) -> np.ndarray:
+        """rows [S, 1 + n_vq] → the backbone's hidden states [S, H] (`LocalModel.forward`)."""
+        return self.model.forward(rows, **kwargs)
+
+    def depth_logits(self, hidden_row, row):
+        """Per-channel logits of one frame, `row` teacher-forced (`LocalModel.depth_logits`)."""
+        return self.model.depth_logits(hidden_row, row)
+
+    def generate(self, rows, **kwargs) -> np.ndarray:
+        """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_frames,
+        n_vq_for_inference)."""
+        return self.model.generate(rows, **kwargs)
+
+    def stream(self, text: str, *, reference: Reference | None = None,
+               prompt: Reference | None = None,
+               options: LocalSamplingOptions = LocalSamplingOptions(), seed: int | None = None,
+               max_frames: int = MAX_NEW_FRAMES, n_vq_for_inference: int | None = None,
+               chunk_frames: int = 0, normalize: bool = False, **fields) -> Iterator[np.ndarray]:
+        """Audio chunks [m, 1] as frames are generated (at most max_frames, the name Nano's
+        `stream` gives its budget), the audio-end row's codes included (upstream decodes that
+        trailing frame, P9). chunk_frames 0 sizes chunks by the adaptive ladder (it follows
+        the clock, so two runs may chunk differently and agree to f32 kernel order only), else
+        that many frames each (bit-identical runs). With `prompt` (continuation) the prompt's
+        frames prime the codec and their audio is dropped, so the output continues the prompt
+        audio. n_vq_for_inference < n_vq generates and decodes that many codebooks (upstream's
+        processor would decode its zero-filled channels as code 0; decoding the first n is
+        the codec's variable-bitrate route)."""
+        codec = self._need_codec()
+        n = check_n_vq(n_vq_for_inference, self.config)
+        if isinstance(chunk_frames, bool) or not float(chunk_frames).is_integer() \
+                or chunk_frames < 0:
+            raise InputError(f"chunk_frames must be a whole number ≥ 0 (0 = adaptive), got "
+                             f"{chunk_frames}")
+        rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
+        frames = (row[1:1 + n] for row in self.model.iter_rows(
+            rows, options=options, seed=seed, max_new_frames=max_frames,
+            n_vq_for_inference=n))
+        with codec.stream_decoder(n_quantizers=n) as decoder:
+            if prompt is not None and len(prompt.codes):
+                decoder.push(np.asarray(prompt.codes)[:, :n].T)   # primes the causal state
+            yield from self._chunks(decoder, frames, int(chunk_frames))
+
+    def _chunks(self, decoder, frames, chunk_frames: int, clock=time.monotonic):
+        pending, made, started = [], 0.0, None
+        for frame in frames:
+            pending.append(frame)
+            lead = 0.0 if started is None else made - (clock() - started)
+            if len(pending) >= (chunk_frames or ladder_chunk(started is None, lead)):
+                audio = decoder.push(np.array(pending).T)
+                pending = []
+                started = clock() if started is None else started
+                made += len(audio) / self.sample_rate
+                yield audio
+        if pending:
+            yield decoder.push(np.array(pending).T)
