@@ -18,8 +18,9 @@ FAMILIES = {
     "realtime": ("converters.realtime", "MOSS-TTS-Realtime (MossTTSRealtime)"),
 }
 # what a repo id or checkpoint directory given as a model converts to when no type is asked
-# for: exact f32 where it fits in memory; the 8B MOSS-TTS at q8_0 (8.7 GB, not 32)
-HUB_OUTTYPE = {"delay": "q8_0"}
+# for: exact f32 where it fits in memory; the 8B MOSS-TTS at q8_0 (8.7 GB, not 32), the 4B
+# Local v1.5 too (4.3 GB, not 16)
+HUB_OUTTYPE = {"delay": "q8_0", "local-v15": "q8_0"}
 # `convert` flags only some families take: flag → (families, help). Each reaches the family's
 # `convert()` as the keyword of the same name (--head-type → head_type) when given.
 FAMILY_FLAGS = {
@@ -35,12 +36,18 @@ FAMILY_FLAGS = {
 def family_of(config: dict) -> str:
     """The family a checkpoint's config.json holds, for converting a repo id or directory
     given where any model may come. Structure first: V2 (Local) says `moss_tts_delay` too (P26)."""
-    kind = config.get("model_type")
+    kind, keys = config.get("model_type"), set(config)
     if kind == "moss_tts_nano":
         return "nano"
-    if kind == "moss_tts_delay" and not {"local_num_layers", "gpt2_config"} & set(config):
+    if "gpt2_config" in keys or kind == "moss_tts_local":
+        return "local-v15"
+    if "local_num_layers" in keys:
+        return "local"
+    if kind == "moss_tts_delay":
         return "delay"
-    if kind in ("moss-audio-tokenizer", "speech_tokenizer") or "encoder_kwargs" in config:
+    if kind == "moss_tts_realtime":
+        return "realtime"
+    if kind in ("moss-audio-tokenizer", "speech_tokenizer") or "encoder_kwargs" in keys:
         return "codec"
     raise ConfigError(f"model_type {kind!r}: not a checkpoint of a family this version converts "
                       f"({', '.join(FAMILIES)})")

@@ -49,13 +49,16 @@ def cli(*args, env):
     ({"model_type": "moss_tts_delay", "language_config": {}}, "delay"),
     ({"model_type": "speech_tokenizer", "encoder_kwargs": []}, "codec"),
     ({"model_type": "moss-audio-tokenizer"}, "codec"),
+    ({"model_type": "moss_tts_delay", "local_num_layers": 4}, "local"),          # P26
+    ({"model_type": "moss_tts_delay", "gpt2_config": {}}, "local-v15"),
+    ({"model_type": "moss_tts_local"}, "local-v15"),
+    ({"model_type": "moss_tts_realtime"}, "realtime"),
 ])
 def test_the_family_comes_from_config_json(config, family):
     assert family_of(config) == family
 
 
-@pytest.mark.parametrize("config", [{"model_type": "llama"}, {},
-                                    {"model_type": "moss_tts_delay", "local_num_layers": 4}])
+@pytest.mark.parametrize("config", [{"model_type": "llama"}, {}])
 def test_a_config_of_no_known_family_is_refused_by_name(config):
     with pytest.raises(ConfigError, match="not a checkpoint of a family this version converts"):
         family_of(config)
