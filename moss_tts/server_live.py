@@ -52,6 +52,7 @@ class LiveConfig:
     seed: int | None
     sampling: dict
     max_frames = None         # a live turn ends at the model's EOS or its own cap
+    instruction = None        # Realtime has no style prompt
 
 
 def parse_config(raw: str) -> LiveConfig:
