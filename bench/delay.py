@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import table  # noqa: E402
+from bench.common import cpu_line, table  # noqa: E402
 from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb, perf_top  # noqa: E402
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
@@ -412,16 +412,6 @@ def worker(args) -> None:
 
 
 # -- the driver ---------------------------------------------------------------------------------
-def cpu_line() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                  if ln.startswith("model name")), "unknown CPU")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                  if ln.startswith("flags")), [])
-    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    return f"{model}, {os.cpu_count()} CPUs; {' '.join(simd)}"
-
-
 def step_bytes(d: Path, cfg: DelayConfig, n_past: int, side: str) -> dict[str, int]:
     """Bytes one step reads, by part: the backbone (every block matrix, one row of each
     embedding table, the KV prefix) and the heads: the audio heads (f16 in ours, f32 in

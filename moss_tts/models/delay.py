@@ -149,7 +149,8 @@ def matmul_only(repack: bool | None):
     when repacking is off (`repack`, else MOSS_TTS_REPACK)."""
     if not repack_enabled(repack):
         return None
-    return lambda name: name.startswith(qwen3.LAYER_PREFIX.format("")) or name == AUDIO_HEADS
+    block = qwen3.LAYER_PREFIX.split("{")[0]        # "blk."
+    return lambda name: name.startswith(block) or name == AUDIO_HEADS
 
 
 # -- graph builders ---------------------------------------------------------------------------
