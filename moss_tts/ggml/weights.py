@@ -223,10 +223,11 @@ class Weights(NativeResource):
         self.backend = backend
         self.lib = backend.lib
         self.zero_copy = False
-        self.buffer = self.packed_buffer = self._bytes = None
+        self.buffer = self.packed_buffer = self._map = self._bytes = None
         self.packed: set[str] = set()
         with released_on_error(self):
-            self._bytes = _map(file)
+            self._map = _map(file)
+            self._bytes = np.frombuffer(self._map, dtype=np.uint8)
             self.buffer = self._load(set(self._repack_names(repack)))
         self._tensors = {name: Tensor.from_ptr(self.lib.ggml_get_tensor(
             file._meta_ctx, name.encode()), None, self) for name in file.tensors}
@@ -296,7 +297,7 @@ class Weights(NativeResource):
         self.packed = set(order)
         PACKED.update({ptrs[n]: n for n in order})
         # the file pages were only the repack's input: let them leave this process's RSS
-        _drop_pages(self._bytes, [(f.data_offset + f.tensors[n].offset, f.tensors[n].nbytes)
+        _drop_pages(self._map, [(f.data_offset + f.tensors[n].offset, f.tensors[n].nbytes)
                                   for n in order])
 
     def __contains__(self, name: str) -> bool:
@@ -361,20 +362,20 @@ class Weights(NativeResource):
         for buf in (self.buffer, self.packed_buffer):
             if buf is not None:
                 buf.close()
-        self.buffer = self.packed_buffer = self._bytes = None
+        self.buffer = self.packed_buffer = self._map = self._bytes = None
         self.file.close()
 
 
-def _map(file: GGUFFile) -> np.ndarray:
+def _map(file: GGUFFile) -> mmap.mmap:
     """The whole file, mapped read-only."""
     with open(file.path, "rb") as fh:
-        return np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def _drop_pages(mapped: np.ndarray, spans: list[tuple[int, int]]) -> None:
+def _drop_pages(mm: mmap.mmap, spans: list[tuple[int, int]]) -> None:
     """madvise(DONTNEED) the whole pages inside each (offset, length) span of the mapping."""
-    mm, page = mapped.base, mmap.PAGESIZE
-    if not hasattr(mm, "madvise"):
+    page = mmap.PAGESIZE
+    if not hasattr(mm, "madvise"):     # Python builds without madvise: the pages just stay
         return
     for start, length in spans:
         first, end = -(-start // page) * page, (start + length) // page * page

@@ -120,3 +120,20 @@ def test_environment_switch(monkeypatch):
     monkeypatch.setenv(repack.REPACK_ENV, "maybe")
     with pytest.raises(InputError, match="MOSS_TTS_REPACK='maybe'"):
         repack.enabled()
+
+
+def rss_file_kib() -> int:
+    """File-backed resident pages of this process (/proc/self/status RssFile)."""
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("RssFile:"))
+
+
+def test_repacked_weights_do_not_keep_their_file_pages_resident(tmp_path, rng):
+    """The repack copies the weights into anonymous memory; the mapped file pages it read are
+    dropped again, so a repacked model costs its size once in RSS, not twice."""
+    path, _ = quantized_file(tmp_path / "w.gguf", "q4_0", 16384, rng)   # 4.5 MiB of blocks
+    nbytes = path.stat().st_size
+    before = rss_file_kib()
+    with Weights.load(path, repack=ALL) as weights:
+        assert weights.packed == {"blk.0.w"}
+        assert (rss_file_kib() - before) * 1024 < nbytes // 4
