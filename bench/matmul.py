@@ -141,7 +141,8 @@ def main(argv=None) -> int:
             loaded = {}
             try:
                 for mode in modes:
-                    w = Weights.load(path, backend, repack=(lambda n: True) if mode == "on" else None)
+                    w = Weights.load(path, backend, repack=(lambda n, t: True) if mode == "on"
+                                     else None)
                     if mode == "off" or w.packed:   # "on" only where ggml repacks this type
                         loaded[mode] = w
                     else:

@@ -24,6 +24,7 @@ import os
 from ..errors import BackendError, InputError, ShapeError
 from . import lib as _lib
 from .backend import Backend, Buffer
+from .types import GGMLType
 
 REPACK_ENV = "MOSS_TTS_REPACK"
 CPU_REPACK = "CPU_REPACK"
@@ -35,15 +36,24 @@ _SRCS = ctypes.c_void_p * _lib.GGML_MAX_SRC
 PACKED: dict[int, str] = {}
 
 
-def enabled(flag: bool | None = None) -> bool:
-    """`flag` when given, else the MOSS_TTS_REPACK environment variable (default on)."""
-    if flag is not None:
-        return bool(flag)
+# Types repacked by default: those measured faster than the plain kernels (bench/matmul.py,
+# README "Repacked weights"). q4_K is not among them: on an AVX-512 VNNI Xeon its repacked
+# kernels were 0.95x at 1 row and 0.72x at 64 rows (1.8x only at 4); MOSS_TTS_REPACK=all
+# repacks it (and whatever else ggml repacks) anyway.
+DEFAULT_TYPES = frozenset({GGMLType.Q4_0, GGMLType.IQ4_NL})
+ALL_TYPES = frozenset(GGMLType)
+
+
+def types(flag: bool | None = None) -> frozenset | None:
+    """The weight types to repack, or None for none: `flag` False turns it off, else the
+    MOSS_TTS_REPACK environment variable: 0 off, 1 (default) DEFAULT_TYPES, all ALL_TYPES."""
     value = os.environ.get(REPACK_ENV, "1").strip().lower()
-    if value not in _OFF + _ON:
-        raise InputError(f"{REPACK_ENV}={value!r} is not understood — set it to 1 (repack "
-                         "quantized matmul weights) or 0 (keep them as stored)")
-    return value in _ON
+    if value not in _OFF + _ON + ("all",):
+        raise InputError(f"{REPACK_ENV}={value!r} is not understood — set it to 1 (repack the "
+                         "types measured faster), all (every type ggml repacks) or 0 (none)")
+    if flag is False or (flag is None and value in _OFF):
+        return None
+    return ALL_TYPES if value == "all" else DEFAULT_TYPES
 
 
 def extra_buffer_types(backend: Backend) -> dict[str, int]:

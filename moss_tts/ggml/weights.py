@@ -214,8 +214,8 @@ def _check_magic(path: Path) -> None:
 class Weights(NativeResource):
     """Every tensor of a GGUF in backend memory; `weights["name"]` is a persistent Tensor.
 
-    `repack` names the tensors the caller reads only as mul_mat weights; on a CPU backend those
-    ggml can repack (repack.py) are copied into interleaved layouts, the rest stay mmapped.
+    `repack(name, type)` picks tensors the caller reads only as mul_mat weights; on a CPU backend
+    those ggml can repack (repack.py) are copied into interleaved layouts, the rest stay mmapped.
     """
 
     def __init__(self, file: GGUFFile, backend: Backend, repack=None):
@@ -238,7 +238,7 @@ class Weights(NativeResource):
 
     @classmethod
     def load(cls, path, backend: "Backend | str | None" = None, *, repack=None) -> "Weights":
-        """`repack`: a predicate on tensor names (the mul_mat-only weights), or None."""
+        """`repack`: a predicate on (tensor name, GGMLType) choosing mul_mat-only weights, or None."""
         file = GGUFFile(path)
         with released_on_error(file):
             return cls(file, get_backend(backend), repack)
@@ -255,7 +255,7 @@ class Weights(NativeResource):
             return []
         self._packer = packer
         return [n for n, info in self.file.tensors.items()
-                if repack(n) and packer.eligible(info.type, info.ne)]
+                if repack(n, info.type) and packer.eligible(info.type, info.ne)]
 
     def _load(self, packed: set[str]) -> Buffer | None:
         f = self.file

@@ -169,13 +169,14 @@ def load_q4_K(path, repack: bool) -> DelayModel:
     return DelayModel(Weights.load(path, repack=matmul_only(repack)))
 
 
-def test_q4_K_model_with_repacked_blocks_matches_the_plain_load(wide, tmp_path):
+def test_q4_K_model_with_repacked_blocks_matches_the_plain_load(wide, tmp_path, monkeypatch):
     """ggml's CPU_REPACK layout for the q4_K block matrices (every Linear of both blocks; the
     q8_0 heads and the f32 tables stay plain). The repacked kernels round the activations to
     q8_K with their own 4-row quantizer, so a value can land one step apart: measured up to
     1.6 % of the range between the two loads (rows 6+ of seeds 2 and 3), while both stay as
     close to the float64 reference on the dequantized weights (≤ 0.09, DEQUANT_ATOL 0.2).
-    Greedy generation gives the same rows."""
+    Greedy generation gives the same rows. (q4_K repacks only with MOSS_TTS_REPACK=all.)"""
+    monkeypatch.setenv("MOSS_TTS_REPACK", "all")
     q4 = convert(str(wide[0]), tmp_path / "q4.gguf", outtype="q4_K", strict=True)
     plain, packed = load_q4_K(q4, False), load_q4_K(q4, True)
     try:
@@ -205,9 +206,14 @@ def test_q4_K_model_with_repacked_blocks_matches_the_plain_load(wide, tmp_path):
 
 
 def test_repack_set_is_the_matmul_only_tensors_and_follows_the_switch(monkeypatch):
+    monkeypatch.delenv("MOSS_TTS_REPACK", raising=False)
     pick = matmul_only(True)
-    assert pick("blk.0.attn_q.weight") and pick(AUDIO_HEADS)
-    assert not pick("token_embd.weight") and not pick(TEXT_HEAD)   # gathered by get_rows
+    assert pick("blk.0.attn_q.weight", GGMLType.Q4_0) and pick(AUDIO_HEADS, GGMLType.Q4_0)
+    assert not pick("blk.0.attn_q.weight", Q4_K)                   # measured slower repacked
+    assert not pick("token_embd.weight", GGMLType.Q4_0)            # gathered by get_rows
+    assert not pick(TEXT_HEAD, GGMLType.Q4_0)
     assert matmul_only(False) is None
+    monkeypatch.setenv("MOSS_TTS_REPACK", "all")
+    assert matmul_only(None)("blk.0.attn_q.weight", Q4_K)
     monkeypatch.setenv("MOSS_TTS_REPACK", "0")
     assert matmul_only(None) is None and matmul_only(True) is not None

@@ -22,7 +22,7 @@ PACKED_VS_PLAIN = 5e-6
 # Either path against the float64 product of the gguf-dequantized weights: the 8-bit
 # activations cost ≤ 0.009 × max|y| (measured, K = 512).
 VS_DEQUANTIZED = 0.03
-ALL = lambda name: True  # noqa: E731
+ALL = lambda name, type_: True  # noqa: E731
 
 
 def quantized_file(path, qtype: str, rows: int, rng):
@@ -86,7 +86,7 @@ def test_tensors_ggml_cannot_repack_stay_plain_and_right(tmp_path, rng, qtype, r
 
 def test_predicate_chooses_which_eligible_tensors_repack(tmp_path, rng):
     path, _ = quantized_file(tmp_path / "w.gguf", "q4_0", 64, rng)
-    with Weights.load(path, repack=lambda name: name != "blk.0.w") as weights:
+    with Weights.load(path, repack=lambda name, type_: name != "blk.0.w") as weights:
         assert weights.packed == set()
 
 
@@ -110,16 +110,18 @@ def test_a_repacked_weight_read_by_another_op_is_refused_at_build(tmp_path, rng,
     assert not repack.PACKED
 
 
-def test_environment_switch(monkeypatch):
+def test_switch_and_environment_choose_the_types(monkeypatch):
+    monkeypatch.delenv(repack.REPACK_ENV, raising=False)
+    assert repack.types() == repack.types(True) == repack.DEFAULT_TYPES
+    assert GGMLType.Q4_0 in repack.DEFAULT_TYPES and GGMLType.Q4_K not in repack.DEFAULT_TYPES
+    assert repack.types(False) is None
     monkeypatch.setenv(repack.REPACK_ENV, "0")
-    assert not repack.enabled() and repack.enabled(True)
-    monkeypatch.setenv(repack.REPACK_ENV, "on")
-    assert repack.enabled() and not repack.enabled(False)
-    monkeypatch.delenv(repack.REPACK_ENV)
-    assert repack.enabled()
+    assert repack.types() is None and repack.types(True) == repack.DEFAULT_TYPES
+    monkeypatch.setenv(repack.REPACK_ENV, "all")
+    assert GGMLType.Q4_K in repack.types() and repack.types(False) is None
     monkeypatch.setenv(repack.REPACK_ENV, "maybe")
     with pytest.raises(InputError, match="MOSS_TTS_REPACK='maybe'"):
-        repack.enabled()
+        repack.types()
 
 
 def rss_file_kib() -> int:
