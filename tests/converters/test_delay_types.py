@@ -165,23 +165,29 @@ def test_cli_flags_reach_the_delay_converter_and_no_other(wide, tmp_path):
     assert not (tmp_path / "n.gguf").exists()
 
 
-def load_q4_K(path, repack: bool) -> DelayModel:
+def load_with(path, repack: bool) -> DelayModel:
     return DelayModel(Weights.load(path, repack=matmul_only(repack)))
 
 
-def test_q4_K_model_with_repacked_blocks_matches_the_plain_load(wide, tmp_path, monkeypatch):
-    """ggml's CPU_REPACK layout for the q4_K block matrices (every Linear of both blocks; the
-    q8_0 heads and the f32 tables stay plain). The repacked kernels round the activations to
-    q8_K with their own 4-row quantizer, so a value can land one step apart: measured up to
-    1.6 % of the range between the two loads (rows 6+ of seeds 2 and 3), while both stay as
-    close to the float64 reference on the dequantized weights (≤ 0.09, DEQUANT_ATOL 0.2).
-    Greedy generation gives the same rows. (q4_K repacks only with MOSS_TTS_REPACK=all.)"""
-    monkeypatch.setenv("MOSS_TTS_REPACK", "all")
-    q4 = convert(str(wide[0]), tmp_path / "q4.gguf", outtype="q4_K", strict=True)
-    plain, packed = load_q4_K(q4, False), load_q4_K(q4, True)
+@pytest.mark.parametrize("outtype,env", [("q4_0", None), ("q4_K", "all")])
+def test_model_with_repacked_blocks_matches_the_plain_load(wide, tmp_path, monkeypatch,
+                                                           outtype, env):
+    """ggml's CPU_REPACK layout for the q4_0 / q4_K block matrices (every Linear of both blocks;
+    the q8_0 heads and the f32 tables stay plain). The repacked kernels round the activations to
+    8 bits with their own 4-row quantizer, so a value can land one step apart: measured up to
+    1.6 % (q4_K) / 1.0 % (q4_0) of the range between the two loads (seeds 2 and 3), while both
+    stay as close to the float64 reference on the dequantized weights (≤ 0.09, DEQUANT_ATOL 0.2).
+    Greedy generation gives the same rows. q4_0 repacks by default, q4_K only with
+    MOSS_TTS_REPACK=all."""
+    if env is None:
+        monkeypatch.delenv("MOSS_TTS_REPACK", raising=False)
+    else:
+        monkeypatch.setenv("MOSS_TTS_REPACK", env)
+    q4 = convert(str(wide[0]), tmp_path / "q4.gguf", outtype=outtype, strict=True)
+    plain, packed = load_with(q4, False), load_with(q4, None)
     try:
         if not packed.weights.packed:
-            pytest.skip("this ggml does not repack q4_K on this CPU")
+            pytest.skip(f"this ggml does not repack {outtype} on this CPU")
         assert packed.weights.packed == {f"blk.{i}.{n}.weight" for i in range(2) for n in LINEARS}
         assert plain.weights.packed == set()
         deq = dequantized_state(q4)
