@@ -225,6 +225,7 @@ class Weights(NativeResource):
         self.zero_copy = False
         self.buffer = self.packed_buffer = self._map = self._bytes = None
         self.packed: set[str] = set()
+        self._packer = None      # set by _repack_names when the backend can repack
         with released_on_error(self):
             self._map = _map(file)
             self._bytes = np.frombuffer(self._map, dtype=np.uint8)
