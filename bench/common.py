@@ -62,4 +62,5 @@ def fma_peak_gflops(cores: int) -> tuple[float, str]:
     _, flags, mhz = _cpuinfo()
     lanes = 16 if "avx512f" in flags else 8 if "fma" in flags else 4
     flops = 2 * lanes * 2
-    return flops * mhz * 1e-3 * cores, f"{lanes} lanes x 2 (FMA) x 2 units x {mhz:.0f} MHz x {cores} cores"
+    how = f"{lanes} lanes x 2 (FMA) x 2 units x {mhz:.0f} MHz x {cores} cores"
+    return flops * mhz * 1e-3 * cores, how

@@ -147,7 +147,8 @@ def main(argv=None) -> int:
                         loaded[mode] = w
                     else:
                         w.close()
-                graphs = {mode: matmul_graph(backend, w, n_mats, m, x) for mode, w in loaded.items()}
+                graphs = {mode: matmul_graph(backend, w, n_mats, m, x)
+                          for mode, w in loaded.items()}
                 bw = probe.gbps(args.repeat)
                 for (mode, g), ms in zip(graphs.items(), interleaved(list(graphs.values()),
                                                                       args.repeat)):

@@ -252,7 +252,8 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_backend_buft_is_host", c_bool, [_P]),
         # const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
         ("ggml_backend_buft_name", c_char_p, [_P]),
-        # ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size);
+        # ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft,
+        #                                                      size_t size);
         ("ggml_backend_buft_alloc_buffer", _P, [_P, c_size_t]),
         # void ggml_backend_tensor_set(struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
         ("ggml_backend_tensor_set", None, [_T, c_void_p, c_size_t, c_size_t]),

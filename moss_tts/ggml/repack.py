@@ -1,8 +1,8 @@
 """ggml's CPU repacked weights (the CPU backend's "extra buffer type" CPU_REPACK).
 
 A quantized matrix uploaded into a CPU_REPACK buffer is rewritten into row-interleaved blocks
-(ggml 0.25.3 on x86: q4_0 → q4_0_8x8 and q4_K → q4_K_8x8 and iq4_nl → 8x8 with AVX2, q2_K → 8x8
-with AVX-512; ARM has more), and mul_mat on it runs kernels that multiply 4 activation rows by
+(ggml 0.25.3 on x86: q4_0, q4_K and iq4_nl → 8x8 with AVX2, q2_K → 8x8 with AVX-512; ARM
+has more), and mul_mat on it runs kernels that multiply 4 activation rows by
 8 weight rows at once. Rules taken from ggml-cpu/repack.cpp, which this module enforces:
 
 - ggml decides per tensor (type, CPU features, rows a multiple of 4/8/16) and aborts the process

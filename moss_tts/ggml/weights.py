@@ -239,7 +239,8 @@ class Weights(NativeResource):
 
     @classmethod
     def load(cls, path, backend: "Backend | str | None" = None, *, repack=None) -> "Weights":
-        """`repack`: a predicate on (tensor name, GGMLType) choosing mul_mat-only weights, or None."""
+        """`repack`: a predicate on (tensor name, GGMLType) choosing mul_mat-only weights, or
+        None."""
         file = GGUFFile(path)
         with released_on_error(file):
             return cls(file, get_backend(backend), repack)
