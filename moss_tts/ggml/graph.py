@@ -300,7 +300,8 @@ class Graph(NativeResource):
         # (built from a plain view of it, not from the write) sees the new rows.
         for t in self._effects + list(self.outputs.values()):
             self.lib.ggml_build_forward_expand(self.cgraph, t.ptr)
-        check_graph(self.lib, self.cgraph, self.name)
+        check_graph(self.lib, self.cgraph, self.name,
+                    [mem for _, _, _, mem in self._ctxs[:self._ctx_index + 1]])
         self._allocated = False
         return self
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+import numpy as np
+
 from ..errors import BackendError, InputError, ShapeError
 from . import lib as _lib
 from .backend import Backend, Buffer
@@ -132,9 +134,11 @@ class Packer:
         return buf
 
 
-def check_graph(lib, cgraph, graph_name: str) -> None:
-    """Refuse a graph that reads a repacked weight other than as a mul_mat's weight operand."""
-    if not PACKED:
+def check_graph(lib, cgraph, graph_name: str, memories=None) -> None:
+    """Refuse a graph that reads a repacked weight other than as a mul_mat's weight operand.
+    `memories`: the numpy arrays holding the graph's tensor structs; when no 8-byte word in
+    them is a repacked tensor's address, no node can read one and the walk is skipped."""
+    if not PACKED or (memories is not None and not _mentions_packed(memories)):
         return
     for i in range(lib.ggml_graph_n_nodes(cgraph)):
         node = lib.ggml_graph_node(cgraph, i)
@@ -146,3 +150,17 @@ def check_graph(lib, cgraph, graph_name: str) -> None:
                     f"{lib.ggml_op_desc(node).decode()}, but only mul_mat can read a repacked "
                     f"weight — leave that tensor out of the model's repack set, or set "
                     f"{REPACK_ENV}=0")
+
+
+def _mentions_packed(memories) -> bool:
+    """Does any aligned word of these buffers equal a repacked tensor's address? A superset of
+    the nodes' sources at numpy speed (the walk costs a few µs per node in Python)."""
+    wanted = np.fromiter(PACKED, dtype=np.uint64, count=len(PACKED))
+    lo, hi = wanted.min(), wanted.max()
+    for mem in memories:
+        lead = -mem.ctypes.data % 8
+        words = mem[lead:lead + (mem.size - lead) // 8 * 8].view(np.uint64)
+        near = words[(words >= lo) & (words <= hi)]
+        if near.size and np.isin(near, wanted).any():
+            return True
+    return False

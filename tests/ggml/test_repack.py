@@ -139,3 +139,21 @@ def test_repacked_weights_do_not_keep_their_file_pages_resident(tmp_path, rng):
     with Weights.load(path, repack=ALL) as weights:
         assert weights.packed == {"blk.0.w"}
         assert (rss_file_kib() - before) * 1024 < nbytes // 4
+
+
+def test_graphs_without_repacked_weights_skip_the_node_walk(tmp_path, rng, monkeypatch):
+    """While a repacked model is loaded, other graphs (a codec's, another model's) are told
+    apart by a numpy scan of their tensor metadata, not walked node by node."""
+    path, _ = quantized_file(tmp_path / "w.gguf", "q4_0", 64, rng)
+    with Weights.load(path, repack=ALL) as weights:
+        walked = []
+        lib = weights.lib
+        real = lib.ggml_graph_node
+        monkeypatch.setattr(lib, "ggml_graph_node", lambda *a: walked.append(a) or real(*a))
+        for uses in (False, True):
+            g = Graph(weights.backend, name="other")
+            x = g.input("x", (4, K))
+            g.output(ops.mul_mat(weights["blk.0.w"], x) if uses else ops.add(x, x), "y")
+            g.build()
+            g.close()
+            assert bool(walked) == uses
