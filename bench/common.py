@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
@@ -38,3 +39,28 @@ def table(rows: list[dict], cols: list[str]) -> str:
     out = [line, "  ".join("-" * widths[c] for c in cols)]
     out += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols) for r in rows]
     return "\n".join(out)
+
+
+def _cpuinfo() -> tuple[str, list[str], float]:
+    """(model name, flags, MHz) from /proc/cpuinfo (empty where it is missing)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = lambda key: next((ln.split(":", 1)[1].strip() for ln in info.splitlines()  # noqa: E731
+                              if ln.startswith(key)), "")
+    mhz = field("cpu MHz")
+    return field("model name") or "unknown CPU", field("flags").split(), float(mhz or 0)
+
+
+def cpu_line() -> str:
+    model, flags, mhz = _cpuinfo()
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return f"{model}, {os.cpu_count()} CPUs at {mhz:.0f} MHz; {' '.join(simd)}"
+
+
+def fma_peak_gflops(cores: int) -> tuple[float, str]:
+    """f32 FMA lanes × 2 flops × 2 FMA units (assumed: every AVX2/AVX-512 server core since
+    Haswell / Zen 2 has two) × clock × cores, and how it was computed."""
+    _, flags, mhz = _cpuinfo()
+    lanes = 16 if "avx512f" in flags else 8 if "fma" in flags else 4
+    flops = 2 * lanes * 2
+    how = f"{lanes} lanes x 2 (FMA) x 2 units x {mhz:.0f} MHz x {cores} cores"
+    return flops * mhz * 1e-3 * cores, how

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import table  # noqa: E402
+from bench.common import cpu_line, table  # noqa: E402
 from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb, perf_top  # noqa: E402
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
@@ -286,7 +286,8 @@ def full_step(session, rows):
 
 
 def run_ours(args) -> dict:
-    model = load_published(weights_dir(args), get_backend(None, args.threads))
+    model = load_published(weights_dir(args), get_backend(None, args.threads),
+                           repack=args.repack != "off")
     cfg, rows = model.config, voice_clone_prompt(model.config, args.prompt)
     heads = HeadsProbe(model)
     compute, plain = [], model.backend.compute
@@ -412,16 +413,6 @@ def worker(args) -> None:
 
 
 # -- the driver ---------------------------------------------------------------------------------
-def cpu_line() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                  if ln.startswith("model name")), "unknown CPU")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                  if ln.startswith("flags")), [])
-    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    return f"{model}, {os.cpu_count()} CPUs; {' '.join(simd)}"
-
-
 def step_bytes(d: Path, cfg: DelayConfig, n_past: int, side: str) -> dict[str, int]:
     """Bytes one step reads, by part: the backbone (every block matrix, one row of each
     embedding table, the KV prefix) and the heads: the audio heads (f16 in ours, f32 in
@@ -435,9 +426,9 @@ def step_bytes(d: Path, cfg: DelayConfig, n_past: int, side: str) -> dict[str, i
         blocks = sum(i.nbytes for n, i in infos.items() if n not in ("token_embd.weight", TEXT))
         text_head = infos[TEXT].nbytes
     h = cfg.language_config.hidden_size
-    tables = embd.nbytes // embd.shape[0] + cfg.n_vq * h * (2 if side == "ours" else 4)
+    tables = embd.nbytes // embd.shape[0] + cfg.n_vq * h * (4 if side == "peer" else 2)
     backbone = blocks + tables + kv_bytes(cfg, n_past)
-    audio = cfg.n_vq * cfg.audio_rows * h * (2 if side == "ours" else 4)
+    audio = cfg.n_vq * cfg.audio_rows * h * (4 if side == "peer" else 2)
     if side == "peer":
         return {"backbone": backbone + text_head, "heads": audio}
     return {"backbone": backbone, "heads": text_head * FEW_TEXT_IDS // cfg.vocab_size + audio}
@@ -458,10 +449,12 @@ def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[d
     gbps = probe.gbps(5)
     kv = kv_bytes(cfg, args.prompt + args.steps)
     out = []
-    for side in ("ours", "peer"):
-        if side == "peer" and args.no_peer:
-            continue
-        r = driver.worker(side, timing=not args.no_wait, **flags)
+    sides = {"ours": "off" if args.repack == "off" else "on"} | \
+        ({"ours-plain": "off"} if args.repack == "both" else {}) | \
+        ({} if args.no_peer else {"peer": None})
+    for side, repack in sides.items():
+        r = driver.worker("peer" if side == "peer" else "ours", timing=not args.no_wait,
+                          **flags, repack=repack)
         parts = step_bytes(d, cfg, args.prompt + args.steps // 2, side)
         # where the time goes: each part's bytes over its time, beside the read bandwidth
         rates = {f"{k}_gbs": parts[k] / r[f"{k}_ms"] / 1e6 for k in parts if f"{k}_ms" in r}
@@ -500,8 +493,18 @@ def report(results: list[dict]) -> str:
            "whole text head": fmt(r["full_head_step_ms"]),
            "heads few / whole": f"{fmt(r['heads_ms'])} / {fmt(r['full_head_heads_ms'])}"}
           for r in results if "full_head_step_ms" in r]
+    plain = [{"type": r["type"], "repacked step ms": fmt(o.get("step_ms")),
+              "plain step ms": fmt(r.get("step_ms")), "prefill ms repacked / plain":
+              f"{fmt(o.get('prefill_ms'))} / {fmt(r.get('prefill_ms'))}",
+              "plain / repacked step": fmt(r.get("step_ms", float("nan")) /
+                                           o.get("step_ms", float("nan")))}
+             for r in results if r["side"] == "ours-plain"
+             for o in results if o["type"] == r["type"] and o["side"] == "ours"]
     parts = [table(lines, cols), "per step (ms), prefill and first audio (ms):",
              table(split, split_cols) if split else "(no side ran)"]
+    if plain:
+        parts += ["ours with and without ggml's repacked weights (--repack both):",
+                  table(plain, list(plain[0]))]
     if ab:
         parts += ["ours, step ms in one process (--ab-text-head):",
                   table(ab, list(ab[0]))]
@@ -533,6 +536,9 @@ def main(argv=None) -> int:
                     help="where the random-weight files are written once and reused")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    ap.add_argument("--repack", choices=["on", "off", "both"], default="both",
+                    help="ours with ggml's repacked CPU weight layouts (the package default), "
+                    "without, or both (side ours-plain: repack off)")
     ap.add_argument("--ab-text-head", action="store_true",
                     help="ours again with the whole text head on every step (A/B, one process)")
     ap.add_argument("--profile", action="store_true",

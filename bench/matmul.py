@@ -1,13 +1,20 @@
 """Matmul throughput per weight type: sequence length 1 (decode, bandwidth-bound: GB/s of
-weights read) and 64 rows (prefill, compute-bound: GFLOP/s), against numpy on the same shapes.
+weights read) and 64 rows (prefill, compute-bound: GFLOP/s and % of the host's peak), against
+numpy on the same shapes; quantized types ggml repacks on this CPU run plain and repacked
+(CPU_REPACK) interleaved in one process.
 
     python bench/matmul.py [--types f32,f16,bf16,q8_0,q4_0,q4_K,q6_K] [--rows 1,64] [--gib 1.0]
+                           [--repack off,on] [--peak-n 2048]
+
+The peak is the best of numpy's and ggml's f32 GEMM at n = --peak-n, printed beside the FMA
+width × clock × cores figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import median_ms, random_model, table  # noqa: E402
-from moss_tts.ggml import Backend, Graph, Weights, ops  # noqa: E402
+from bench.common import cpu_line, fma_peak_gflops, median_ms, random_model, table  # noqa: E402
+from moss_tts.ggml import Backend, Graph, TensorStore, Weights, ops  # noqa: E402
 
 K = N = 4096
 
@@ -31,7 +38,6 @@ class ReadProbe:
         self.parts = np.array_split(self.array, threads)
 
     def gbps(self, repeat: int) -> float:
-        import threading
         best = float("inf")
         for _ in range(repeat):
             workers = [threading.Thread(target=np.max, args=(p,)) for p in self.parts]
@@ -44,18 +50,75 @@ class ReadProbe:
         return self.array.nbytes / best / 1e9
 
 
+def best_s(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measured_peak(backend: Backend, n: int, repeat: int) -> dict[str, float]:
+    """GFLOP/s of an n×n×n f32 GEMM: numpy (its BLAS) and ggml (mul_mat of n rows)."""
+    rng = np.random.default_rng(2)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    flops = 2.0 * n ** 3
+    out = {"numpy": flops / best_s(lambda: a @ b, repeat) / 1e9}
+    with TensorStore({"w": b}, backend) as store:
+        g = Graph(backend, name="peak")
+        g.output(ops.mul_mat(store["w"], g.input("x", (n, n))), "y")
+        g.build()
+        g.allocate()
+        g.set_input("x", a)
+        g.compute()
+        out["ggml"] = flops / best_s(g.compute, repeat) / 1e9
+        g.close()
+    return out
+
+
+def matmul_graph(backend, weights, n_mats: int, m: int, x) -> Graph:
+    g = Graph(backend, name="matmul")
+    xin = g.input("x", (m, K))
+    for i in range(n_mats):
+        g.output(ops.mul_mat(weights[f"w.{i}.weight"], xin), f"y{i}")
+    g.build()
+    g.allocate()
+    g.set_input("x", x)
+    g.compute()  # warm-up (page-in of the mmap)
+    return g
+
+
+def interleaved(graphs: list[Graph], repeat: int) -> list[float]:
+    """Median ms of each graph, timed in turn within every repeat (A B A B ...)."""
+    samples = [[] for _ in graphs]
+    for _ in range(repeat):
+        for g, out in zip(graphs, samples):
+            t0 = time.perf_counter()
+            g.compute()
+            out.append(time.perf_counter() - t0)
+    return [median_ms(s) for s in samples]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="f32,f16,bf16,q8_0,q4_0,q4_K,q6_K")
     ap.add_argument("--rows", default="1,64")
     ap.add_argument("--gib", type=float, default=1.0, help="f32 size of the weight stack "
                     "(keep it well above the last-level cache)")
+    ap.add_argument("--repack", default="off,on", help="plain (off) and/or repacked (on) "
+                    "weights, for the types this CPU repacks")
+    ap.add_argument("--peak-n", type=int, default=2048, help="GEMM size of the peak probe")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     n_mats = max(1, round(args.gib * 2**30 / (K * N * 4)))
     shapes = {f"w.{i}.weight": (N, K) for i in range(n_mats)}
     backend = Backend("cpu", threads=args.threads)
+    modes = args.repack.split(",")
+    peaks = measured_peak(backend, args.peak_n, args.repeat)
+    peak = max(peaks.values())
+    theory, how = fma_peak_gflops(backend.threads)
     rows_out = []
     rng = np.random.default_rng(0)
     probe = ReadProbe(n_mats * N * K * 4, backend.threads)
@@ -71,39 +134,51 @@ def main(argv=None) -> int:
                 x @ w.T
             samples.append(time.perf_counter() - t0)
         bw = probe.gbps(args.repeat)
-        rows_out.append(_row("numpy f32", m, median_ms(samples), n_mats * N * K * 4, n_mats, bw))
+        rows_out.append(_row("numpy f32", m, median_ms(samples), n_mats * N * K * 4, n_mats, bw,
+                             peak))
         for t in args.types.split(","):
-            with Weights.load(random_model(f"stack{n_mats}x{N}", shapes, t), backend) as wts:
-                g = Graph(backend, name="matmul")
-                xin = g.input("x", (m, K))
-                for i in range(n_mats):
-                    g.output(ops.mul_mat(wts[f"w.{i}.weight"], xin), f"y{i}")
-                g.build()
-                g.allocate()
-                g.set_input("x", x)
-                g.compute()  # warm-up (page-in of the mmap)
+            path = random_model(f"stack{n_mats}x{N}", shapes, t)
+            loaded = {}
+            try:
+                for mode in modes:
+                    w = Weights.load(path, backend, repack=(lambda n, t: True) if mode == "on"
+                                     else None)
+                    if mode == "off" or w.packed:   # "on" only where ggml repacks this type
+                        loaded[mode] = w
+                    else:
+                        w.close()
+                graphs = {mode: matmul_graph(backend, w, n_mats, m, x)
+                          for mode, w in loaded.items()}
                 bw = probe.gbps(args.repeat)
-                samples = []
-                for _ in range(args.repeat):
-                    t0 = time.perf_counter()
-                    g.compute()
-                    samples.append(time.perf_counter() - t0)
-                rows_out.append(_row(f"ggml {t}", m, median_ms(samples), wts.nbytes, n_mats, bw))
-                g.close()
-    print(f"{n_mats} x [{N} x {K}] weights, {backend.threads} threads, medians of {args.repeat}; "
-          f"read BW = numpy max over the same bytes, {backend.threads} threads, best of "
-          f"{args.repeat}, measured just before each row")
+                for (mode, g), ms in zip(graphs.items(), interleaved(list(graphs.values()),
+                                                                      args.repeat)):
+                    label = f"ggml {t}" + (" repacked" if mode == "on" else "")
+                    rows_out.append(_row(label, m, ms, loaded[mode].nbytes, n_mats, bw, peak))
+                    g.close()
+            finally:
+                for w in loaded.values():
+                    w.close()
+    print(f"CPU: {cpu_line()}")
+    print(f"peak: measured f32 GEMM n={args.peak_n}: numpy {peaks['numpy']:.0f}, ggml "
+          f"{peaks['ggml']:.0f} GFLOP/s (best of {args.repeat}); FMA figure {theory:.0f} GFLOP/s "
+          f"({how}); '% of peak' uses the measured {peak:.0f}")
+    print(f"{n_mats} x [{N} x {K}] weights, {backend.threads} threads, medians of {args.repeat} "
+          f"(plain and repacked timed in turn); read BW = numpy max over the same bytes, "
+          f"{backend.threads} threads, best of {args.repeat}, measured just before each row")
     print(table(rows_out, ["what", "rows", "ms", "weight GB/s", "read BW", "% of read BW",
-                           "GFLOP/s"]))
+                           "GFLOP/s", "% of peak"]))
     return 0
 
 
-def _row(what, m, ms, nbytes, n_mats, bw):
+def _row(what, m, ms, nbytes, n_mats, bw, peak):
     flops = 2.0 * m * N * K * n_mats
+    gflops = flops / ms / 1e6
     row = {"what": what, "rows": m, "ms": f"{ms:.1f}", "weight GB/s": f"{nbytes / ms / 1e6:.1f}",
-           "read BW": f"{bw:.1f}", "GFLOP/s": f"{flops / ms / 1e6:.1f}"}
+           "read BW": f"{bw:.1f}", "GFLOP/s": f"{gflops:.1f}"}
     if m == 1:
         row["% of read BW"] = f"{100 * nbytes / ms / 1e6 / bw:.0f}"
+    else:
+        row["% of peak"] = f"{100 * gflops / peak:.0f}"
     return row
 
 

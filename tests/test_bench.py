@@ -116,3 +116,24 @@ def test_codec48k_builds_a_missing_gguf_for_other_drivers(tmp_path, monkeypatch)
     mtime = path.stat().st_mtime_ns
     assert codec48k.ensure_gguf("nano", "f32", log=lambda msg: None) == path   # reused
     assert path.stat().st_mtime_ns == mtime
+
+
+def test_fma_peak_follows_the_vector_width_clock_and_cores(monkeypatch):
+    from bench import common
+
+    monkeypatch.setattr(common, "_cpuinfo", lambda: ("x", ["fma", "avx2", "avx512f"], 2000.0))
+    assert common.fma_peak_gflops(2)[0] == 16 * 2 * 2 * 2.0 * 2      # 256 GFLOP/s
+    monkeypatch.setattr(common, "_cpuinfo", lambda: ("x", ["fma", "avx2"], 2450.0))
+    assert common.fma_peak_gflops(2)[0] == pytest.approx(8 * 2 * 2 * 2.45 * 2)   # ≈ 157
+
+
+def test_matmul_bench_times_plain_and_repacked_in_turn(capsys):
+    from bench import matmul
+    from moss_tts.ggml import GGMLType, get_backend, repack
+
+    repacks = repack.Packer(get_backend()).eligible(GGMLType.Q4_0, (4096, 4096, 1, 1))
+    assert matmul.main(["--types", "f32,q4_0", "--rows", "8", "--gib", "0.07", "--repeat", "1",
+                        "--peak-n", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU: " in out and "FMA figure" in out
+    assert ("ggml q4_0 repacked" in out) == repacks and "ggml f32 repacked" not in out

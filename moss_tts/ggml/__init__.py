@@ -3,6 +3,7 @@
 from .backend import Allocator, Backend, Buffer, default_threads, devices, get_backend
 from .graph import Graph, Tensor
 from .types import BF16, F16, F32, I32, I64, GGMLType
+from . import repack
 from .weights import GGUFFile, TensorInfo, TensorStore, Weights
 
 __all__ = ["Allocator", "Backend", "Buffer", "default_threads", "devices", "get_backend", "Graph",

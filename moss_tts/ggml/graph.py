@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import BackendError, InputError, ShapeError
 from . import lib as _lib
 from .backend import Allocator, Backend, NativeResource, get_backend
+from .repack import check_graph
 from .types import F32, GGMLType, numpy_dtype
 
 logger = logging.getLogger(__name__)
@@ -299,6 +300,8 @@ class Graph(NativeResource):
         # (built from a plain view of it, not from the write) sees the new rows.
         for t in self._effects + list(self.outputs.values()):
             self.lib.ggml_build_forward_expand(self.cgraph, t.ptr)
+        check_graph(self.lib, self.cgraph, self.name,
+                    [mem for _, _, _, mem in self._ctxs[:self._ctx_index + 1]])
         self._allocated = False
         return self
 

@@ -200,6 +200,8 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_build_forward_expand", None, [_P, _T]),
         # int ggml_graph_n_nodes(struct ggml_cgraph * cgraph);
         ("ggml_graph_n_nodes", c_int, [_P]),
+        # struct ggml_tensor * ggml_graph_node(struct ggml_cgraph * cgraph, int i);
+        ("ggml_graph_node", _T, [_P, c_int]),
         # size_t ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst, int64_t start,
         #     int64_t nrows, int64_t n_per_row, const float * imatrix);
         ("ggml_quantize_chunk", c_size_t, [c_int, c_void_p, c_void_p, _I64, _I64, _I64, c_void_p]),
@@ -248,6 +250,11 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_backend_buft_get_alignment", c_size_t, [_P]),
         # bool ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft);
         ("ggml_backend_buft_is_host", c_bool, [_P]),
+        # const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+        ("ggml_backend_buft_name", c_char_p, [_P]),
+        # ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft,
+        #                                                      size_t size);
+        ("ggml_backend_buft_alloc_buffer", _P, [_P, c_size_t]),
         # void ggml_backend_tensor_set(struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
         ("ggml_backend_tensor_set", None, [_T, c_void_p, c_size_t, c_size_t]),
         # void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
@@ -280,6 +287,8 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_backend_dev_backend_reg", _P, [_P]),
         # const char * ggml_backend_reg_name(ggml_backend_reg_t reg);
         ("ggml_backend_reg_name", c_char_p, [_P]),
+        # void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
+        ("ggml_backend_reg_get_proc_address", c_void_p, [_P, c_char_p]),
     ],
     "ggml-cpu.h": [
         # void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from . import lib as _lib
 from .backend import Backend, Buffer, NativeResource, get_backend, released_on_error
 from .graph import Tensor
 from .log import last_problem
+from .repack import PACKED, Packer
 from .types import GGMLType
 
 logger = logging.getLogger(__name__)
@@ -210,62 +212,95 @@ def _check_magic(path: Path) -> None:
 
 
 class Weights(NativeResource):
-    """Every tensor of a GGUF in backend memory; `weights["name"]` is a persistent Tensor."""
+    """Every tensor of a GGUF in backend memory; `weights["name"]` is a persistent Tensor.
 
-    def __init__(self, file: GGUFFile, backend: Backend):
+    `repack(name, type)` picks tensors the caller reads only as mul_mat weights; on a CPU backend
+    those ggml can repack (repack.py) are copied into interleaved layouts, the rest stay mmapped.
+    """
+
+    def __init__(self, file: GGUFFile, backend: Backend, repack=None):
         self.file = file
         self.backend = backend
         self.lib = backend.lib
         self.zero_copy = False
-        self.buffer = None
+        self.buffer = self.packed_buffer = self._map = self._bytes = None
+        self.packed: set[str] = set()
+        self._packer = None      # set by _repack_names when the backend can repack
         with released_on_error(self):
-            self.buffer = self._load()
+            self._map = _map(file)
+            self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+            self.buffer = self._load(set(self._repack_names(repack)))
         self._tensors = {name: Tensor.from_ptr(self.lib.ggml_get_tensor(
             file._meta_ctx, name.encode()), None, self) for name in file.tensors}
-        logger.info("loaded %s: %d tensors, %.1f MiB on %s%s", file.path.name, len(self._tensors),
-                    self.nbytes / 2**20, backend.name, " (zero-copy mmap)" if self.zero_copy else "")
+        logger.info("loaded %s: %d tensors, %.1f MiB on %s%s%s", file.path.name,
+                    len(self._tensors), self.nbytes / 2**20, backend.name,
+                    " (zero-copy mmap)" if self.zero_copy else "",
+                    f", {len(self.packed)} repacked" if self.packed else "")
 
     @classmethod
-    def load(cls, path, backend: "Backend | str | None" = None) -> "Weights":
+    def load(cls, path, backend: "Backend | str | None" = None, *, repack=None) -> "Weights":
+        """`repack`: a predicate on (tensor name, GGMLType) choosing mul_mat-only weights, or
+        None."""
         file = GGUFFile(path)
         with released_on_error(file):
-            return cls(file, get_backend(backend))
+            return cls(file, get_backend(backend), repack)
 
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.file.tensors.values())
 
-    def _load(self) -> Buffer | None:
+    def _repack_names(self, repack) -> list[str]:
+        if repack is None:
+            return []
+        packer = Packer(self.backend)
+        if not packer.available:
+            return []
+        self._packer = packer
+        return [n for n, info in self.file.tensors.items()
+                if repack(n, info.type) and packer.eligible(info.type, info.ne)]
+
+    def _load(self, packed: set[str]) -> Buffer | None:
         f = self.file
         if not f.tensors:
             return None
         size = max(t.offset + t.nbytes for t in f.tensors.values())
-        mapping = np.memmap(f.path, dtype=np.uint8, mode="r")
-        buf = None
-        try:
-            base = mapping.ctypes.data + f.data_offset
-            L = self.lib
-            if self.backend.is_cpu and self.backend.is_host and base % 32 == 0 \
-                    and f.alignment % 32 == 0:
-                # The CPU backend computes straight from the page cache: no copy, shared pages.
-                buf = Buffer(L, L.ggml_backend_cpu_buffer_from_ptr(base, size), usage=1,
-                             keepalive=mapping)
+        base = self._bytes.ctypes.data + f.data_offset
+        L = self.lib
+        if self.backend.is_cpu and self.backend.is_host and base % 32 == 0 \
+                and f.alignment % 32 == 0:
+            # The CPU backend computes straight from the page cache: no copy, shared pages.
+            buf = Buffer(L, L.ggml_backend_cpu_buffer_from_ptr(base, size), usage=1,
+                         keepalive=self._bytes)
+            try:
                 for name, info in f.tensors.items():
                     t = L.ggml_get_tensor(f._meta_ctx, name.encode())
-                    if L.ggml_backend_tensor_alloc(buf.ptr, t, base + info.offset) != 0:
+                    if name not in packed and L.ggml_backend_tensor_alloc(
+                            buf.ptr, t, base + info.offset) != 0:
                         raise ModelFileError(f"{f.path}: tensor {name!r} could not be placed")
-                self.zero_copy = True
-                return buf
-            buf = Buffer(L, L.ggml_backend_alloc_ctx_tensors(f._meta_ctx, self.backend.ptr), usage=1)
-            for name, info in f.tensors.items():
-                t = L.ggml_get_tensor(f._meta_ctx, name.encode())
-                L.ggml_backend_tensor_set(t, base + info.offset, 0, info.nbytes)
-            return buf
-        except BaseException:
-            if buf is not None:
+                if packed:
+                    self._upload_packed(packed, base)
+            except BaseException:
                 buf.close()
-            buf = mapping = None  # a held traceback keeps this frame: let the map go with it
-            raise
+                raise
+            self.zero_copy = True
+            return buf
+        buf = Buffer(L, L.ggml_backend_alloc_ctx_tensors(f._meta_ctx, self.backend.ptr), usage=1)
+        for name, info in f.tensors.items():
+            t = L.ggml_get_tensor(f._meta_ctx, name.encode())
+            L.ggml_backend_tensor_set(t, base + info.offset, 0, info.nbytes)
+        return buf
+
+    def _upload_packed(self, packed: set[str], base: int) -> None:
+        f, L = self.file, self.lib
+        order = [n for n in f.tensors if n in packed]
+        ptrs = {n: L.ggml_get_tensor(f._meta_ctx, n.encode()) for n in order}
+        self.packed_buffer = self._packer.upload(
+            [(n, ptrs[n], base + f.tensors[n].offset, f.tensors[n].nbytes) for n in order])
+        self.packed = set(order)
+        PACKED.update({ptrs[n]: n for n in order})
+        # the file pages were only the repack's input: let them leave this process's RSS
+        _drop_pages(self._map, [(f.data_offset + f.tensors[n].offset, f.tensors[n].nbytes)
+                                  for n in order])
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -314,15 +349,40 @@ class Weights(NativeResource):
         """Copy one tensor back to numpy (element types only; dequantize quantized ones)."""
         from .quant import dequantize
         info = self.file.tensors[name]
-        raw = np.empty(info.nbytes, dtype=np.uint8)
-        self.lib.ggml_backend_tensor_get(self[name].ptr, raw.ctypes.data, 0, info.nbytes)
+        if name in self.packed:   # the repacked copy cannot be read back: the file still can
+            start = self.file.data_offset + info.offset
+            raw = np.array(self._bytes[start:start + info.nbytes])
+        else:
+            raw = np.empty(info.nbytes, dtype=np.uint8)
+            self.lib.ggml_backend_tensor_get(self[name].ptr, raw.ctypes.data, 0, info.nbytes)
         return dequantize(raw, info.type, info.shape)
 
     def close(self) -> None:
-        if self.buffer is not None:
-            self.buffer.close()
-            self.buffer = None
+        for name in getattr(self, "packed", ()):
+            PACKED.pop(self.lib.ggml_get_tensor(self.file._meta_ctx, name.encode()), None)
+        self.packed = set()
+        for buf in (self.buffer, self.packed_buffer):
+            if buf is not None:
+                buf.close()
+        self.buffer = self.packed_buffer = self._map = self._bytes = None
         self.file.close()
+
+
+def _map(file: GGUFFile) -> mmap.mmap:
+    """The whole file, mapped read-only."""
+    with open(file.path, "rb") as fh:
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _drop_pages(mm: mmap.mmap, spans: list[tuple[int, int]]) -> None:
+    """madvise(DONTNEED) the whole pages inside each (offset, length) span of the mapping."""
+    page = mmap.PAGESIZE
+    if not hasattr(mm, "madvise"):     # Python builds without madvise: the pages just stay
+        return
+    for start, length in spans:
+        first, end = -(-start // page) * page, (start + length) // page * page
+        if end > first:
+            mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 class TensorStore(NativeResource):

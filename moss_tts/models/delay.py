@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..ggml import F16, I32, GGMLType, Graph, TensorStore, Weights, ops
 from ..ggml.graph import Tensor
+from ..ggml.repack import types as repack_types
 from ..nn import CacheView, last_row
 from ..nn.session import DecodeSession
 from ..sampling import (DelaySamplingOptions, apply_repetition_penalty, sample_rows,
@@ -143,6 +144,18 @@ def row_feed(rows: np.ndarray) -> dict[str, np.ndarray]:
     rows = rows.astype(np.int32)
     return {"rows.text": rows[:, 0]} | {f"rows.code.{k}": rows[:, k + 1]
                                         for k in range(rows.shape[1] - 1)}
+
+
+def matmul_only(repack: bool | None):
+    """The Weights.load predicate of the tensors only mul_mat reads (the blocks' matrices and
+    the audio heads; the token table and the text head are also gathered by get_rows) in the
+    types repacked by default, or None when repacking is off (`repack`, else
+    MOSS_TTS_REPACK; ggml/repack.py)."""
+    types = repack_types(repack)
+    if types is None:
+        return None
+    block = qwen3.LAYER_PREFIX.split("{")[0]        # "blk."
+    return lambda name, t: (name.startswith(block) or name == AUDIO_HEADS) and t in types
 
 
 # -- graph builders ---------------------------------------------------------------------------

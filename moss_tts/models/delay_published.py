@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ModelFileError
 from ..ggml import TensorStore, Weights, get_backend
-from .delay import AUDIO_HEADS, DelayConfig, DelayModel, PublishedParts
+from .delay import AUDIO_HEADS, DelayConfig, DelayModel, PublishedParts, matmul_only
 from .qwen3 import ARCH, Qwen3Config
 
 TABLE = "embeddings/emb_ext_{:02d}.npy"
@@ -81,11 +81,12 @@ def read_parts(d: Path, weights: Weights) -> PublishedParts:
                           tokenizer.read_text(encoding="utf-8"))
 
 
-def load_published(directory, backend=None, **model_options) -> DelayModel:
-    """A DelayModel from the published directory (no conversion); model_options as
-    DelayModel's (kv_type)."""
+def load_published(directory, backend=None, *, repack: bool | None = None,
+                   **model_options) -> DelayModel:
+    """A DelayModel from the published directory (no conversion); `repack` as DelayTTS.load's,
+    model_options as DelayModel's (kv_type)."""
     d = Path(directory)
-    weights = Weights.load(_backbone_gguf(d), get_backend(backend))
+    weights = Weights.load(_backbone_gguf(d), get_backend(backend), repack=matmul_only(repack))
     try:
         return DelayModel(weights, published=read_parts(d, weights), **model_options)
     except BaseException:

@@ -19,7 +19,7 @@ from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
 from ..text.qwen_tokenizer import QwenTokenizer
 from ..text.script import CJK_OR_HANGUL
 from ..tts import CodecTTS, Reference
-from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel
+from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_published import is_published_dir, load_published
 
 
@@ -76,11 +76,13 @@ class DelayTTS(CodecTTS):
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
-             kv_type: GGMLType = F16) -> "DelayTTS":
-        """model: a Delay GGUF or upstream's published llama.cpp directory."""
+             kv_type: GGMLType = F16, repack: bool | None = None) -> "DelayTTS":
+        """model: a Delay GGUF or upstream's published llama.cpp directory. `repack`: ggml's
+        interleaved CPU layouts for the matmul weights (default: MOSS_TTS_REPACK, else on)."""
         b = get_backend(backend, threads)
-        m = load_published(model, b, kv_type=kv_type) if is_published_dir(model) \
-            else DelayModel(Weights.load(model, b), kv_type=kv_type)
+        m = load_published(model, b, kv_type=kv_type, repack=repack) \
+            if is_published_dir(model) else \
+            DelayModel(Weights.load(model, b, repack=matmul_only(repack)), kv_type=kv_type)
         return cls._with_codec(m, codec, b)
 
     @property

@@ -17,7 +17,8 @@ from fixtures.reference import delay as ref
 from moss_tts.errors import ConfigError
 from moss_tts.ggml import Weights
 from moss_tts.ggml.types import GGMLType
-from moss_tts.models.delay import AUDIO_HEADS, TEXT_HEAD, DelayModel
+from moss_tts.models.delay import AUDIO_HEADS, TEXT_HEAD, DelayModel, matmul_only
+from moss_tts.sampling import DelaySamplingOptions
 
 Q4_K, Q8_0, F16, F32 = GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.F16, GGMLType.F32
 VOCAB = 512
@@ -162,3 +163,63 @@ def test_cli_flags_reach_the_delay_converter_and_no_other(wide, tmp_path):
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert "--head-type applies to convert delay / local / realtime only, not codec" in r.stderr
     assert not (tmp_path / "n.gguf").exists()
+
+
+def load_with(path, repack: bool) -> DelayModel:
+    return DelayModel(Weights.load(path, repack=matmul_only(repack)))
+
+
+@pytest.mark.parametrize("outtype,env", [("q4_0", None), ("q4_K", "all")])
+def test_model_with_repacked_blocks_matches_the_plain_load(wide, tmp_path, monkeypatch,
+                                                           outtype, env):
+    """ggml's CPU_REPACK layout for the q4_0 / q4_K block matrices (every Linear of both blocks;
+    the q8_0 heads and the f32 tables stay plain). The repacked kernels round the activations to
+    8 bits with their own 4-row quantizer, so a value can land one step apart: measured up to
+    1.6 % (q4_K) / 1.0 % (q4_0) of the range between the two loads (seeds 2 and 3), while both
+    stay as close to the float64 reference on the dequantized weights (≤ 0.09, DEQUANT_ATOL 0.2).
+    Greedy generation gives the same rows. q4_0 repacks by default, q4_K only with
+    MOSS_TTS_REPACK=all."""
+    if env is None:
+        monkeypatch.delenv("MOSS_TTS_REPACK", raising=False)
+    else:
+        monkeypatch.setenv("MOSS_TTS_REPACK", env)
+    q4 = convert(str(wide[0]), tmp_path / "q4.gguf", outtype=outtype, strict=True)
+    plain, packed = load_with(q4, False), load_with(q4, None)
+    try:
+        if not packed.weights.packed:
+            pytest.skip(f"this ggml does not repack {outtype} on this CPU")
+        assert packed.weights.packed == {f"blk.{i}.{n}.weight" for i in range(2) for n in LINEARS}
+        assert plain.weights.packed == set()
+        deq = dequantized_state(q4)
+        for seed in (2, 7):
+            r = rows(seed)
+            hidden, text, audio = packed.forward(r)
+            want_h = ref.hidden(deq, WIDE, r)
+            assert_close(hidden, want_h, atol=DEQUANT_ATOL, what="repacked hidden vs weights")
+            assert_close(text, ref.heads(deq, WIDE, want_h)[0], atol=DEQUANT_ATOL)
+            for got, want in zip((hidden, text, audio), plain.forward(r)):
+                finite = np.isfinite(want)
+                assert_close(got[finite], want[finite], atol=0.03 * np.abs(want[finite]).max(),
+                             what="repacked vs plain")
+        greedy = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+        prompt = rows(seed=3, n=20)
+        got = packed.generate(prompt, options=greedy, max_new_rows=12)
+        assert len(got) == 12 and np.array_equal(got, plain.generate(prompt, options=greedy,
+                                                                     max_new_rows=12))
+    finally:
+        plain.close()
+        packed.close()
+
+
+def test_repack_set_is_the_matmul_only_tensors_and_follows_the_switch(monkeypatch):
+    monkeypatch.delenv("MOSS_TTS_REPACK", raising=False)
+    pick = matmul_only(True)
+    assert pick("blk.0.attn_q.weight", GGMLType.Q4_0) and pick(AUDIO_HEADS, GGMLType.Q4_0)
+    assert not pick("blk.0.attn_q.weight", Q4_K)                   # measured slower repacked
+    assert not pick("token_embd.weight", GGMLType.Q4_0)            # gathered by get_rows
+    assert not pick(TEXT_HEAD, GGMLType.Q4_0)
+    assert matmul_only(False) is None
+    monkeypatch.setenv("MOSS_TTS_REPACK", "all")
+    assert matmul_only(None)("blk.0.attn_q.weight", Q4_K)
+    monkeypatch.setenv("MOSS_TTS_REPACK", "0")
+    assert matmul_only(None) is None and matmul_only(True) is not None
