@@ -260,8 +260,17 @@ def report(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", choices=["v2", "v2b"], default="v2")
+    variant = argparse.ArgumentParser(add_help=False)
+    variant.add_argument("--variant", choices=["v2", "v2b"], default="v2",
+                         help="v2: MOSS-TTS-Local-Transformer (1.7B); v2b: its v1.5 (4B)")
+    if variant.parse_known_args(argv)[0].variant == "v2b":
+        from bench import local_v15   # the V2b bench, written beside this one: its own flags
+        ap = argparse.ArgumentParser(description=local_v15.__doc__.splitlines()[0],
+                                     parents=[variant])
+        local_v15.add_arguments(ap)
+        local_v15.run(ap.parse_args(argv))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[variant])
     ap.add_argument("--types", default="q8_0,q4_K,f16", help="weight types, comma-separated")
     ap.add_argument("--frames", type=int, default=12, help=f"≥ {FIRST_CHUNK} (first audio)")
     ap.add_argument("--prompt", type=int, default=200, help="prompt rows (a voice clone)")
@@ -275,9 +284,6 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", choices=["ours", "peer"], help=argparse.SUPPRESS)
     ap.add_argument("--type", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.variant == "v2b":
-        from bench.local_v15 import run   # the V2b bench, written beside this one
-        return run(args)
     if args.frames < FIRST_CHUNK:
         ap.error(f"--frames must be at least {FIRST_CHUNK} (the first audio chunk)")
     if args.worker:
