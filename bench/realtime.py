@@ -199,10 +199,10 @@ def run_peer(args) -> dict:
     checkpoint with upstream's fixed local shape (16 codebooks of 1027): per frame, and whether
     the greedy frames agree."""
     src = os.environ.get("MOSS_TTS_UPSTREAM_REALTIME")
-    if not args.tiny:
-        return {"error": "the peer runs at tiny dims only for now"}
     if not src:
         return {"error": "set MOSS_TTS_UPSTREAM_REALTIME to upstream's moss_tts_realtime/"}
+    if not args.tiny:
+        return run_peer_real(args, src)
     from converters.realtime import convert
     from fixtures.make_realtime import make_tiny_realtime_checkpoint, tiny_config
 
@@ -236,6 +236,39 @@ def run_peer(args) -> dict:
     return {"peer_frame_ms": peer["frame_ms"], "peer_threads": peer["threads"],
             "ours_frame_ms_incl_prefill": 1e3 * per_frame, "frames": len(ours),
             "greedy_frames_equal": bool(np.array_equal(ours, want))}
+
+
+def real_config_json() -> dict:
+    """Upstream's config.json keys at the real dimensions (REAL, REAL_LOCAL)."""
+    from fixtures.make_realtime import tiny_config
+
+    def qwen3(c: Qwen3Config) -> dict:
+        return {"hidden_size": c.hidden_size, "num_hidden_layers": c.num_hidden_layers,
+                "num_attention_heads": c.num_attention_heads,
+                "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
+                "intermediate_size": c.intermediate_size, "rope_theta": c.rope_theta,
+                "rms_norm_eps": 1e-6}
+    tiny = tiny_config()
+    return tiny | {"language_config": tiny["language_config"] | qwen3(REAL) | {"vocab_size": 151936},
+                   "local_config": tiny["local_config"] | qwen3(REAL_LOCAL),
+                   "rvq": 16, "audio_pad_token": 1024, "audio_vocab_size": 1027,
+                   "sampling_rate": 24000}
+
+
+def run_peer_real(args, src: str) -> dict:
+    """Upstream at the real dimensions with its own random init (a frame's time does not depend
+    on the values, and no 7 GB f32 checkpoint is written): per frame, same prompt and text
+    lengths as the tiny check, greedy."""
+    root = Path(args.data) / "peer-real"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(real_config_json()))
+    r = subprocess.run([args.peer, str(Path(__file__).with_name("realtime_peer.py")), src,
+                        str(root), str(args.frames)], capture_output=True, text=True)
+    if r.returncode:
+        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+    peer = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"peer_frame_ms": peer["frame_ms"], "peer_prefill_ms": peer["prefill_ms"],
+            "peer_threads": peer["threads"], "frames": len(peer["frames"])}
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -292,7 +325,12 @@ def main(argv=None) -> int:
         results.append({"type": outtype, "read_gbs": gbps, "floor_ms": 1e3 * floor} | r)
     driver.say(report(results))
     if args.peer:
-        driver.say(f"upstream PyTorch f32 (tiny dims): {json.dumps(run_peer(args))}")
+        peer = run_peer(args)
+        driver.say(f"upstream PyTorch f32 ({'tiny' if args.tiny else 'real'} dims): "
+                   f"{json.dumps(peer)}")
+        for r in results if "peer_frame_ms" in peer and not args.tiny else ():
+            driver.say(f"upstream / ours per frame, {r['type']}: "
+                       f"{peer['peer_frame_ms'] / r['frame_ms']:.2f}×")
     driver.say("command: " + " ".join([sys.executable, *sys.argv]))
     print(json.dumps(results))
     return 0

@@ -3,7 +3,8 @@ in a Python with torch and transformers (not this package's venv) and prints one
 
     PYTHON bench/realtime_peer.py UPSTREAM_DIR CHECKPOINT_DIR FRAMES
 
-UPSTREAM_DIR is upstream's `moss_tts_realtime/` (holding `mossttsrealtime/`). The prompt is
+UPSTREAM_DIR is upstream's `moss_tts_realtime/` (holding `mossttsrealtime/`); a CHECKPOINT_DIR
+with only a config.json times the model on its own random init. The prompt is
 seeded random text rows; the lead is 12 ids; then FRAMES greedy steps through upstream's
 `MossTTSRealtimeInference.prefill/step` (the streaming path), timed per frame. The frames are
 printed too, so the caller can compare them with ours on the same weights.
@@ -36,10 +37,11 @@ def main(src: str, ckpt: str, frames: int) -> dict:
     torch.manual_seed(0)
     config = MossTTSRealtimeConfig(**json.loads((Path(ckpt) / "config.json").read_text()))
     model = MossTTSRealtime(config).float().eval()
+    shards = sorted(Path(ckpt).glob("*.safetensors"))
     state = {}
-    for shard in sorted(Path(ckpt).glob("*.safetensors")):
+    for shard in shards:   # none: the model's own random init (timing only)
         state |= {k: v.float() for k, v in load_file(str(shard)).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False) if shards else ([], [])
     if missing or unexpected:
         raise SystemExit(f"weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
     inference = MossTTSRealtimeInference(model, _Tokenizer(), max_length=frames + 8)

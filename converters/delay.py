@@ -17,12 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from moss_tts.errors import ConfigError, ModelFileError
-from moss_tts.ggml.types import BF16, F16, F32, GGMLType
 from moss_tts.models.delay import (AUDIO_HEADS, FORMAT_VERSION, KIND, TEXT_HEAD, TOKENIZER_KEY,
                                    DelayConfig)
 from moss_tts.models.qwen3 import Qwen3Config
 
-from .gguf_io import Lazy, TypeFor, group_types
+from .gguf_io import Lazy, TypeFor, group_types, renamed
 from .registry import convert_checkpoint
 
 BACKBONE = "language_model."
@@ -87,15 +86,8 @@ def source_names(cfg: DelayConfig) -> dict[str, str]:
 
 def map_tensors(ckpt, cfg: DelayConfig) -> tuple[dict[str, Lazy], list[str]]:
     """Checkpoint → GGUF tensors, loaded only when written. Returns (tensors, unmapped keys)."""
-    names = source_names(cfg)
     heads = [f"lm_heads.{k + 1}.weight" for k in range(cfg.n_vq)]
-    out, unmapped = {}, []
-    for name in ckpt.keys():
-        if name in names:
-            out[names[name]] = Lazy(ckpt.shape(name), np.float32,
-                                    lambda n=name: ckpt[n].astype(np.float32, copy=False))
-        elif name not in heads and name not in IGNORED:
-            unmapped.append(name)
+    out, unmapped = renamed(ckpt, source_names(cfg), lambda n: n in heads or n in IGNORED)
     if all(h in ckpt for h in heads):
         # the n_vq audio heads stacked into one matrix: one matmul per step (design §3)
         shapes = {ckpt.shape(h) for h in heads}

@@ -42,6 +42,19 @@ class Lazy:
         yield _encode(self.load(), t)
 
 
+def renamed(ckpt, names: dict[str, str], accounted=lambda name: False):
+    """The checkpoint tensors `names` maps (source name → GGUF name), each read as f32 only when
+    written, and the keys neither mapped nor `accounted` for (reported as unused: C21)."""
+    out, unmapped = {}, []
+    for name in ckpt.keys():
+        if name in names:
+            out[names[name]] = Lazy(ckpt.shape(name), np.float32,
+                                    lambda n=name: ckpt[n].astype(np.float32, copy=False))
+        elif not accounted(name):
+            unmapped.append(name)
+    return out, unmapped
+
+
 # type_for(name, spec) → the GGUF type of one tensor (spec has shape, ndim, dtype): the hook
 # every converter's type choice goes through
 TypeFor = Callable[[str, object], GGMLType]

@@ -20,7 +20,7 @@ from moss_tts.models.local import (AUDIO_EMBED, AUDIO_HEAD, FORMAT_VERSION, HEAD
                                    LOCAL, TEXT_EMBED, TEXT_HEAD, TOKENIZER_KEY, LocalConfig)
 
 from .delay import find_tokenizer, with_language_config
-from .gguf_io import Lazy, TypeFor, group_types
+from .gguf_io import Lazy, TypeFor, group_types, renamed
 from .registry import convert_checkpoint
 
 MODEL = "model."
@@ -70,15 +70,8 @@ def source_names(cfg: LocalConfig) -> dict[str, str]:
 
 def map_tensors(ckpt, cfg: LocalConfig) -> tuple[dict[str, Lazy], list[str]]:
     """Checkpoint → GGUF tensors, loaded only when written. Returns (tensors, unmapped keys)."""
-    names = source_names(cfg)
-    out, unmapped = {}, []
-    for name in ckpt.keys():
-        if name in names:
-            out[names[name]] = Lazy(ckpt.shape(name), np.float32,
-                                    lambda n=name: ckpt[n].astype(np.float32, copy=False))
-        elif name not in IGNORED and not (cfg.tie_text_head and name == SOURCE_TEXT_HEAD):
-            unmapped.append(name)
-    return out, unmapped
+    return renamed(ckpt, source_names(cfg), lambda n: n in IGNORED or (
+        cfg.tie_text_head and n == SOURCE_TEXT_HEAD))
 
 
 def local_group(name: str) -> str:

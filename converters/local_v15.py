@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from moss_tts.errors import ConfigError, ModelFileError
-from moss_tts.ggml.types import F32, GGMLType
 from moss_tts.models import gpt2
 from moss_tts.models.local_v15 import (DECISION_HEAD, FORMAT_VERSION, KIND, LOCAL, TOKENIZER_KEY,
                                        LocalV15Config)
 from moss_tts.models.qwen3 import Qwen3Config
 
 from .delay import find_tokenizer
-from .gguf_io import Lazy, TypeFor, group_types
+from .gguf_io import Lazy, TypeFor, group_types, renamed
 from .registry import convert_checkpoint
 
 BACKBONE = "transformer."
@@ -107,21 +106,20 @@ def source_names(cfg: LocalV15Config) -> dict[str, str]:
 
 def map_tensors(ckpt, cfg: LocalV15Config) -> tuple[dict[str, Lazy], list[str]]:
     """Checkpoint → GGUF tensors, loaded only when written. Returns (tensors, unmapped keys)."""
-    names = source_names(cfg)
-    out, unmapped = {}, []
-    for name in ckpt.keys():
-        if name in names:
-            out[names[name]] = Lazy(ckpt.shape(name), np.float32,
-                                    lambda n=name: ckpt[n].astype(np.float32, copy=False))
-        elif any(p.search(name) for p, _ in IGNORED):
-            continue
-        elif m := TIED_HEAD.match(name):
+    def accounted(name: str) -> bool:
+        """Ignored by rule, or an audio head that is its table (stored once; an untied one is
+        refused)."""
+        if any(p.search(name) for p, _ in IGNORED):
+            return True
+        if m := TIED_HEAD.match(name):
             source = f"audio_embeddings.{m.group(1)}.weight"
             if source not in ckpt or not np.array_equal(ckpt[name], ckpt[source]):
                 raise ModelFileError(f"{name} is not tied to {source}: this runtime needs tied "
                                      "audio heads")
-        else:
-            unmapped.append(name)
+            return True
+        return False
+
+    out, unmapped = renamed(ckpt, source_names(cfg), accounted)
     text = f"{BACKBONE}embed_tokens.weight"
     if DECISION_HEAD not in ckpt and text in ckpt:
         # upstream initialises the 2-way head from the (tied) text head's continue/stop rows,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 
 from moss_tts.errors import ConfigError
 from moss_tts.models import spec
@@ -23,7 +22,7 @@ from moss_tts.models.realtime import (FORMAT_VERSION, KIND, LOCAL_LAYER, LOCAL_N
                                       TOKENIZER_KEY, RealtimeConfig)
 
 from .delay import find_tokenizer, qwen3_config
-from .gguf_io import Lazy, TypeFor, group_types
+from .gguf_io import Lazy, TypeFor, group_types, renamed
 from .registry import convert_checkpoint
 
 BACKBONE = "language_model."
@@ -77,15 +76,7 @@ def source_names(cfg: RealtimeConfig) -> dict[str, str]:
 
 def map_tensors(ckpt, cfg: RealtimeConfig) -> tuple[dict[str, Lazy], list[str]]:
     """Checkpoint → GGUF tensors, loaded only when written. Returns (tensors, unmapped keys)."""
-    names = source_names(cfg)
-    out, unmapped = {}, []
-    for name in ckpt.keys():
-        if name in names:
-            out[names[name]] = Lazy(ckpt.shape(name), np.float32,
-                                    lambda n=name: ckpt[n].astype(np.float32, copy=False))
-        elif name not in IGNORED:
-            unmapped.append(name)
-    return out, unmapped
+    return renamed(ckpt, source_names(cfg), lambda n: n in IGNORED)
 
 
 def realtime_group(name: str) -> str:

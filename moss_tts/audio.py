@@ -246,8 +246,6 @@ def encode_file(samples, sample_rate: int, container: str, sample_format: str) -
     """The whole WAV/FLAC file in memory. Encoding to memory and writing the bytes with Python
     makes a full disk an OSError: libsndfile's FLAC encoder ignores failed writes (a 16 KiB
     tmpfs kept a truncated FLAC and reported success)."""
-    import io
-
     import soundfile as sf
 
     data, subtype = file_samples(samples, sample_format)
