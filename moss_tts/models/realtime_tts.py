@@ -274,8 +274,13 @@ class LiveSession(NativeResource):
         """This turn's text ids the backbone has taken (what the frames are paced by)."""
         return list(self._text_ids)
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` ran (by the owner, or the server when its client left)."""
+        return getattr(self, "_closed", True)
+
     def close(self) -> None:
-        if getattr(self, "_closed", True):
+        if self.closed:
             return
         self._closed = True
         self._audio.close()
