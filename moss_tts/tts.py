@@ -48,7 +48,16 @@ class CodecTTS(NativeResource):
     FAMILY = NAME = ""        # the GGUF kind ("nano") and the name people know ("MOSS-TTS-Nano")
     OPTIONS: type = object    # the family's sampling dataclass: its defaults are the only ones
     PROMPT_FIELDS: tuple[str, ...] = ()   # prompt keywords of `stream` (instruction, language, ...)
+    CHANNELS = 1              # of the audio `stream` yields
     model = codec = None
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sampling_rate      # upstream's config field of the Qwen3 families
+
+    @property
+    def channels(self) -> int:
+        return self.CHANNELS
 
     def stream(self, text: str, **options) -> Iterator[np.ndarray]:
         raise NotImplementedError

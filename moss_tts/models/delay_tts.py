@@ -85,14 +85,6 @@ class DelayTTS(CodecTTS):
             DelayModel(Weights.load(model, b, repack=matmul_only(repack)), kv_type=kv_type)
         return cls._with_codec(m, codec, b)
 
-    @property
-    def sample_rate(self) -> int:
-        return self.config.sampling_rate
-
-    @property
-    def channels(self) -> int:
-        return 1
-
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
         """Reference speech → codes [frames, n_vq]: cut to max_seconds (as Nano's), mono mix, the

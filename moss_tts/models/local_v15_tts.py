@@ -77,6 +77,7 @@ class LocalV15TTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer-v2 (48 kHz stereo) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer-v1.5", LocalV15SamplingOptions
+    CHANNELS = 2                      # the 48 kHz stereo codec v2
 
     def __init__(self, model: LocalV15Model, codec: Codec | None):
         self.model, self.config, self.codec = model, model.config, codec
@@ -95,14 +96,6 @@ class LocalV15TTS(CodecTTS):
              kv_type: GGMLType = F16) -> "LocalV15TTS":
         b = get_backend(backend, threads)
         return cls._with_codec(LocalV15Model(Weights.load(model, b), kv_type=kv_type), codec, b)
-
-    @property
-    def sample_rate(self) -> int:
-        return self.config.sampling_rate
-
-    @property
-    def channels(self) -> int:
-        return 2
 
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:

@@ -115,6 +115,7 @@ class NanoTTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer-Nano GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Nano", SamplingOptions
+    CHANNELS = 2
     _idle_state = None  # the last utterance's generation state, kept for the next
 
     def __init__(self, model: NanoModel, codec: Codec | None):
@@ -140,11 +141,7 @@ class NanoTTS(CodecTTS):
 
     @property
     def sample_rate(self) -> int:
-        return self.config.sample_rate
-
-    @property
-    def channels(self) -> int:
-        return 2
+        return self.config.sample_rate        # Nano's config names it so
 
     # -- references ---------------------------------------------------------------------------
     def encode_reference(self, samples, sample_rate: int, *,

@@ -107,14 +107,6 @@ class RealtimeTTS(CodecTTS):
         b = get_backend(backend, threads)
         return cls._with_codec(RealtimeModel(Weights.load(model, b), kv_type=kv_type), codec, b)
 
-    @property
-    def sample_rate(self) -> int:
-        return self.config.sampling_rate
-
-    @property
-    def channels(self) -> int:
-        return 1
-
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
         """Reference speech → codes [frames, rvq]: mono mix, the codec's rate, the codec (no
