@@ -32,8 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import cpu_line, table  # noqa: E402
-from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb, perf_top  # noqa: E402
+from bench.common import table  # noqa: E402
+from bench.harness import (ROOT, Driver, fmt, measure_types, median,  # noqa: E402
+                           peak_rss_gb, perf_top)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
 from converters.gguf_io import Lazy, write_tensors  # noqa: E402
@@ -552,14 +553,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    log = Path(args.data) / "delay-bench.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    driver = Driver(args, log, Path(__file__))
-    driver.say(f"CPU: {cpu_line()}")
-    probe = ReadProbe(1 << 30, args.threads or os.cpu_count())
-    results = []
-    for outtype in args.types.split(","):
-        results += measure_type(driver, args, outtype, probe)
+    driver, results = measure_types(args, __file__, "delay-bench.log", measure_type)
     driver.say(report(results))
     if args.profile:
         driver.say(profile(args))

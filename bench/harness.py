@@ -282,3 +282,21 @@ def upstream_commit(src: Path) -> str:
                               capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
+
+
+def measure_types(args, script, log_name: str, measure, *, probe_bytes: int = 1 << 30):
+    """The driver side the model benches share: a log beside the weight files, the CPU line, a
+    read probe for the bandwidth floors, then `measure(driver, args, outtype, probe)` (a list
+    of result rows) for each of --types. Returns (driver, rows)."""
+    from bench.common import cpu_line
+    from bench.matmul import ReadProbe
+
+    log = Path(args.data) / log_name
+    log.parent.mkdir(parents=True, exist_ok=True)
+    driver = Driver(args, log, Path(script))
+    driver.say(f"CPU: {cpu_line()}")
+    probe = ReadProbe(probe_bytes, args.threads or os.cpu_count())
+    rows = []
+    for outtype in args.types.split(","):
+        rows += measure(driver, args, outtype, probe)
+    return driver, rows

@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.delay import PooledRows, cpu_line  # noqa: E402
-from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb  # noqa: E402
+from bench.delay import PooledRows  # noqa: E402
+from bench.harness import ROOT, Driver, fmt, measure_types, median, peak_rss_gb  # noqa: E402
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local import local_group, tensor_types  # noqa: E402
@@ -289,14 +289,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    log = Path(args.data) / "local-bench.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    driver = Driver(args, log, Path(__file__))
-    driver.say(f"CPU: {cpu_line()}")
-    probe = ReadProbe(1 << 30, args.threads or os.cpu_count())
-    results = []
-    for outtype in args.types.split(","):
-        results += measure_type(driver, args, outtype, probe)
+    driver, results = measure_types(args, __file__, "local-bench.log", measure_type)
     driver.say(report(results))
     driver.say("command: " + " ".join([sys.executable, *sys.argv]))
     print(json.dumps(results))

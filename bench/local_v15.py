@@ -33,8 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.delay import PooledRows, cpu_line  # noqa: E402
-from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb  # noqa: E402
+from bench.delay import PooledRows  # noqa: E402
+from bench.harness import ROOT, Driver, fmt, measure_types, median, peak_rss_gb  # noqa: E402
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local_v15 import tensor_types  # noqa: E402
@@ -311,14 +311,8 @@ def run(args) -> list[dict]:
         out = {"ours": run_ours, "peer": run_peer}[args.worker](args)
         print(json.dumps(out | {"peak_rss_gb": peak_rss_gb()}))
         return [out]
-    log = Path(args.data) / "local-v15-bench.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    driver = Driver(args, log, Path(__file__))
-    driver.say(f"CPU: {cpu_line()}")
-    probe = ReadProbe(1 << 28 if args.tiny else 1 << 30, args.threads or os.cpu_count())
-    results = []
-    for outtype in args.types.split(","):
-        results += measure_type(driver, args, outtype, probe)
+    driver, results = measure_types(args, __file__, "local-v15-bench.log", measure_type,
+                                    probe_bytes=1 << 28 if args.tiny else 1 << 30)
     driver.say(report(results))
     driver.say("command: " + " ".join([sys.executable, *sys.argv]))
     return results

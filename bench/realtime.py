@@ -32,9 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.delay import PooledRows, cpu_line  # noqa: E402
-from bench.harness import ROOT, Driver, fmt, median, peak_rss_gb  # noqa: E402
-from bench.matmul import ReadProbe  # noqa: E402
+from bench.delay import PooledRows  # noqa: E402
+from bench.harness import ROOT, Driver, fmt, measure_types, median, peak_rss_gb  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.realtime import tensor_types  # noqa: E402
 from fixtures.make_delay import make_tokenizer_json  # noqa: E402
@@ -272,6 +271,16 @@ def run_peer_real(args, src: str) -> dict:
 
 
 # -- the driver ---------------------------------------------------------------------------------
+def measure_type(driver: Driver, args, outtype: str, probe) -> list[dict]:
+    kw = dict(type=outtype, frames=args.frames, rate=args.rate, threads=args.threads,
+              data=args.data, tiny=args.tiny)
+    path = weights(argparse.Namespace(**kw))        # written here, before any timing
+    gbps = probe.gbps(5)
+    r = driver.worker("ours", timing=not args.no_wait, **kw)
+    floor = frame_bytes(path, config(args.tiny), PROMPT_ROWS + args.frames) / (gbps * 1e9)
+    return [{"type": outtype, "read_gbs": gbps, "floor_ms": 1e3 * floor} | r]
+
+
 def report(results: list[dict]) -> str:
     cols = ["type", "frame ms", "floor ms", "frame/floor", "backbone", "local", "sampling",
             "prefill", "12th→first ms", "first/frame", "live RTF", "live lag s", "peak RSS GB",
@@ -309,20 +318,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    log = Path(args.data) / "realtime-bench.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    driver = Driver(args, log, Path(__file__))
-    driver.say(f"CPU: {cpu_line()}")
-    probe = ReadProbe(1 << 30, args.threads or os.cpu_count())
-    cfg, results = config(args.tiny), []
-    for outtype in args.types.split(","):
-        kw = dict(type=outtype, frames=args.frames, rate=args.rate, threads=args.threads,
-                  data=args.data, tiny=args.tiny)
-        path = weights(argparse.Namespace(**kw))        # written here, before any timing
-        gbps = probe.gbps(5)
-        r = driver.worker("ours", timing=not args.no_wait, **kw)
-        floor = frame_bytes(path, cfg, PROMPT_ROWS + args.frames) / (gbps * 1e9)
-        results.append({"type": outtype, "read_gbs": gbps, "floor_ms": 1e3 * floor} | r)
+    driver, results = measure_types(args, __file__, "realtime-bench.log", measure_type)
     driver.say(report(results))
     if args.peer:
         peer = run_peer(args)
