@@ -6,7 +6,9 @@ plus numpy embeddings and audio heads (`moss_tts_delay/llama_cpp/pipeline.py`), 
     python bench/delay.py [--types q4_K,q8_0] [--steps 40] [--prompt 300] [--threads N]
 
 Per type: a step split into backbone / heads / sampling / Python, the prefill of a voice-clone
-prompt, the first audio frame (prefill + n_vq steps; codec decode not included), peak RSS
+prompt (the median of 3 on fresh caches after a cold first one that pages the weights in:
+prefill_cold; both sides alike), the first audio frame (warm prefill + n_vq steps; codec decode
+not included), peak RSS
 against weight bytes + KV + 1 GB; the floor = bytes a step must read ÷ read bandwidth measured
 just before. Each side runs in its own process, after waiting for a quiet machine (--no-wait
 skips that; --profile adds a `perf` profile of one of our workers). The peer needs
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.harness import (ROOT, Driver, fmt, measure_types, median,  # noqa: E402
-                           peak_rss_gb, perf_top)
+                           peak_rss_gb, perf_top, prefill_times)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
 from converters.gguf_io import Lazy, write_tensors  # noqa: E402
@@ -300,9 +302,15 @@ def run_ours(args) -> dict:
 
     model.backend.compute = timed_compute
     steps = Steps(cfg, rows)
+
+    def prefill_once():
+        with model.make_session(len(rows) + 1) as fresh:
+            step_run(fresh, rows, Steps(cfg, rows).state, cfg)
+
+    prefills = prefill_times(prefill_once)
     with model.make_session(len(rows) + args.steps) as session:
         prefill = generate_timed(model, session, steps, rows, args.steps, heads, compute)
-    out = steps.summary(prefill)
+    out = steps.summary(prefill) | prefills
     if args.ab_text_head:    # the same again with the whole text head on every step
         full = Steps(cfg, rows)
         with model.make_session(len(rows) + args.steps) as session:
@@ -353,6 +361,10 @@ class LlamaBackbone:
         finally:
             L.llama_batch_free(batch)
 
+    def clear(self) -> None:
+        """Forget every cached position (to prefill the same prompt again)."""
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
     def outputs(self) -> tuple[np.ndarray, np.ndarray]:
         L = self.L
         text = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
@@ -385,9 +397,13 @@ def run_peer(args) -> dict:
     threads = args.threads or os.cpu_count()
     backbone = LlamaBackbone(next(d.glob("*.gguf")), len(rows) + args.steps + 64, threads)
     steps = Steps(cfg, rows)
-    t0 = time.perf_counter()
-    backbone.decode(embed(rows), 0)
-    prefill = time.perf_counter() - t0
+
+    def prefill_once():
+        backbone.clear()
+        backbone.decode(embed(rows), 0)
+
+    prefills = prefill_times(prefill_once)   # the last run leaves the prompt cached
+    prefill = prefills["prefill_ms"] / 1e3
     for pos in range(len(rows), len(rows) + args.steps):
         t0 = time.perf_counter()
         text, hidden = backbone.outputs()
@@ -404,7 +420,7 @@ def run_peer(args) -> dict:
         steps.parts.append({"backbone": (t1 - t0) + (t5 - t4), "heads": t2 - t1,
                             "sampling": t3 - t2, "python": t4 - t3})
     backbone.close()
-    return steps.summary(prefill) | {"threads": threads}
+    return steps.summary(prefill) | prefills | {"threads": threads}
 
 
 def worker(args) -> None:
@@ -482,14 +498,15 @@ def report(results: list[dict]) -> str:
             "peer floor ms", "read GB/s"]
     split = [{"type": r["type"], "side": r["side"],
               **{c: fmt(r.get(f"{c}_ms")) for c in ("backbone", "heads", "sampling", "python",
-                                                     "step", "prefill", "first_audio")},
+                                                     "step", "prefill", "prefill_cold",
+                                                     "first_audio")},
               "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
               "heads GB/s": fmt(r.get("heads_gbs"), "{:.1f}"),
               "peak RSS GB": fmt(r.get("peak_rss_gb")), "budget GB": fmt(r["budget_gb"]),
               "threads": r.get("threads", "")} for r in results if "error" not in r]
     split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
-                  "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB", "budget GB",
-                  "threads"]
+                  "prefill_cold", "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB",
+                  "budget GB", "threads"]
     ab = [{"type": r["type"], "few text ids": fmt(r["step_ms"]),
            "whole text head": fmt(r["full_head_step_ms"]),
            "heads few / whole": f"{fmt(r['heads_ms'])} / {fmt(r['full_head_heads_ms'])}"}

@@ -77,6 +77,22 @@ def timed_runs(fn, runs: int):
     return totals, chunks, foreign, out
 
 
+PREFILL_RUNS = 3
+
+
+def prefill_times(prefill, runs: int = PREFILL_RUNS) -> dict:
+    """A prompt's prefill timed cold and warm: `prefill()` runs it once on a fresh state. The
+    first call pays the first touch of the mmapped weights (page faults, disk reads when the
+    file is not cached: what a fresh process's first utterance sees); the median of `runs`
+    more is the compute-bound figure to hold against a peer whose weights sit in RAM."""
+    times = []
+    for _ in range(runs + 1):
+        t0 = time.perf_counter()
+        prefill()
+        times.append(time.perf_counter() - t0)
+    return {"prefill_cold_ms": 1e3 * times[0], "prefill_ms": 1e3 * median(times[1:])}
+
+
 def run_worker(cmd: list[str], line: str, say) -> dict:
     """One measuring subprocess: its last stdout line is its JSON result (+ wall_s)."""
     t0 = time.perf_counter()

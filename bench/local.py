@@ -14,7 +14,9 @@ rows: ggml quantizes q4_K too slowly to quantize 2 B values here), as a moss-tts
 under --data. A frame reads every backbone matrix once and every depth-stack matrix once per
 depth position (33 ×: each position depends on the token sampled at the one before): the floor
 is those bytes (+ the adapters, the heads of the frame, the KV prefix) ÷ the read bandwidth
-measured just before. First audio = prefill + the first codec chunk's 4 frames (the adaptive
+measured just before. Prefill: the median of 3 runs on fresh states after a first one that
+pays the first touch of the mmapped weights (reported as prefill_cold); both sides' figures are
+the warm median. First audio = warm prefill + the first codec chunk's 4 frames (the adaptive
 ladder's first chunk; the codec's own decode not included).
 """
 
@@ -33,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
-from bench.harness import ROOT, Driver, fmt, measure_types, median, peak_rss_gb  # noqa: E402
+from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
+                           prefill_times)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local import local_group, tensor_types  # noqa: E402
@@ -131,6 +134,15 @@ def run_ours(args) -> dict:
     cfg, rows = model.config, voice_clone_prompt(model.config, args.prompt)
     heads, compute, plain = HeadsProbe(model), [], backend.compute
 
+    def prefill_once():
+        fresh = model.make_state(len(rows) + 1)
+        try:
+            fresh.backbone.run(row_feed(rows, cfg.n_vq), len(rows), variant=(cfg.n_vq, True))
+        finally:
+            fresh.close()
+
+    prefills = prefill_times(prefill_once)
+
     def timed_compute(cgraph):   # ggml time of every graph run
         t0 = time.perf_counter()
         plain(cgraph)
@@ -174,9 +186,9 @@ def run_ours(args) -> dict:
     model.close()
     warm = parts[2:] or parts
     out = {f"{k}_ms": 1e3 * median([p[k] for p in warm]) for k in parts[0]}
-    return out | {"frame_ms": 1e3 * median([sum(p.values()) for p in warm]),
-                  "prefill_ms": 1e3 * prefill, "first_audio_ms": 1e3 * first_audio,
-                  "total_s": total, "threads": backend.threads}
+    return out | prefills | {"frame_ms": 1e3 * median([sum(p.values()) for p in warm]),
+                             "first_audio_ms": 1e3 * first_audio, "total_s": total,
+                             "threads": backend.threads}
 
 
 def run_peer(args) -> dict:
@@ -242,7 +254,7 @@ def report(results: list[dict]) -> str:
     lines = [{"type": r["type"], "side": r["side"],
               **{c: fmt(r.get(f"{c}_ms")) for c in ("backbone", "depth", "heads", "sampling",
                                                      "python", "frame", "prefill",
-                                                     "first_audio")},
+                                                     "prefill_cold", "first_audio")},
               "floor": fmt(r.get("floor_ms")),
               "/floor": fmt(r.get("frame_ms", float("nan")) / r["floor_ms"])
               if r.get("floor_ms") else "",

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
-from bench.harness import ROOT, Driver, fmt, measure_types, median, peak_rss_gb  # noqa: E402
+from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
+                           prefill_times)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local_v15 import tensor_types  # noqa: E402
@@ -146,6 +147,12 @@ def run_ours(args) -> dict:
                                           get_backend(None, args.threads)))
     rows = voice_clone_prompt(model.config, args.prompt)
     probe = HeadsProbe(model)
+
+    def prefill_once():
+        with model.make_state(len(rows) + 1) as fresh:
+            model.prefill(fresh, rows)
+
+    prefills = prefill_times(prefill_once)
     timers = Timers(model)
     parts, first_chunk, probe_s, prev = [], 0.0, 0.0, None
     t_start = time.perf_counter()
@@ -165,13 +172,12 @@ def run_ours(args) -> dict:
         heads = probe.seconds()    # between frames: not part of any frame's time
         probe_s += time.perf_counter() - p0
         prev = (time.perf_counter(), len(timers.graphs), len(timers.sampling), heads)
-    prefill = timers.graphs[0]
     probe.graph.close()
     model.close()
     warm = parts[2:] or parts
     out = {f"{k}_ms": 1e3 * median([p[k] for p in warm]) for k in parts[0]}
     return out | {"frame_ms": 1e3 * median([sum(p.values()) for p in warm]),
-                  "prefill_ms": 1e3 * prefill, "first_chunk_ms": 1e3 * first_chunk,
+                  **prefills, "first_chunk_ms": 1e3 * first_chunk,
                   "threads": get_backend(None, args.threads).threads}
 
 
@@ -212,19 +218,10 @@ def run_peer(args) -> dict:
                 raise SystemExit(f"upstream made {len(rows) - 1 - start} frames, not {n}")
         return best
 
-    def prefill() -> float:
-        """The fastest of 3 backbone passes over the prompt."""
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            backbone_hidden(model, ids)
-            best = min(best, time.perf_counter() - t0)
-        return best
-
     seconds(2)                                  # warm-up
     one, many = seconds(1), seconds(args.frames)
     frame = (many - one) / (args.frames - 1)
-    return {"frame_ms": 1e3 * frame, "prefill_ms": 1e3 * prefill(),
+    return {"frame_ms": 1e3 * frame, **prefill_times(lambda: backbone_hidden(model, ids)),
             "first_chunk_ms": 1e3 * (one + (FIRST_CHUNK - 1) * frame),
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
@@ -278,7 +275,8 @@ def report(results: list[dict]) -> str:
               "peer/ours": fmt(peer.get("frame_ms", float("nan")) / r["frame_ms"])
               if r["side"] == "ours" and "frame_ms" in r else "",
               **{c: fmt(r.get(f"{c}_ms")) for c in ("backbone", "local", "heads", "sampling",
-                                                     "python", "prefill", "first_chunk")},
+                                                     "python", "prefill", "prefill_cold",
+                                                     "first_chunk")},
               "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
               "local GB/s": fmt(r.get("local_gbs"), "{:.1f}"),
               "read GB/s": fmt(r["read_gbs"], "{:.1f}"),
