@@ -7,12 +7,22 @@ numpy on the same shapes; quantized types ggml repacks on this CPU run plain and
                            [--repack off,on] [--peak-n 2048]
 
 The peak is the best of numpy's and ggml's f32 GEMM at n = --peak-n, printed beside the FMA
-width × clock × cores figure.
+width × clock × cores figure. "× f32" is each type's speed against ggml f32 at the same rows
+(issue 13: quantized prefill should never be slower than f32).
+
+    python bench/matmul.py --codec [--peer PY]
+
+times instead the f32 matmuls of the 24 kHz codec's encoder on 10 s (its real shapes and row
+counts, codecs.md §1.4): ggml, numpy, and with --peer PY (a python with torch) PyTorch's
+F.linear on the same shapes and threads, in one run — where the codec's time against upstream
+goes, shape by shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import threading
 import time
@@ -100,10 +110,78 @@ def interleaved(graphs: list[Graph], repeat: int) -> list[float]:
     return [median_ms(s) for s in samples]
 
 
+# The 24 kHz codec's encoder on a 10 s chunk: (rows, d_model, ffn, layers) per transformer stage
+# (patch 240 → 1000 rows at 768 wide, then /2 per patch stage; the last stage 1280 wide, 32
+# layers); a layer multiplies by [d, 3d] (fused qkv), [d, d], [d, ffn] and [ffn, d]
+CODEC_ENCODER_10S = ((1000, 768, 3072, 12), (500, 768, 3072, 12), (250, 768, 3072, 12),
+                     (125, 1280, 5120, 32))
+
+
+def codec_shapes() -> list[tuple[int, int, int, int]]:
+    """(K, N, rows, count) of every layer matmul of CODEC_ENCODER_10S."""
+    out = []
+    for m, d, ffn, layers in CODEC_ENCODER_10S:
+        out += [(d, 3 * d, m, layers), (d, d, m, layers), (d, ffn, m, layers), (ffn, d, m, layers)]
+    return out
+
+
+def torch_worker(threads: int, repeat: int) -> dict:
+    """Run inside --peer's interpreter: best seconds of F.linear per codec shape."""
+    import torch
+    torch.set_num_threads(threads)
+    out = {}
+    for k, n, m, _ in codec_shapes():
+        w, x = torch.randn(n, k), torch.randn(m, k)
+        torch.nn.functional.linear(x, w)
+        out[f"{k}x{n}x{m}"] = best_s(lambda: torch.nn.functional.linear(x, w), repeat)
+    return {"seconds": out, "torch": torch.__version__}
+
+
+def codec_main(args, backend: Backend) -> int:
+    rng = np.random.default_rng(0)
+    peer = {}
+    if args.peer:
+        cmd = [args.peer, __file__, "--torch-worker", "--threads", str(backend.threads),
+               "--repeat", str(args.repeat)]
+        peer = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True)
+                          .stdout.splitlines()[-1])
+    rows, totals = [], {"ggml": 0.0, "numpy": 0.0, "torch": 0.0}
+    for k, n, m, count in codec_shapes():
+        w = rng.standard_normal((n, k), dtype=np.float32) * k ** -0.5
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        with TensorStore({"w": w}, backend) as store:
+            g = Graph(backend, name="codec_shape")
+            g.output(ops.mul_mat(store["w"], g.input("x", (m, k))), "y")
+            g.build()
+            g.allocate()
+            g.set_input("x", x)
+            g.compute()
+            t = {"ggml": best_s(g.compute, args.repeat)}
+            g.close()
+        t["numpy"] = best_s(lambda: x @ w.T, args.repeat)
+        if peer:
+            t["torch"] = peer["seconds"][f"{k}x{n}x{m}"]
+        gf = 2.0 * k * n * m / 1e9
+        row = {"K x N": f"{k} x {n}", "rows": m, "count": count}
+        for side, sec in t.items():
+            row[f"{side} GFLOP/s"] = f"{gf / sec:.0f}"
+            totals[side] += count * sec
+        rows.append(row)
+    print(f"CPU: {cpu_line()}")
+    print(f"24 kHz codec encoder, 10 s: its layer matmuls in f32, {backend.threads} threads, best of "
+          f"{args.repeat}" + (f"; torch {peer['torch']} via {args.peer}" if peer else ""))
+    cols = ["K x N", "rows", "count", "ggml GFLOP/s", "numpy GFLOP/s"] + (
+        ["torch GFLOP/s"] if peer else [])
+    print(table(rows, cols))
+    print("all of them: " + ", ".join(f"{side} {sec:.2f} s" for side, sec in totals.items()
+                                      if sec or side != "torch"))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="f32,f16,bf16,q8_0,q4_0,q4_K,q6_K")
-    ap.add_argument("--rows", default="1,64")
+    ap.add_argument("--rows", default="1,64,300")
     ap.add_argument("--gib", type=float, default=1.0, help="f32 size of the weight stack "
                     "(keep it well above the last-level cache)")
     ap.add_argument("--repack", default="off,on", help="plain (off) and/or repacked (on) "
@@ -111,10 +189,18 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-n", type=int, default=2048, help="GEMM size of the peak probe")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--codec", action="store_true", help="the codec encoder's shapes instead")
+    ap.add_argument("--peer", help="with --codec: a python with torch, timed on the same shapes")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.torch_worker:
+        print(json.dumps(torch_worker(args.threads or 1, args.repeat)))
+        return 0
     n_mats = max(1, round(args.gib * 2**30 / (K * N * 4)))
     shapes = {f"w.{i}.weight": (N, K) for i in range(n_mats)}
     backend = Backend("cpu", threads=args.threads)
+    if args.codec:
+        return codec_main(args, backend)
     modes = args.repack.split(",")
     peaks = measured_peak(backend, args.peak_n, args.repeat)
     peak = max(peaks.values())
@@ -165,15 +251,20 @@ def main(argv=None) -> int:
     print(f"{n_mats} x [{N} x {K}] weights, {backend.threads} threads, medians of {args.repeat} "
           f"(plain and repacked timed in turn); read BW = numpy max over the same bytes, "
           f"{backend.threads} threads, best of {args.repeat}, measured just before each row")
+    f32_ms = {r["rows"]: r["_ms"] for r in rows_out if r["what"] == "ggml f32"}
+    for r in rows_out:
+        if r["rows"] in f32_ms:
+            r["× f32"] = f"{f32_ms[r['rows']] / r['_ms']:.2f}"
     print(table(rows_out, ["what", "rows", "ms", "weight GB/s", "read BW", "% of read BW",
-                           "GFLOP/s", "% of peak"]))
+                           "GFLOP/s", "% of peak", "× f32"]))
     return 0
 
 
 def _row(what, m, ms, nbytes, n_mats, bw, peak):
     flops = 2.0 * m * N * K * n_mats
     gflops = flops / ms / 1e6
-    row = {"what": what, "rows": m, "ms": f"{ms:.1f}", "weight GB/s": f"{nbytes / ms / 1e6:.1f}",
+    row = {"what": what, "rows": m, "_ms": ms, "ms": f"{ms:.1f}",
+           "weight GB/s": f"{nbytes / ms / 1e6:.1f}",
            "read BW": f"{bw:.1f}", "GFLOP/s": f"{gflops:.1f}"}
     if m == 1:
         row["% of read BW"] = f"{100 * nbytes / ms / 1e6 / bw:.0f}"
