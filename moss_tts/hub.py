@@ -26,7 +26,7 @@ def cache_dir() -> Path:
 def resolve_gguf(spec: str, family: str, *, outtype: str | None = None, progress=None) -> Path:
     """`spec` → a GGUF path. family: which converter a repo id or checkpoint directory needs —
     "codec", a TTS family, or "model": any TTS family, read from its config.json. outtype:
-    the family's default (f32; q8_0 for the 8B Delay) unless given."""
+    the family's default (f32; q6_K for the 8B Delay and the 4B Local v1.5) unless given."""
     path = Path(spec).expanduser()
     if path.is_file():
         return path

@@ -64,12 +64,12 @@ def test_a_config_of_no_known_family_is_refused_by_name(config):
         family_of(config)
 
 
-def test_a_delay_checkpoint_dir_and_repo_id_convert_as_delay_at_q8_0(files, tmp_path):
+def test_a_delay_checkpoint_dir_and_repo_id_convert_as_delay_at_q6_k(files, tmp_path):
     d, delay, _, codec = files
     hf = tmp_path / "hf"
     put_in_hf_cache(hf, "Someone/tiny-moss-tts", delay)
     env = {"MOSS_TTS_CACHE": str(tmp_path / "cache"), "HF_HOME": str(hf), "HF_HUB_OFFLINE": "1"}
-    want_gguf = convert_delay(str(delay), tmp_path / "want.gguf", outtype="q8_0")
+    want_gguf = convert_delay(str(delay), tmp_path / "want.gguf", outtype="q6_K")
     args = ("--codec", codec, "--text", "Hello there.", "--greedy", "--max-new-rows", ROWS)
     outs = {}
     for name, model in (("file", want_gguf), ("dir", delay), ("repo", "Someone/tiny-moss-tts")):
@@ -77,7 +77,7 @@ def test_a_delay_checkpoint_dir_and_repo_id_convert_as_delay_at_q8_0(files, tmp_
         r = cli("tts", "--model", model, *args, "-o", outs[name], env=env)
         assert r.returncode == 0, r.stderr
     made = sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir())
-    assert made == ["Someone--tiny-moss-tts-q8_0.gguf", "delay-delay-q8_0.gguf"]
+    assert made == ["Someone--tiny-moss-tts-q6_K.gguf", "delay-delay-q6_K.gguf"]
     want = sf.read(outs["file"])[0]
     assert want.size and all(np.array_equal(sf.read(outs[k])[0], want) for k in ("dir", "repo"))
     # the second run finds the conversion in the cache, even with the hub cache gone
