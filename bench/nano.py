@@ -7,7 +7,14 @@ frame with the real-dims Nano codec of bench/codec48k.py); RTF; f32, f16, q8_0. 
 time goes: 1 vs 2 threads, graph build per utterance, a cProfile of the frame loop.
 
     python bench/nano.py [--types f32,f16,q8_0] [--frames 120] [--warmup 10] [--threads 2]
-                         [--no-profile] [--no-threads1] [--perf]
+                         [--no-profile] [--no-threads1] [--perf] [--upstream PY [--upstream-src DIR]]
+
+With --upstream (the python of a venv with torch + transformers; torch is never a dependency of
+the package), bench/upstream_nano.py times upstream's PyTorch prefill (f32) of the same 100 rows
+on the same checkpoint (its docstring says what that includes); the report puts it beside ours
+(upstream ÷ ours) with the parity of the last row's hidden state. Its modeling code comes from
+--upstream-src DIR or $MOSS_TTS_UPSTREAM_NANO and is copied at run time into
+bench/results/upstream_nano/ (gitignored).
 
 First run: writes the random checkpoint (fixtures.make_nano, stop_bias −50 so the model never
 stops) into bench/results/nano_real/ (gitignored) and converts it once per type with
