@@ -656,10 +656,11 @@ def upstream_lines(types, res) -> list[str]:
                          "cold ms": f"{p['cold_ms']:.0f}", "peak RSS GB": f"{p['peak_rss_gb']:.2f}",
                          "other load %": f"{100 * p['foreign']:.0f}"})
     L.append(table(rows, list(rows[0])))
-    L.append("(ours: NanoModel.prefill into a fresh state: row embedding, graph build, allocation, "
-             "12 layers writing the KV cache, ln_f of the last row; upstream: step 0 of "
-             "_iter_generation_events: _build_inputs_embeds + the GPT-2 transformer over all rows with "
-             "use_cache=True, ln_f on every row; neither includes frame 1's local transformer)")
+    L.append("(both: the rows' embedding (text + 16 masked audio tables), 12 layers over all rows "
+             "keeping their K/V for the frames, ln_f, the last row's hidden state returned. Ours: "
+             "NanoModel.prefill into a fresh state, graph build and allocation included; upstream: "
+             "step 0 of _iter_generation_events, _build_inputs_embeds + the GPT-2 transformer with "
+             "use_cache=True. Neither includes frame 1's local transformer)")
     ref = WORK / UPSTREAM_HIDDEN
     for t in types:
         ours = WORK / f"prefill_hidden_ggml_{t}.npy"
