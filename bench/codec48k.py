@@ -697,10 +697,10 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                 "decode s": fmt(ud.get("median_s")),
                 "RTF enc/dec": f"{fmt(ue.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
                                f"{fmt(ud.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
-                "peak RSS GB enc/dec/stream": f"{fmt(ue.get('peak_rss_gb'))}/{fmt(ud.get('peak_rss_gb'))}/",
+                "peak RSS GB enc/dec/stream": f"{fmt(ue.get('peak_rss_gb'))}/{fmt(ud.get('peak_rss_gb'))}/-",
                 "cold enc/dec s": f"{fmt(ue.get('cold_s'))}/{fmt(ud.get('cold_s'))}",
                 "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}")
-                                               for r in (ue, ud)) + "/"})
+                                               for r in (ue, ud)) + "/-"})
         rows.append({"Nano": "upstream f32, issue text (other machine)",
                      "encode s": f"{NANO_ISSUE['encode_s']}", "decode s": f"{NANO_ISSUE['decode_s']}",
                      sk: f"{NANO_ISSUE['stream_ms']}"})

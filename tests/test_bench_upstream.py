@@ -5,6 +5,7 @@ put upstream beside ours."""
 
 import math
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,7 +176,7 @@ def test_nano_report_puts_upstreams_prefill_beside_ours(tmp_path, monkeypatch):
     np.save(tmp_path / "prefill_hidden_ggml_f32.npy", hidden + 2e-3)
     up = _timing([160.0, 150.0, 170.0, 155.0, 165.0], ms=160.0, attention="sdpa",
                  weight_gb=0.47, ignored=["local_transformer.wte.weight"])
-    res = {"upstream_prefill": up,
+    res = {nano.UPSTREAM_KEY: up,
            ("f32", "prefill"): {"ms": 80.0, "runs_ms": [80.0], "cold_ms": 500.0,
                                 "peak_rss_gb": 0.6, "foreign": 0.0}}
     text = "\n".join(nano.upstream_lines(["f32", "q8_0"], res))
@@ -198,3 +199,20 @@ def test_codec48k_report_puts_upstreams_encode_and_decode_beside_ours(tmp_path, 
     assert "upstream s ÷ ours): encode 3.00x, decode 3.00x" in text
     assert "all 16: 100.0 %" in text
     assert codec48k.upstream_lines(["f32"], {}) == []
+
+
+def test_nano_report_renders_whole_with_the_upstream_prefill(tmp_path, monkeypatch):
+    """render walks every result (perf, profile): the upstream entry must not trip it."""
+    from types import SimpleNamespace
+
+    from bench.harness import Driver
+
+    monkeypatch.setattr(nano, "WORK", tmp_path)
+    up = _timing([160.0] * 5, ms=160.0, attention="sdpa", weight_gb=0.47, ignored=[])
+    prefill = {"ms": 80.0, "runs_ms": [80.0], "cold_ms": 500.0, "peak_rss_gb": 0.6, "foreign": 0.0,
+               "compute_ms": 75.0, "build_ms": 2.0, "alloc_ms": 0.2, "matmuls_ms": 60.0,
+               "matmul_gflop": 17.0, "matmul_gflops": 280.0}
+    args = SimpleNamespace(threads=2, frames=120, warmup=10, runs=5)
+    d = Driver(args, tmp_path / "log.txt", script=Path(nano.__file__))
+    text = nano.render(args, ["f32"], {("f32", "prefill"): prefill, nano.UPSTREAM_KEY: up}, {}, d, 1.0)
+    assert "against upstream PyTorch f32" in text and "2.00x" in text and "CPU: " in text
