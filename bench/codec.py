@@ -59,6 +59,7 @@ from bench.harness import (
     upstream_file,
     upstream_source,
 )
+from bench.parity import codec_parity_lines
 
 WORK = ROOT / "bench" / "results" / "codec_real"
 CKPT = WORK / "checkpoint"
@@ -908,7 +909,7 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
         L.append("")
     if up:
         L.append("### parity with upstream (same random weights and inputs)")
-        L.extend(parity_lines(types))
+        L.extend(codec_parity_lines(WORK, types))
         L.append("")
     if conv:
         L.append("### conversion (this run)")
@@ -920,42 +921,6 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
     L.append("### commands (cwd: the repository root)")
     L.extend(f"    {c}" for c in d.commands)
     return "\n".join(L)
-
-
-def parity_lines(types) -> list[str]:
-    out = []
-    up_codes_p, up_audio_p = WORK / "codes_upstream.npy", WORK / "audio_upstream.npy"
-    if up_codes_p.exists():
-        up_codes = np.load(up_codes_p)
-        for t in types:
-            p = WORK / f"codes_ggml_{t}.npy"
-            if not p.exists():
-                continue
-            c = np.load(p)
-            if c.shape != up_codes.shape:
-                out.append(f"- codes {t}: shape {c.shape} vs upstream {up_codes.shape}")
-                continue
-            eq = c == up_codes
-            per = " ".join(f"{100 * eq[i].mean():.0f}" for i in range(min(8, len(eq))))
-            first_diff = np.argwhere(~eq)
-            where = (f"; first difference at codebook {first_diff[:, 0].min()}"
-                     if len(first_diff) else "")
-            out.append(f"- codes ggml {t} vs upstream: first 8 codebooks {100 * eq[:8].mean():.1f} % equal "
-                       f"(per codebook: {per}), all 32: {100 * eq.mean():.1f} %{where}")
-    if up_audio_p.exists():
-        ua = np.load(up_audio_p).reshape(-1)
-        rms = float(np.sqrt(np.mean(ua.astype(np.float64) ** 2)))
-        for t in types:
-            p = WORK / f"audio_ggml_{t}.npy"
-            if not p.exists():
-                continue
-            a = np.load(p).reshape(-1)
-            n = min(len(a), len(ua))
-            diff = np.abs(a[:n].astype(np.float64) - ua[:n])
-            out.append(f"- decode ggml {t} vs upstream (random codes.npy): max|Δ|/RMS "
-                       f"{diff.max() / rms:.2e}, RMS(Δ)/RMS {np.sqrt(np.mean(diff ** 2)) / rms:.2e} "
-                       f"(upstream RMS {rms:.3f}, {n} samples{'' if len(a) == len(ua) else ', LENGTHS DIFFER'})")
-    return out
 
 
 if __name__ == "__main__":

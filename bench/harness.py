@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,33 @@ UPSTREAM_ENV = "MOSS_TTS_UPSTREAM_CODEC"
 UPSTREAM_WHAT = ("the upstream MOSS-Audio-Tokenizer code and config.json: a clone of GitHub "
                  "OpenMOSS/MOSS-Audio-Tokenizer, or the files of the Hugging Face repo "
                  "OpenMOSS-Team/MOSS-Audio-Tokenizer without the weights")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where one upstream model's source comes from: the environment variable naming the
+    checkout (when --upstream-src is not given), what it should hold (for the error), and the
+    folders inside it where the files sit, tried in order (a model's own repository has them at
+    the top; a mirror that bundles several models keeps each in a subfolder)."""
+
+    env: str
+    what: str
+    dirs: tuple[str, ...] = ("",)
+
+
+CODEC_V1 = Upstream(UPSTREAM_ENV, UPSTREAM_WHAT)
+NANO_CODEC = Upstream(
+    "MOSS_TTS_UPSTREAM_NANO_CODEC",
+    "the upstream MOSS-Audio-Tokenizer-Nano code (48 kHz stereo): the files of the Hugging Face repo "
+    "OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano without the weights, or a checkout of GitHub "
+    "ml-inory/moss-tts-nano.axera (models/codec/hf_code/)",
+    ("", "models/codec/hf_code"))
+NANO_TTS = Upstream(
+    "MOSS_TTS_UPSTREAM_NANO",
+    "the upstream MOSS-TTS-Nano code (modeling_moss_tts_nano.py, gpt2_decoder.py, ...): the files "
+    "of the Hugging Face repo OpenMOSS-Team/MOSS-TTS-Nano without the weights, or a checkout of "
+    "GitHub ml-inory/moss-tts-nano.axera (models/llm/repo/)",
+    ("", "models/llm/repo"))
 
 
 def peak_rss_gb() -> float:
@@ -210,8 +238,11 @@ def perf_top(cmd: list[str], data: Path, n: int = 14) -> list[str]:
 
 
 def report_footer(d: "Driver", total_s: float) -> list[str]:
-    """The report's last lines: the other load seen, the bench time, every command run."""
-    return [f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
+    """The report's last lines: the CPU, the other load seen, the bench time, every command run."""
+    from bench.common import cpu_line
+
+    return [f"CPU: {cpu_line()}",
+            f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
             + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"),
             f"total bench time {total_s / 60:.1f} min",
             "### commands (cwd: the repository root)",
@@ -268,27 +299,31 @@ class Driver:
 # --- the upstream source (never a fixed path of one machine) --------------------------------------
 
 
-def upstream_source(path: str | None) -> Path:
-    """The upstream codec checkout: `path` (from --upstream-src), else $MOSS_TTS_UPSTREAM_CODEC."""
-    value = path or os.environ.get(UPSTREAM_ENV)
+def upstream_source(path: str | None, kind: Upstream = CODEC_V1) -> Path:
+    """The upstream checkout: `path` (from --upstream-src), else the kind's environment variable."""
+    value = path or os.environ.get(kind.env)
     if not value:
-        raise SystemExit(f"no upstream source: pass --upstream-src DIR or set {UPSTREAM_ENV}=DIR, "
-                         f"DIR holding {UPSTREAM_WHAT}")
+        raise SystemExit(f"no upstream source: pass --upstream-src DIR or set {kind.env}=DIR, "
+                         f"DIR holding {kind.what}")
     src = Path(value).expanduser()
     if not src.is_dir():
-        raise SystemExit(f"{src}: not a directory; it should hold {UPSTREAM_WHAT}")
+        raise SystemExit(f"{src}: not a directory; it should hold {kind.what}")
     return src
 
 
-def upstream_file(src: Path, name: str) -> str:
-    """`name` from the checkout's files, else from its git HEAD (a bare mirror has no files)."""
-    if (src / name).is_file():
-        return (src / name).read_text()
-    try:
-        return subprocess.run(["git", "-C", str(src), "show", f"HEAD:{name}"], check=True,
-                              capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        raise SystemExit(f"{src}: no {name}; the directory should hold {UPSTREAM_WHAT}") from None
+def upstream_file(src: Path, name: str, kind: Upstream = CODEC_V1) -> str:
+    """`name` from the checkout's files, else from its git HEAD (a bare mirror has no files),
+    in the first of the kind's folders that has it."""
+    for d in kind.dirs:
+        rel = f"{d}/{name}" if d else name
+        if (src / rel).is_file():
+            return (src / rel).read_text()
+        try:
+            return subprocess.run(["git", "-C", str(src), "show", f"HEAD:{rel}"], check=True,
+                                  capture_output=True, text=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    raise SystemExit(f"{src}: no {name}; the directory should hold {kind.what}")
 
 
 def upstream_commit(src: Path) -> str:

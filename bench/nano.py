@@ -7,7 +7,14 @@ frame with the real-dims Nano codec of bench/codec48k.py); RTF; f32, f16, q8_0. 
 time goes: 1 vs 2 threads, graph build per utterance, a cProfile of the frame loop.
 
     python bench/nano.py [--types f32,f16,q8_0] [--frames 120] [--warmup 10] [--threads 2]
-                         [--no-profile] [--no-threads1] [--perf]
+                         [--no-profile] [--no-threads1] [--perf] [--upstream PY [--upstream-src DIR]]
+
+With --upstream (the python of a venv with torch + transformers; torch is never a dependency of
+the package), bench/upstream_nano.py times upstream's PyTorch prefill (f32) of the same 100 rows
+on the same checkpoint (its docstring says what that includes); the report puts it beside ours
+(upstream ÷ ours) with the parity of the last row's hidden state. Its modeling code comes from
+--upstream-src DIR or $MOSS_TTS_UPSTREAM_NANO and is copied at run time into
+bench/results/upstream_nano/ (gitignored).
 
 First run: writes the random checkpoint (fixtures.make_nano, stop_bias −50 so the model never
 stops) into bench/results/nano_real/ (gitignored) and converts it once per type with
@@ -41,16 +48,22 @@ sys.path.insert(0, str(ROOT))
 from bench.codec48k import ensure_gguf as ensure_codec_gguf
 from bench.codec48k import gguf_path as codec_gguf_path
 from bench.common import table
-from bench.harness import Contention, Driver, peak_rss_gb, perf_top, report_footer
+from bench.harness import NANO_TTS, Contention, Driver, peak_rss_gb, perf_top, report_footer
+from bench.parity import rel_diff
+from bench.upstream_nano import HIDDEN_FILE as UPSTREAM_HIDDEN
+from bench.upstream_nano import ROWS_FILE as UPSTREAM_ROWS
 
 WORK = ROOT / "bench" / "results" / "nano_real"
 CKPT = WORK / "checkpoint"
 FRAME_MS = 80.0
 SENTENCE = "The quick brown fox reads a short sentence in the morning, with a calm voice."
 PREFILL_ROWS = 100
-# from the issue: upstream and goals
-UPSTREAM = {"torch f32 ms/frame": 108, "torch prefill 100 rows ms": "143-177",
-            "onnx ms/frame": "88-96", "bandwidth floor f32 ms/frame": 20}
+# from the issue text (another machine; context only: the prefill is measured here against
+# upstream with --upstream, the frame loop is not)
+ISSUE = {"torch f32 ms/frame": 108, "torch prefill 100 rows ms": "143-177",
+         "onnx ms/frame": "88-96", "bandwidth floor f32 ms/frame": 20}
+# res key of upstream's prefill: a (what, op) pair like every other result, as render unpacks them
+UPSTREAM_KEY = ("upstream", "prefill")
 GOALS = {"f32": 30.0, "q8_0": 15.0, "prefill_ms": 50.0, "first_audio_ms": 250.0}
 DIMS = {"n_vq": 16, "audio_vocab_size": 1024, "vocab_size": 16384, "stop_bias": -50.0,
         "n_embd": 768, "n_head": 12, "n_layer": 12, "n_inner": 3072}
@@ -397,13 +410,14 @@ def worker_prefill(args) -> dict:
     tts, _ = _load(args)
     m = tts.model
     rows = _random_rows(m.config, PREFILL_ROWS, np.random.default_rng(0))
+    np.save(WORK / UPSTREAM_ROWS, rows)       # bench/upstream_nano.py prefills the same rows
     c = Contention()
     res = []
     for _ in range(args.runs + 1):
         state = m.make_state(PREFILL_ROWS + 28)
         s0 = rec.snap()
         t0 = time.perf_counter()
-        m.prefill(state, rows)
+        hidden = m.prefill(state, rows)
         wall = time.perf_counter() - t0
         dt, _ = Rec.diff(rec.snap(), s0)
         res.append({"wall": 1e3 * wall, "compute": 1e3 * dt.get("prefill.compute", 0),
@@ -411,6 +425,7 @@ def worker_prefill(args) -> dict:
                     "alloc": 1e3 * dt.get("prefill.allocate", 0)})
         state.close()
     warm = res[1:]
+    np.save(WORK / f"prefill_hidden_ggml_{args.type}.npy", hidden)   # for the parity with upstream
     mm = prefill_matmuls(m, PREFILL_ROWS)
     return {**mm, "type": args.type, "threads": args.threads, "rows": PREFILL_ROWS,
             "cold_ms": res[0]["wall"], "ms": _med([r["wall"] for r in warm]),
@@ -534,6 +549,10 @@ def main(argv=None):
     ap.add_argument("--codec-type", default="f32", help="Nano codec GGUF type for first audio")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-threads1", action="store_true")
+    ap.add_argument("--upstream", help="python of a venv with torch + transformers: also time "
+                    "upstream's PyTorch prefill (f32) on the same checkpoint and rows")
+    ap.add_argument("--upstream-src", default=None,
+                    help=f"upstream MOSS-TTS-Nano checkout (default ${NANO_TTS.env})")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--type", default="f32", help=argparse.SUPPRESS)
     ap.add_argument("--op", default="frames", help=argparse.SUPPRESS)
@@ -561,6 +580,8 @@ def drive(args) -> int:
             conv[t] = d.worker("convert", timing=False, type=t)
             d.say(f"converted {t}: {json.dumps(conv[t])}")
     ensure_codec_gguf("nano", args.codec_type, log=d.say)   # first audio decodes with it
+    for stale in [*WORK.glob("prefill_hidden_*.npy"), WORK / UPSTREAM_ROWS]:
+        stale.unlink(missing_ok=True)     # parity only between outputs of this run
     base = {"threads": args.threads, "frames": args.frames, "warmup": args.warmup, "runs": args.runs}
     res = {}
     for t in types:
@@ -571,6 +592,9 @@ def drive(args) -> int:
             r = d.worker(what, **kw)
             res[(t, what)] = r
             d.say(f"{t} {what}: {json.dumps({k: v for k, v in r.items() if k != 'text'})}")
+    if args.upstream:
+        res[UPSTREAM_KEY] = run_upstream(d, args)
+        d.say(f"upstream prefill: {json.dumps(res[UPSTREAM_KEY])}")
     if not args.no_threads1:
         for t in dict.fromkeys([types[0], types[-1]]):
             r = d.worker("frames", **{**base, "threads": 1, "frames": 60, "type": t})
@@ -596,6 +620,60 @@ def drive(args) -> int:
     d.say(report)
     (WORK / "report.md").write_text(report + "\n")
     return 0
+
+
+def run_upstream(d: Driver, args) -> dict:
+    """bench/upstream_nano.py in the torch interpreter: upstream's prefill of the rows our
+    prefill worker saved (it must have run first), same checkpoint, threads and runs."""
+    if not (WORK / UPSTREAM_ROWS).exists():
+        return {"error": f"no {UPSTREAM_ROWS}: our prefill worker did not run"}
+    cmd = [args.upstream, "bench/upstream_nano.py", "--ckpt", str(CKPT.relative_to(ROOT)),
+           "--work", str(WORK.relative_to(ROOT)), "--threads", str(args.threads),
+           "--runs", str(max(5, args.runs))]
+    if args.upstream_src:
+        cmd += ["--upstream-src", args.upstream_src]
+    return d.run(cmd)
+
+
+def upstream_lines(types, res) -> list[str]:
+    """The prefill against upstream PyTorch f32 (same run, checkpoint and rows): ms side by side,
+    upstream ÷ ours, and the parity of the last row's hidden state."""
+    up = res.get(UPSTREAM_KEY)
+    if not up:
+        return []
+    L = ["### prefill of 100 rows against upstream PyTorch f32 (same run, same random weights "
+         "and rows)"]
+    if "ms" not in up:
+        return L + [f"- upstream: {up}", ""]
+    rows = [{"who": f"upstream torch {up['torch']} f32 ({up['attention']})", "prefill ms": f"{up['ms']:.1f}",
+             "upstream ÷ ours": "", "runs ms": " ".join(f"{1e3 * x:.1f}" for x in up["warm_s"]),
+             "cold ms": f"{1e3 * up['cold_s']:.0f}", "peak RSS GB": f"{up['peak_rss_gb']:.2f}",
+             "other load %": f"{100 * up['foreign']:.0f}"}]
+    for t in types:
+        p = res.get((t, "prefill"), {})
+        if "ms" in p:
+            rows.append({"who": f"ggml {t}", "prefill ms": f"{p['ms']:.1f}",
+                         "upstream ÷ ours": f"{up['ms'] / p['ms']:.2f}x",
+                         "runs ms": " ".join(f"{x:.1f}" for x in p["runs_ms"]),
+                         "cold ms": f"{p['cold_ms']:.0f}", "peak RSS GB": f"{p['peak_rss_gb']:.2f}",
+                         "other load %": f"{100 * p['foreign']:.0f}"})
+    L.append(table(rows, list(rows[0])))
+    L.append("(both: the rows' embedding (text + 16 masked audio tables), 12 layers over all rows "
+             "keeping their K/V for the frames, ln_f, the last row's hidden state returned. Ours: "
+             "NanoModel.prefill into a fresh state, graph build and allocation included; upstream: "
+             "step 0 of _iter_generation_events, _build_inputs_embeds + the GPT-2 transformer with "
+             "use_cache=True. Neither includes frame 1's local transformer)")
+    ref = WORK / UPSTREAM_HIDDEN
+    for t in types:
+        ours = WORK / f"prefill_hidden_ggml_{t}.npy"
+        if ref.exists() and ours.exists():
+            r = rel_diff(np.load(ours), np.load(ref))
+            L.append(f"- parity, last row's hidden state (after ln_f) ggml {t} vs upstream: max|Δ|/RMS "
+                     f"{r['max_rel']:.2e}, RMS(Δ)/RMS {r['rms_rel']:.2e} (upstream RMS {r['ref_rms']:.3f}, "
+                     f"{r['n']} values)")
+    L.append(f"- upstream: commit {up['upstream_commit'][:12]}, load {up['load_s']:.1f} s, weights "
+             f"{up['weight_gb']:.2f} GB, ignored on load: {', '.join(up['ignored']) or 'nothing'}")
+    return L + [""]
 
 
 def render(args, types, res, conv, d, total_s) -> str:
@@ -632,12 +710,14 @@ def render(args, types, res, conv, d, total_s) -> str:
     L.append(table(rows, list(rows[0])))
     L.append("(global step / depth: wall incl. host work, (ggml compute); heads x16: the 16 audio head "
              "matmuls timed as their own graph; python = frame wall − ggml compute)")
-    L.append(f"upstream/targets (issue): PyTorch f32 {UPSTREAM['torch f32 ms/frame']} ms/frame, prefill "
-             f"{UPSTREAM['torch prefill 100 rows ms']} ms for 100 rows; ONNX {UPSTREAM['onnx ms/frame']} "
-             f"ms/frame; bandwidth floor ≈ {UPSTREAM['bandwidth floor f32 ms/frame']} ms f32; goals "
+    L.append(f"from the issue text (another machine, not measured here): upstream PyTorch f32 "
+             f"{ISSUE['torch f32 ms/frame']} ms/frame, prefill {ISSUE['torch prefill 100 rows ms']} ms "
+             f"for 100 rows; ONNX {ISSUE['onnx ms/frame']} ms/frame; bandwidth floor ≈ "
+             f"{ISSUE['bandwidth floor f32 ms/frame']} ms f32; goals "
              f"≤ {GOALS['f32']:g} ms/frame f32, ≤ {GOALS['q8_0']:g} q8_0, prefill ≤ {GOALS['prefill_ms']:g} ms, "
              f"first audio ≤ {GOALS['first_audio_ms']:g} ms")
     L.append("")
+    L.extend(upstream_lines(types, res))
     L.append("### where the frame time goes")
     for t in types:
         f = res.get((t, "frames"), {})
