@@ -69,22 +69,28 @@ def best_s(fn, repeat: int) -> float:
     return best
 
 
+def ggml_gemm_s(backend: Backend, w: np.ndarray, x: np.ndarray, repeat: int) -> float:
+    """Best seconds of ggml's mul_mat of f32 weights w [N, K] by rows x [M, K]."""
+    with TensorStore({"w": w}, backend) as store:
+        g = Graph(backend, name="gemm")
+        g.output(ops.mul_mat(store["w"], g.input("x", x.shape)), "y")
+        g.build()
+        g.allocate()
+        g.set_input("x", x)
+        g.compute()
+        try:
+            return best_s(g.compute, repeat)
+        finally:
+            g.close()
+
+
 def measured_peak(backend: Backend, n: int, repeat: int) -> dict[str, float]:
     """GFLOP/s of an n×n×n f32 GEMM: numpy (its BLAS) and ggml (mul_mat of n rows)."""
     rng = np.random.default_rng(2)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     flops = 2.0 * n ** 3
-    out = {"numpy": flops / best_s(lambda: a @ b, repeat) / 1e9}
-    with TensorStore({"w": b}, backend) as store:
-        g = Graph(backend, name="peak")
-        g.output(ops.mul_mat(store["w"], g.input("x", (n, n))), "y")
-        g.build()
-        g.allocate()
-        g.set_input("x", a)
-        g.compute()
-        out["ggml"] = flops / best_s(g.compute, repeat) / 1e9
-        g.close()
-    return out
+    return {"numpy": flops / best_s(lambda: a @ b, repeat) / 1e9,
+            "ggml": flops / ggml_gemm_s(backend, b, a, repeat) / 1e9}
 
 
 def matmul_graph(backend, weights, n_mats: int, m: int, x) -> Graph:
@@ -149,16 +155,8 @@ def codec_main(args, backend: Backend) -> int:
     for k, n, m, count in codec_shapes():
         w = rng.standard_normal((n, k), dtype=np.float32) * k ** -0.5
         x = rng.standard_normal((m, k), dtype=np.float32)
-        with TensorStore({"w": w}, backend) as store:
-            g = Graph(backend, name="codec_shape")
-            g.output(ops.mul_mat(store["w"], g.input("x", (m, k))), "y")
-            g.build()
-            g.allocate()
-            g.set_input("x", x)
-            g.compute()
-            t = {"ggml": best_s(g.compute, args.repeat)}
-            g.close()
-        t["numpy"] = best_s(lambda: x @ w.T, args.repeat)
+        t = {"ggml": ggml_gemm_s(backend, w, x, args.repeat),
+             "numpy": best_s(lambda: x @ w.T, args.repeat)}
         if peer:
             t["torch"] = peer["seconds"][f"{k}x{n}x{m}"]
         gf = 2.0 * k * n * m / 1e9

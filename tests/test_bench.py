@@ -137,3 +137,18 @@ def test_matmul_bench_times_plain_and_repacked_in_turn(capsys):
     out = capsys.readouterr().out
     assert "CPU: " in out and "FMA figure" in out
     assert ("ggml q4_0 repacked" in out) == repacks and "ggml f32 repacked" not in out
+    assert "× f32" in out and "1.00" in out    # f32 against itself
+
+
+def test_matmul_codec_mode_sums_every_layer_shape(capsys, monkeypatch):
+    from bench import matmul
+
+    # two tiny stages: 2 layers at 8 wide (4 shapes each) and 1 layer at 16 wide
+    monkeypatch.setattr(matmul, "CODEC_ENCODER_10S", ((32, 8, 32, 2), (16, 16, 64, 1)))
+    shapes = matmul.codec_shapes()
+    assert shapes[:4] == [(8, 24, 32, 2), (8, 8, 32, 2), (8, 32, 32, 2), (32, 8, 32, 2)]
+    assert len(shapes) == 8 and shapes[-1] == (64, 16, 16, 1)
+    assert matmul.main(["--codec", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ggml") >= 2 and "8 x 24" in out and "64 x 16" in out
+    assert "all of them: ggml" in out and "torch" not in out.split("all of them:")[1]
