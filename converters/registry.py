@@ -20,9 +20,9 @@ FAMILIES = {
 # what a repo id or checkpoint directory given as a model converts to when no type is asked
 # for: exact f32 where it fits in memory; the 8B MOSS-TTS and the 4B Local v1.5 at q6_K (heads
 # q8_0, P21). q6_K, not q8_0: on x86 ggml multiplies K-quants with int8 dot products, so q6_K
-# prefills 2.5-3.4x faster than q8_0 (which is slower than f32 there) and decodes 1.4x faster
-# from 0.77x the bytes (bench/matmul.py, README "Weight types"), at +0.0008 against q8_0's
-# +0.0004 perplexity on LLaMA-7B (llama.cpp's quantize table)
+# prefills 2.6x faster than q8_0 (which is slower than f32 there) and steps 1.2x faster from
+# 0.77x the bytes (the 8B, bench/delay.py; README "Weight types and speed"), at +0.0008
+# against q8_0's +0.0004 perplexity on LLaMA-7B (llama.cpp's quantize table)
 HUB_OUTTYPE = {"delay": "q6_K", "local-v15": "q6_K"}
 # `convert` flags only some families take: flag → (families, help). Each reaches the family's
 # `convert()` as the keyword of the same name (--head-type → head_type) when given.
