@@ -11,16 +11,15 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
-from ..codec import Codec
 from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
-from ..text.qwen_tokenizer import QwenTokenizer
 from ..text.script import CJK_OR_HANGUL
-from ..tts import CodecTTS, Reference
+from ..tts import Reference
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_published import is_published_dir, load_published
+from .qwen3_tts import Qwen3TTS
 
 
 class FrameAssembler:
@@ -49,7 +48,7 @@ def join_transcript(transcript: str, text: str) -> str:
     return head + ("" if not head or not tail or CJK_OR_HANGUL.search(seam) else " ") + tail
 
 
-class DelayTTS(CodecTTS):
+class DelayTTS(Qwen3TTS):
     """MOSS-TTS (MossTTSDelay). `DelayTTS.load("delay.gguf", codec="codec.gguf")`, then
     `synthesize(text, reference=tts.encode_reference(samples, sr))` → (samples [n, 1], 24000).
 
@@ -59,20 +58,16 @@ class DelayTTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
+    TOKENIZER_KEY = TOKENIZER_KEY
     PROMPT_FIELDS = FIELDS
     DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
 
-    def __init__(self, model: DelayModel, codec: Codec | None):
-        self.model, self.config, self.codec = model, model.config, codec
-        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, path=model.weights.file.path,
-                                                key=TOKENIZER_KEY, family=self.FAMILY)
-        c = self.config
-        self.ids = DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
-                                  c.audio_start_token_id, c.audio_end_token_id,
-                                  c.audio_user_slot_token_id, c.audio_assistant_gen_slot_token_id,
-                                  c.audio_pad_code)
-        if codec is not None:
-            self._check_codec(codec)
+    @staticmethod
+    def prompt_ids(c) -> DelayPromptIds:
+        return DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
+                              c.audio_start_token_id, c.audio_end_token_id,
+                              c.audio_user_slot_token_id, c.audio_assistant_gen_slot_token_id,
+                              c.audio_pad_code)
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,

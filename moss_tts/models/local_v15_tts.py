@@ -12,15 +12,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
-from ..codec import Codec
 from ..errors import InputError, whole_number
-from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalV15SamplingOptions
 from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
-from ..text.qwen_tokenizer import QwenTokenizer
-from ..tts import CodecTTS, Reference
+from ..tts import Reference
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
 from .nano_tts import as_voice, check_text, continuation_prompt_text
+from .qwen3_tts import Qwen3TTS
 
 FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§4.7)
 # (generation lead in s, frames per codec push) once audio flows: short pushes while generation
@@ -66,7 +64,7 @@ class ChunkLadder:
             self.first_at = self.clock()
 
 
-class LocalV15TTS(CodecTTS):
+class LocalV15TTS(Qwen3TTS):
     """MOSS-TTS-Local-Transformer-v1.5. `LocalV15TTS.load("local-v15.gguf",
     codec="codec-v2.gguf")`, then `synthesize(text, reference=(samples, sr))` → (samples
     float32 [n, 2], 48000).
@@ -78,24 +76,14 @@ class LocalV15TTS(CodecTTS):
     CODEC_NAME = "the MOSS-Audio-Tokenizer-v2 (48 kHz stereo) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer-v1.5", LocalV15SamplingOptions
     CHANNELS = 2                      # the 48 kHz stereo codec v2
+    MODEL, TOKENIZER_KEY = LocalV15Model, TOKENIZER_KEY
 
-    def __init__(self, model: LocalV15Model, codec: Codec | None):
-        self.model, self.config, self.codec = model, model.config, codec
-        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, path=model.weights.file.path,
-                                                key=TOKENIZER_KEY, family=KIND)
-        c = self.config
-        self.ids = LocalV15PromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
-                                     c.audio_start_token_id, c.audio_end_token_id,
-                                     c.audio_user_slot_token_id, c.audio_assistant_slot_token_id,
-                                     c.audio_pad_token_id)
-        if codec is not None:
-            self._check_codec(codec)
-
-    @classmethod
-    def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
-             kv_type: GGMLType = F16) -> "LocalV15TTS":
-        b = get_backend(backend, threads)
-        return cls._with_codec(LocalV15Model(Weights.load(model, b), kv_type=kv_type), codec, b)
+    @staticmethod
+    def prompt_ids(c) -> LocalV15PromptIds:
+        return LocalV15PromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
+                                 c.audio_start_token_id, c.audio_end_token_id,
+                                 c.audio_user_slot_token_id, c.audio_assistant_slot_token_id,
+                                 c.audio_pad_token_id)
 
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:

@@ -16,12 +16,11 @@ import numpy as np
 from ..audio import REFERENCE_MAX_SECONDS, resample, to_channels
 from ..codec import Codec
 from ..errors import InputError
-from ..ggml import F16, GGMLType, Weights, get_backend
 from ..ggml.backend import NativeResource, released_on_error
 from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
-from ..text.qwen_tokenizer import QwenTokenizer
-from ..tts import CodecTTS, Reference
+from ..tts import Reference
+from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 
 # Backbone rows a live session holds (system block, voice, every turn's text and frames):
@@ -76,7 +75,7 @@ class FrameAudio(NativeResource):
             self.decoder = None
 
 
-class RealtimeTTS(CodecTTS):
+class RealtimeTTS(Qwen3TTS):
     """MOSS-TTS-Realtime. `RealtimeTTS.load("realtime.gguf", codec="codec.gguf")`, then
     `synthesize(text)` offline, or `session()` live.
 
@@ -89,23 +88,13 @@ class RealtimeTTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Realtime", RealtimeSamplingOptions
+    MODEL, TOKENIZER_KEY = RealtimeModel, TOKENIZER_KEY
 
-    def __init__(self, model: RealtimeModel, codec: Codec | None):
-        self.model, self.config, self.codec = model, model.config, codec
-        self.tokenizer = QwenTokenizer.embedded(model.tokenizer_json, path=model.weights.file.path,
-                                                key=TOKENIZER_KEY, family=KIND)
-        c = self.config
-        self.ids = prompts.RealtimePromptIds(
+    @staticmethod
+    def prompt_ids(c) -> prompts.RealtimePromptIds:
+        return prompts.RealtimePromptIds(
             c.rvq, c.im_start_token_id, c.im_end_token_id, c.reference_audio_pad, c.text_pad,
             c.audio_pad_token, c.audio_bos, c.audio_eos, c.delay_tokens_len)
-        if codec is not None:
-            self._check_codec(codec)
-
-    @classmethod
-    def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
-             kv_type: GGMLType = F16) -> "RealtimeTTS":
-        b = get_backend(backend, threads)
-        return cls._with_codec(RealtimeModel(Weights.load(model, b), kv_type=kv_type), codec, b)
 
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
