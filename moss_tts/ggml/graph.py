@@ -19,6 +19,7 @@ from . import lib as _lib
 from .backend import Allocator, Backend, NativeResource, get_backend
 from .repack import check_graph
 from .types import F32, GGMLType, numpy_dtype
+from . import work as _work
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class Graph(NativeResource):
         self._graph_ctx = None
         self._graph_ctx_size = 0
         self.cgraph = None
+        self._work = None   # the built graph's flops, counted on the first compute under count_flops
         self.inputs: dict[str, Tensor] = {}
         self.outputs: dict[str, Tensor] = {}
         self._output_ndim: dict[str, int] = {}
@@ -296,6 +298,7 @@ class Graph(NativeResource):
         else:
             self.lib.ggml_reset(self._graph_ctx)
         self.cgraph = self.lib.ggml_new_graph_custom(self._graph_ctx, size, False)
+        self._work = None
         # Cache writes first: nodes run in expansion order, so every later read of the cache
         # (built from a plain view of it, not from the write) sees the new rows.
         for t in self._effects + list(self.outputs.values()):
@@ -391,6 +394,10 @@ class Graph(NativeResource):
         """Compute once. Write every input before each call: the allocator may reuse an input's
         memory after its last reader (only outputs are kept), so `run()` is the safe replay."""
         self.backend.compute(self.cgraph)
+        if _work.counting():
+            if self._work is None:
+                self._work = _work.graph_work(self.lib, self.cgraph)
+            _work.record(self._work)
 
     def run(self, inputs: dict | None = None, outputs=None) -> dict[str, np.ndarray]:
         """Allocate (if needed), write `inputs` (every input, each run), compute, read outputs."""
