@@ -46,13 +46,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import table
+from bench.common import cpu_line, table
 from bench.harness import (
     RETRY_FOREIGN,
     UPSTREAM_ENV,
     Contention,
+    counting,
     fmt,
+    gflop_per_call,
+    measure_peak,
     median,
+    of_peak,
+    peak_line,
     peak_rss_gb,
     run_worker,
     timed_runs,
@@ -258,21 +263,25 @@ def _summary(load_s, totals, chunks, foreign, codec, tower) -> dict:
 def worker_encode(args) -> dict:
     codec, load_s = _load(args)
     audio = np.load(WORK / "audio.npy")
-    totals, chunks, foreign, codes = timed_runs(
-        lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
+    with counting() as work:
+        totals, chunks, foreign, codes = timed_runs(
+            lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
     if args.save:
         np.save(WORK / f"codes_ggml_{args.type}.npy", codes)
-    return _summary(load_s, totals, chunks, foreign, codec, "encoder")
+    return _summary(load_s, totals, chunks, foreign, codec, "encoder") | {
+        "gflop": gflop_per_call(work, len(totals))}
 
 
 def worker_decode(args) -> dict:
     codec, load_s = _load(args)
     codes = np.load(WORK / "codes.npy")
-    totals, chunks, foreign, audio = timed_runs(lambda p: codec.decode(codes, progress=p),
-                                                 args.runs)
+    with counting() as work:
+        totals, chunks, foreign, audio = timed_runs(lambda p: codec.decode(codes, progress=p),
+                                                     args.runs)
     if args.save:
         np.save(WORK / f"audio_ggml_{args.type}.npy", audio[:, 0])
-    return _summary(load_s, totals, chunks, foreign, codec, "decoder")
+    return _summary(load_s, totals, chunks, foreign, codec, "decoder") | {
+        "gflop": gflop_per_call(work, len(totals))}
 
 
 def worker_stream(args) -> dict:
@@ -344,7 +353,9 @@ def _segments(codec, tower: str) -> list[tuple[str, list[int]]]:
 
 
 def _stage_flops(cfg, tower: str, n_frames: int) -> dict[int, float]:
-    """Matmul FLOPs (2·params·positions) + attention over the window, per transformer stage."""
+    """Useful FLOPs per transformer stage: matmuls (2·params·positions) + attention over each
+    query's causal window only (count_flops, in the main table, counts every slot a graph is
+    given instead)."""
     from moss_tts.codec.config import TRANSFORMER
     from moss_tts.codec.tower import positions_per_frame
 
@@ -693,7 +704,9 @@ def drive(args) -> int:
     for stale in WORK.glob("*_ggml_*.npy"):
         stale.unlink()
 
-    # 2. main table at the default chunk: encode, decode (fresh process each), stream
+    # 2. main table at the default chunk: encode, decode (fresh process each), stream; the
+    #    host's GEMM peak first, for the GFLOP/s column
+    d.say(f"peak: {json.dumps(measure_peak(d, args.threads))}")
     res = {}
     for t in types:
         res[t] = {}
@@ -761,8 +774,14 @@ def drive(args) -> int:
     return 0
 
 
-def _row(what, e, dd, stream="", weight=None):
+def _row(what, e, dd, stream="", weight=None, work=None, peak=None):
+    """One row of the main table; `work`: the (encode, decode) results whose count_flops work
+    the GFLOP/s column divides by this row's times (ours for upstream's rows: the same math)."""
+    we, wd = work or (e, dd)
+    rate = " / ".join(of_peak(w.get("gflop", {}).get("total"), r.get("median_s"), peak)
+                      for w, r in ((we, e), (wd, dd)))
     return {"what": what, "encode s": fmt(e.get("median_s")), "decode s": fmt(dd.get("median_s")),
+            "GFLOP/s enc / dec (% of peak)": rate,
             "RTF enc/dec": f"{fmt(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
                            f"{fmt(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
             "peak RSS GB enc/dec": f"{fmt(e.get('peak_rss_gb'))}/{fmt(dd.get('peak_rss_gb'))}",
@@ -795,18 +814,30 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
         budget[t] = 1.2 * w + 0.5 if w else None
         st = "/".join(fmt(res[t].get(f"stream{th}", {}).get("median_ms"), "{:.1f}")
                       for th in dict.fromkeys([args.threads, 1]))
-        rows.append(_row(f"ggml {t}", e, dd, st, w))
+        rows.append(_row(f"ggml {t}", e, dd, st, w, peak=getattr(d, "peak", None)))
     for (chunk, _), _r in list(up.items())[::2]:
         e, dd = up.get((chunk, "encode"), {}), up.get((chunk, "decode"), {})
+        f32 = res.get("f32", {})
         rows.append(_row("upstream torch f32" + (f" chunk {chunk:g} s" if chunk else " one pass"),
-                         e, dd))
-    cols = ["what", "encode s", "decode s", "RTF enc/dec", "peak RSS GB enc/dec", "weight GB",
+                         e, dd, work=(f32.get("encode", {}), f32.get("decode", {})),
+                         peak=getattr(d, "peak", None)))
+    cols = ["what", "encode s", "decode s", "GFLOP/s enc / dec (% of peak)", "RTF enc/dec",
+            "peak RSS GB enc/dec", "weight GB",
             "stream ms/frame 2t/1t", "cold enc/dec s", "load s", "other load %"]
     L.append(f"## MOSS-Audio-Tokenizer 24 kHz, real dims, random weights: {SECONDS:g} s of audio, "
              f"{args.threads} threads, chunk_seconds={args.chunk:g}, warm medians of {args.runs}")
     L.append(f"checkpoint: {ckpt_gb:.2f} GB f32 safetensors in {CKPT.relative_to(ROOT)}; 'other load' "
              "= CPU share other processes used meanwhile (shared machine)")
     L.append(f"package: {_git_state()}")
+    L.append(f"CPU: {cpu_line()}")
+    L.append(peak_line(getattr(d, "peak", None)))
+    for t in types:
+        for what in ("encode", "decode"):
+            g = res[t][what].get("gflop")
+            if g:
+                L.append(f"work of one {t} {what} (count_flops): {g['total']:.0f} GFLOP = matmuls "
+                         f"{g['mul_mat']:.0f} + flash attention {g['flash_attn']:.0f} (every key "
+                         "slot given, masked ones included)")
     L.append("")
     L.append(table(rows, cols))
     L.append("")
@@ -881,13 +912,13 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
                 continue
             srows = [{"stage": name, "ms": f"{ms:.0f}", "share": f"{100 * ms / r['sum_ms']:.0f} %",
                       "GFLOP": fmt(gf, "{:.0f}"),
-                      "GFLOP/s": fmt(gf / (ms / 1e3) if gf else None, "{:.0f}")}
+                      "GFLOP/s (% of peak)": of_peak(gf, ms / 1e3, getattr(d, "peak", None))}
                      for name, ms, gf in zip(r["names"], r["stage_ms"], r["gflop"])]
             L.append(f"{t} {tower}: sum {r['sum_ms']:.0f} ms vs whole graph {r['whole_ms']:.0f} ms "
                      f"(other load {100 * r['foreign']:.0f} %); "
                      + (f"codes equal to the runner's: {100 * r['match']:.1f} %" if tower == "encoder"
                         else f"output vs the runner's max|d|/RMS {r['match']:.1e}"))
-            L.append(table(srows, ["stage", "ms", "share", "GFLOP", "GFLOP/s"]))
+            L.append(table(srows, ["stage", "ms", "share", "GFLOP", "GFLOP/s (% of peak)"]))
             L.append("")
     if ops_res:
         L.append("### inside a stage (last chunk, longest window): ms per chunk, each part as its own graph")

@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 from bench.codec import _summary, _tensor
 from bench.common import table
 from bench.harness import (NANO_CODEC, Contention, Driver, fmt, median, peak_rss_gb, perf_top,
-                           report_footer, timed_runs)
+                           report_footer, timed_runs, counting, gflop_per_call,
+                           measure_peak, of_peak)
 from bench.parity import codec_parity_lines
 
 WORK = ROOT / "bench" / "results" / "codec48k"
@@ -354,13 +355,15 @@ def worker_encode(args) -> dict:
     acc = instrument()
     codec, load_s = _load(args)
     audio = np.load(WORK / "audio48k.npy")
-    totals, chunks, foreign, codes, split = _timed_split(
-        acc, lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
+    with counting() as work:
+        totals, chunks, foreign, codes, split = _timed_split(
+            acc, lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
     if args.save:
         np.save(WORK / f"{args.variant}_codes_ggml_{args.type}.npy", codes)
     out = _summary(load_s, totals, chunks, foreign, codec, "encoder")
     out["frames"] = int(codes.shape[1])
     out["split_ms"] = split
+    out["gflop"] = gflop_per_call(work, len(totals))
     return out
 
 
@@ -368,12 +371,14 @@ def worker_decode(args) -> dict:
     acc = instrument()
     codec, load_s = _load(args)
     codes = np.load(WORK / f"codes{codec.n_quantizers}.npy")
-    totals, chunks, foreign, audio, split = _timed_split(
-        acc, lambda p: codec.decode(codes, progress=p), args.runs)
+    with counting() as work:
+        totals, chunks, foreign, audio, split = _timed_split(
+            acc, lambda p: codec.decode(codes, progress=p), args.runs)
     if args.save:
         np.save(WORK / f"{args.variant}_audio_ggml_{args.type}.npy", audio)
     out = _summary(load_s, totals, chunks, foreign, codec, "decoder")
     out["split_ms"] = split
+    out["gflop"] = gflop_per_call(work, len(totals))
     out["samples"] = list(audio.shape)
     out["rms"] = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
     return out
@@ -571,6 +576,7 @@ def drive(args) -> int:
 
     res: dict = {}
     common = {"threads": args.threads, "runs": args.runs}
+    d.say(f"peak: {json.dumps(measure_peak(d, args.threads))}")
     if "nano" in variants:
         for t in types["nano"]:
             for what in ("encode", "decode", "stream"):
@@ -661,6 +667,14 @@ def upstream_lines(types, res) -> list[str]:
     return L
 
 
+def _rates(work_e, work_d, time_e, time_d, d) -> str:
+    """'enc / dec' GFLOP/s with % of the measured peak: the work of our graphs (count_flops)
+    over the warm median time of the same call."""
+    peak = getattr(d, "peak", None)
+    return " / ".join(of_peak(w.get("gflop", {}).get("total"), t.get("median_s"), peak)
+                      for w, t in ((work_e, time_e), (work_d, time_d)))
+
+
 def _mark(v, goal):
     return "" if v is None or goal is None else (" OK" if v <= goal else " MISS")
 
@@ -686,6 +700,7 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                 "peak RSS GB enc/dec/stream": f"{fmt(e.get('peak_rss_gb'))}/{fmt(dd.get('peak_rss_gb'))}/"
                                               f"{fmt(s.get('peak_rss_gb'))}",
                 "cold enc/dec s": f"{fmt(e.get('cold_s'))}/{fmt(dd.get('cold_s'))}",
+                "GFLOP/s enc / dec (% of peak)": _rates(e, dd, e, dd, d),
                 "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}") for r in (e, dd, s)),
             })
         sk = "stream ms/frame: first 10 s mean / full window"
@@ -699,6 +714,10 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                                f"{fmt(ud.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
                 "peak RSS GB enc/dec/stream": f"{fmt(ue.get('peak_rss_gb'))}/{fmt(ud.get('peak_rss_gb'))}/-",
                 "cold enc/dec s": f"{fmt(ue.get('cold_s'))}/{fmt(ud.get('cold_s'))}",
+                # the same math: our f32 graphs' work over upstream's time
+                "GFLOP/s enc / dec (% of peak)": _rates(
+                    res.get(("nano", "f32", "encode"), {}), res.get(("nano", "f32", "decode"), {}),
+                    ue, ud, d),
                 "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}")
                                                for r in (ue, ud)) + "/-"})
         rows.append({"Nano": "upstream f32, issue text (other machine)",
@@ -709,6 +728,12 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
         L.append(f"### MOSS-Audio-Tokenizer-Nano ({ckpt_gb.get('nano', 0) * 1e3:.0f} MB f32 checkpoint)")
         L.append(table(rows, list(rows[0])))
         L.extend(upstream_lines(types["nano"], res))
+        for w in ("encode", "decode"):
+            g = res.get(("nano", "f32", w), {}).get("gflop")
+            if g:
+                L.append(f"- work of one f32 {w} of {SECONDS:g} s (count_flops): {g['total']:.1f} GFLOP "
+                         f"= matmuls {g['mul_mat']:.1f} + flash attention {g['flash_attn']:.1f} "
+                         "(every key slot given, masked ones included)")
         for push in (2, 8):
             sp = res.get(("nano", "f32", f"stream_push{push}"), {})
             if "median_ms" in sp:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.harness import (ROOT, Driver, fmt, measure_types, median,  # noqa: E402
-                           peak_rss_gb, perf_top, prefill_times)
+                           peak_rss_gb, perf_top, prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
 from converters.gguf_io import Lazy, write_tensors  # noqa: E402
@@ -503,9 +503,10 @@ def report(results: list[dict]) -> str:
               "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
               "heads GB/s": fmt(r.get("heads_gbs"), "{:.1f}"),
               "peak RSS GB": fmt(r.get("peak_rss_gb")), "budget GB": fmt(r["budget_gb"]),
+              PREFILL_RATE: r.get(PREFILL_RATE, ""),
               "threads": r.get("threads", "")} for r in results if "error" not in r]
     split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
-                  "prefill_cold", "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB",
+                  "prefill_cold", PREFILL_RATE, "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB",
                   "budget GB", "threads"]
     ab = [{"type": r["type"], "few text ids": fmt(r["step_ms"]),
            "whole text head": fmt(r["full_head_step_ms"]),

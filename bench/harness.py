@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,13 +113,61 @@ def prefill_times(prefill, runs: int = PREFILL_RUNS) -> dict:
     """A prompt's prefill timed cold and warm: `prefill()` runs it once on a fresh state. The
     first call pays the first touch of the mmapped weights (page faults, disk reads when the
     file is not cached: what a fresh process's first utterance sees); the median of `runs`
-    more is the compute-bound figure to hold against a peer whose weights sit in RAM."""
+    more is the compute-bound figure to hold against a peer whose weights sit in RAM. Where
+    the prefill runs ggml graphs, `prefill_gflop` is the work of one (count_flops)."""
     times = []
-    for _ in range(runs + 1):
-        t0 = time.perf_counter()
-        prefill()
-        times.append(time.perf_counter() - t0)
-    return {"prefill_cold_ms": 1e3 * times[0], "prefill_ms": 1e3 * median(times[1:])}
+    with counting() as work:
+        for _ in range(runs + 1):
+            t0 = time.perf_counter()
+            prefill()
+            times.append(time.perf_counter() - t0)
+    out = {"prefill_cold_ms": 1e3 * times[0], "prefill_ms": 1e3 * median(times[1:])}
+    if work is not None and work.runs:
+        out["prefill_gflop"] = work.total / 1e9 / (runs + 1)
+    return out
+
+
+@contextmanager
+def counting():
+    """moss_tts.ggml.count_flops where the package imports (None in a peer's venv without it)."""
+    try:
+        from moss_tts.ggml import count_flops
+    except ImportError:
+        yield None
+        return
+    with count_flops() as work:
+        yield work
+
+
+def gflop_per_call(work, calls: int) -> dict:
+    """A count_flops total over `calls` equal calls → GFLOP per call by kind."""
+    return {k: v / max(1, calls) for k, v in work.gflop().items()}
+
+
+def measure_peak(driver: "Driver", threads: int) -> dict:
+    """The host's f32 GEMM peak now, in a fresh process (`bench/matmul.py --peak-only`): the
+    best of numpy's BLAS and ggml at n = 2048, and the FMA-width × clock × cores figure. Kept
+    on the driver for the report's footer."""
+    driver.peak = driver.run([sys.executable, "bench/matmul.py", "--peak-only", "--threads",
+                              str(threads)])
+    return driver.peak
+
+
+def of_peak(gflop, seconds, peak: dict | None) -> str:
+    """'GFLOP/s (% of the measured peak)' of `gflop` done in `seconds`; '' when unknown."""
+    if not gflop or not seconds or seconds != seconds:
+        return ""
+    rate = gflop / seconds
+    best = (peak or {}).get("peak")
+    return f"{rate:.0f}" + (f" ({100 * rate / best:.0f} %)" if best else "")
+
+
+def peak_line(peak: dict | None) -> str:
+    if not peak or "peak" not in peak:
+        return f"peak: not measured ({(peak or {}).get('error', 'skipped')})"
+    return (f"peak: measured f32 GEMM n={peak['n']}: numpy {peak['numpy']:.0f}, ggml "
+            f"{peak['ggml']:.0f} GFLOP/s; FMA figure {peak['fma']:.0f} ({peak['how']}); "
+            f"'% of peak' uses the measured {peak['peak']:.0f}")
 
 
 def run_worker(cmd: list[str], line: str, say) -> dict:
@@ -241,7 +290,7 @@ def report_footer(d: "Driver", total_s: float) -> list[str]:
     """The report's last lines: the CPU, the other load seen, the bench time, every command run."""
     from bench.common import cpu_line
 
-    return [f"CPU: {cpu_line()}",
+    return [f"CPU: {cpu_line()}", peak_line(getattr(d, "peak", None)),
             f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
             + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"),
             f"total bench time {total_s / 60:.1f} min",
@@ -346,8 +395,26 @@ def measure_types(args, script, log_name: str, measure, *, probe_bytes: int = 1 
     log.parent.mkdir(parents=True, exist_ok=True)
     driver = Driver(args, log, Path(script))
     driver.say(f"CPU: {cpu_line()}")
+    driver.say(peak_line(measure_peak(driver, args.threads or os.cpu_count())))
     probe = ReadProbe(probe_bytes, args.threads or os.cpu_count())
     rows = []
     for outtype in args.types.split(","):
         rows += measure(driver, args, outtype, probe)
+    rate_prefills(rows, driver.peak)
     return driver, rows
+
+
+PREFILL_RATE = "prefill GFLOP/s (% of peak)"
+
+
+def rate_prefills(rows: list[dict], peak: dict | None) -> None:
+    """Each row's warm prefill as GFLOP/s and % of the measured peak (key PREFILL_RATE; a
+    peer's in the same row, `peer_prefill_ms`, under "peer " + PREFILL_RATE). A peer (PyTorch,
+    llama.cpp) runs none of our graphs: it is given the work ours did for the same prompt, which
+    does not depend on the weight type."""
+    work = next((r["prefill_gflop"] for r in rows if r.get("prefill_gflop")), None)
+    for r in rows:
+        if r.get("prefill_ms"):
+            r[PREFILL_RATE] = of_peak(r.get("prefill_gflop") or work, r["prefill_ms"] / 1e3, peak)
+        if r.get("peer_prefill_ms"):
+            r["peer " + PREFILL_RATE] = of_peak(work, r["peer_prefill_ms"] / 1e3, peak)

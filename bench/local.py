@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
 from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
-                           prefill_times)
+                           prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local import local_group, tensor_types  # noqa: E402
@@ -255,6 +255,7 @@ def report(results: list[dict]) -> str:
               **{c: fmt(r.get(f"{c}_ms")) for c in ("backbone", "depth", "heads", "sampling",
                                                      "python", "frame", "prefill",
                                                      "prefill_cold", "first_audio")},
+              PREFILL_RATE: r.get(PREFILL_RATE, ""),
               "floor": fmt(r.get("floor_ms")),
               "/floor": fmt(r.get("frame_ms", float("nan")) / r["floor_ms"])
               if r.get("floor_ms") else "",

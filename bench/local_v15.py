@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
 from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
-                           prefill_times)
+                           prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local_v15 import tensor_types  # noqa: E402
@@ -277,6 +277,7 @@ def report(results: list[dict]) -> str:
               **{c: fmt(r.get(f"{c}_ms")) for c in ("backbone", "local", "heads", "sampling",
                                                      "python", "prefill", "prefill_cold",
                                                      "first_chunk")},
+              PREFILL_RATE: r.get(PREFILL_RATE, ""),
               "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
               "local GB/s": fmt(r.get("local_gbs"), "{:.1f}"),
               "read GB/s": fmt(r["read_gbs"], "{:.1f}"),

@@ -190,7 +190,16 @@ def main(argv=None) -> int:
     ap.add_argument("--codec", action="store_true", help="the codec encoder's shapes instead")
     ap.add_argument("--peer", help="with --codec: a python with torch, timed on the same shapes")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--peak-only", action="store_true",
+                    help="print the measured f32 GEMM peak as one JSON line (for the other benches)")
     args = ap.parse_args(argv)
+    if args.peak_only:
+        backend = Backend("cpu", threads=args.threads)
+        peaks = measured_peak(backend, args.peak_n, args.repeat)
+        theory, how = fma_peak_gflops(backend.threads)
+        print(json.dumps({**peaks, "peak": max(peaks.values()), "n": args.peak_n, "fma": theory,
+                          "how": how, "cpu": cpu_line()}))
+        return 0
     if args.torch_worker:
         print(json.dumps(torch_worker(args.threads or 1, args.repeat)))
         return 0

@@ -48,7 +48,8 @@ sys.path.insert(0, str(ROOT))
 from bench.codec48k import ensure_gguf as ensure_codec_gguf
 from bench.codec48k import gguf_path as codec_gguf_path
 from bench.common import table
-from bench.harness import NANO_TTS, Contention, Driver, peak_rss_gb, perf_top, report_footer
+from bench.harness import (NANO_TTS, Contention, Driver, counting, gflop_per_call, measure_peak,
+                           of_peak, peak_rss_gb, perf_top, report_footer)
 from bench.parity import rel_diff
 from bench.upstream_nano import HIDDEN_FILE as UPSTREAM_HIDDEN
 from bench.upstream_nano import ROWS_FILE as UPSTREAM_ROWS
@@ -413,17 +414,18 @@ def worker_prefill(args) -> dict:
     np.save(WORK / UPSTREAM_ROWS, rows)       # bench/upstream_nano.py prefills the same rows
     c = Contention()
     res = []
-    for _ in range(args.runs + 1):
-        state = m.make_state(PREFILL_ROWS + 28)
-        s0 = rec.snap()
-        t0 = time.perf_counter()
-        hidden = m.prefill(state, rows)
-        wall = time.perf_counter() - t0
-        dt, _ = Rec.diff(rec.snap(), s0)
-        res.append({"wall": 1e3 * wall, "compute": 1e3 * dt.get("prefill.compute", 0),
-                    "build": 1e3 * dt.get("build.global", 0),
-                    "alloc": 1e3 * dt.get("prefill.allocate", 0)})
-        state.close()
+    with counting() as work:
+        for _ in range(args.runs + 1):
+            state = m.make_state(PREFILL_ROWS + 28)
+            s0 = rec.snap()
+            t0 = time.perf_counter()
+            hidden = m.prefill(state, rows)
+            wall = time.perf_counter() - t0
+            dt, _ = Rec.diff(rec.snap(), s0)
+            res.append({"wall": 1e3 * wall, "compute": 1e3 * dt.get("prefill.compute", 0),
+                        "build": 1e3 * dt.get("build.global", 0),
+                        "alloc": 1e3 * dt.get("prefill.allocate", 0)})
+            state.close()
     warm = res[1:]
     np.save(WORK / f"prefill_hidden_ggml_{args.type}.npy", hidden)   # for the parity with upstream
     mm = prefill_matmuls(m, PREFILL_ROWS)
@@ -432,7 +434,8 @@ def worker_prefill(args) -> dict:
             "compute_ms": _med([r["compute"] for r in warm]),
             "build_ms": _med([r["build"] for r in warm]),
             "alloc_ms": _med([r["alloc"] for r in warm]),
-            "runs_ms": [r["wall"] for r in warm], "foreign": c.share(), "peak_rss_gb": peak_rss_gb()}
+            "runs_ms": [r["wall"] for r in warm], "foreign": c.share(), "peak_rss_gb": peak_rss_gb(),
+            "gflop": gflop_per_call(work, len(res))}
 
 
 def worker_first_audio(args) -> dict:
@@ -583,6 +586,7 @@ def drive(args) -> int:
     for stale in [*WORK.glob("prefill_hidden_*.npy"), WORK / UPSTREAM_ROWS]:
         stale.unlink(missing_ok=True)     # parity only between outputs of this run
     base = {"threads": args.threads, "frames": args.frames, "warmup": args.warmup, "runs": args.runs}
+    d.say(f"peak: {json.dumps(measure_peak(d, args.threads))}")
     res = {}
     for t in types:
         for what in ("frames", "prefill", "first_audio"):
@@ -635,7 +639,7 @@ def run_upstream(d: Driver, args) -> dict:
     return d.run(cmd)
 
 
-def upstream_lines(types, res) -> list[str]:
+def upstream_lines(types, res, d=None) -> list[str]:
     """The prefill against upstream PyTorch f32 (same run, checkpoint and rows): ms side by side,
     upstream ÷ ours, and the parity of the last row's hidden state."""
     up = res.get(UPSTREAM_KEY)
@@ -645,7 +649,10 @@ def upstream_lines(types, res) -> list[str]:
          "and rows)"]
     if "ms" not in up:
         return L + [f"- upstream: {up}", ""]
+    peak = getattr(d, "peak", None)
+    f32_work = res.get(("f32", "prefill"), {}).get("gflop", {}).get("total")
     rows = [{"who": f"upstream torch {up['torch']} f32 ({up['attention']})", "prefill ms": f"{up['ms']:.1f}",
+             "GFLOP/s (% of peak)": of_peak(f32_work, up["ms"] / 1e3, peak),
              "upstream ÷ ours": "", "runs ms": " ".join(f"{1e3 * x:.1f}" for x in up["warm_s"]),
              "cold ms": f"{1e3 * up['cold_s']:.0f}", "peak RSS GB": f"{up['peak_rss_gb']:.2f}",
              "other load %": f"{100 * up['foreign']:.0f}"}]
@@ -653,6 +660,8 @@ def upstream_lines(types, res) -> list[str]:
         p = res.get((t, "prefill"), {})
         if "ms" in p:
             rows.append({"who": f"ggml {t}", "prefill ms": f"{p['ms']:.1f}",
+                         "GFLOP/s (% of peak)": of_peak(p.get("gflop", {}).get("total"),
+                                                        p["ms"] / 1e3, peak),
                          "upstream ÷ ours": f"{up['ms'] / p['ms']:.2f}x",
                          "runs ms": " ".join(f"{x:.1f}" for x in p["runs_ms"]),
                          "cold ms": f"{p['cold_ms']:.0f}", "peak RSS GB": f"{p['peak_rss_gb']:.2f}",
@@ -717,7 +726,7 @@ def render(args, types, res, conv, d, total_s) -> str:
              f"≤ {GOALS['f32']:g} ms/frame f32, ≤ {GOALS['q8_0']:g} q8_0, prefill ≤ {GOALS['prefill_ms']:g} ms, "
              f"first audio ≤ {GOALS['first_audio_ms']:g} ms")
     L.append("")
-    L.extend(upstream_lines(types, res))
+    L.extend(upstream_lines(types, res, d))
     L.append("### where the frame time goes")
     for t in types:
         f = res.get((t, "frames"), {})
@@ -766,7 +775,10 @@ def render(args, types, res, conv, d, total_s) -> str:
                      f"runs " + " ".join(f"{x:.1f}" for x in p["runs_ms"])
                      + f"; its 48 weight matmuls alone: {p['matmuls_ms']:.1f} ms = {p['matmul_gflop']:.1f} "
                      f"GFLOP at {p['matmul_gflops']:.0f} GFLOP/s (goal 50 ms needs "
-                     f"{p['matmul_gflop'] / 0.05:.0f} GFLOP/s for the matmuls alone)")
+                     f"{p['matmul_gflop'] / 0.05:.0f} GFLOP/s for the matmuls alone)"
+                     + (f"; the whole prefill's work (count_flops) {p['gflop']['total']:.1f} GFLOP "
+                        f"at {of_peak(p['gflop']['total'], p['ms'] / 1e3, getattr(d, 'peak', None))} "
+                        "GFLOP/s (% of peak)" if p.get("gflop") else ""))
         if "warm" in a:
             w, c0 = a["warm"], a["cold"]
             L.append(f"- {t} first audio ({a['prompt_rows']} prompt rows, KV cache of {a['kv_slots']} slots, "

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
 from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
-                           prefill_times)
+                           prefill_times, PREFILL_RATE)
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.realtime import tensor_types  # noqa: E402
 from fixtures.make_delay import make_tokenizer_json  # noqa: E402
@@ -287,13 +287,13 @@ def measure_type(driver: Driver, args, outtype: str, probe) -> list[dict]:
 
 def report(results: list[dict]) -> str:
     cols = ["type", "frame ms", "floor ms", "frame/floor", "backbone", "local", "sampling",
-            "prefill", "prefill cold", "12th→first ms", "first/frame", "live RTF", "live lag s", "peak RSS GB",
+            "prefill", "prefill cold", PREFILL_RATE, "12th→first ms", "first/frame", "live RTF", "live lag s", "peak RSS GB",
             "read GB/s", "threads"]
     lines = [{"type": r["type"], "frame ms": fmt(r.get("frame_ms")), "floor ms": fmt(r["floor_ms"]),
               "frame/floor": fmt(r.get("frame_ms", float("nan")) / r["floor_ms"]),
               "backbone": fmt(r.get("backbone_ms")), "local": fmt(r.get("local_ms")),
               "sampling": fmt(r.get("sampling_ms")), "prefill": fmt(r.get("prefill_ms")),
-              "prefill cold": fmt(r.get("prefill_cold_ms")),
+              "prefill cold": fmt(r.get("prefill_cold_ms")), PREFILL_RATE: r.get(PREFILL_RATE, ""),
               "12th→first ms": fmt(r.get("first_audio_ms")),
               "first/frame": fmt((r.get("first_audio_ms") or float("nan"))
                                  / r.get("frame_ms", float("nan"))),

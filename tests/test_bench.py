@@ -152,3 +152,51 @@ def test_matmul_codec_mode_sums_every_layer_shape(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.count("ggml") >= 2 and "8 x 24" in out and "64 x 16" in out
     assert "all of them: ggml" in out and "torch" not in out.split("all of them:")[1]
+
+
+def test_peak_probe_prints_json_and_rates_read_against_it(capsys):
+    import json
+
+    from bench import harness, matmul
+
+    assert matmul.main(["--peak-only", "--peak-n", "64", "--repeat", "1"]) == 0
+    peak = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert peak["peak"] == max(peak["numpy"], peak["ggml"]) > 0 and peak["n"] == 64
+    assert peak["cpu"] and peak["fma"] > 0
+    assert harness.of_peak(50.0, 0.5, {"peak": 200.0}) == "100 (50 %)"
+    assert harness.of_peak(50.0, 0.5, None) == "100"
+    assert harness.of_peak(None, 0.5, peak) == "" and harness.of_peak(1.0, float("nan"), peak) == ""
+    assert "'% of peak' uses the measured" in harness.peak_line(peak)
+    assert harness.peak_line(None).startswith("peak: not measured")
+
+
+def test_prefill_times_gives_the_work_of_one_prefill_where_it_runs_ggml_graphs():
+    import numpy as np
+
+    from bench import harness
+    from moss_tts.ggml import Graph, ops
+
+    k, n, m = 64, 48, 10
+    g = Graph(name="prefill")
+    g.output(ops.mul_mat(g.input("w", (n, k)), g.input("x", (m, k))), "y")
+    feed = {"w": np.ones((n, k), np.float32), "x": np.ones((m, k), np.float32)}
+    try:
+        out = harness.prefill_times(lambda: g.run(feed), runs=2)
+    finally:
+        g.close()
+    assert out["prefill_gflop"] == pytest.approx(2 * k * n * m / 1e9)
+    assert out["prefill_ms"] > 0
+    assert "prefill_gflop" not in harness.prefill_times(lambda: None, runs=1)   # a torch peer
+
+
+def test_prefill_rates_give_a_peer_the_work_of_our_graphs_for_the_same_prompt():
+    from bench import harness
+
+    rows = [{"side": "ours", "prefill_ms": 500.0, "prefill_gflop": 100.0},
+            {"side": "llama.cpp", "prefill_ms": 1000.0},                   # runs no graph of ours
+            {"side": "ours", "prefill_ms": 250.0, "prefill_gflop": 100.0, "peer_prefill_ms": 2000.0},
+            {"side": "ours", "error": "no weights"}]
+    harness.rate_prefills(rows, {"peak": 400.0})
+    rate = harness.PREFILL_RATE
+    assert [r.get(rate) for r in rows] == ["200 (50 %)", "100 (25 %)", "400 (100 %)", None]
+    assert rows[2]["peer " + rate] == "50 (12 %)"

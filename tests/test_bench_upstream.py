@@ -178,9 +178,12 @@ def test_nano_report_puts_upstreams_prefill_beside_ours(tmp_path, monkeypatch):
                  weight_gb=0.47, ignored=["local_transformer.wte.weight"])
     res = {nano.UPSTREAM_KEY: up,
            ("f32", "prefill"): {"ms": 80.0, "runs_ms": [80.0], "cold_ms": 500.0,
-                                "peak_rss_gb": 0.6, "foreign": 0.0}}
-    text = "\n".join(nano.upstream_lines(["f32", "q8_0"], res))
+                                "peak_rss_gb": 0.6, "foreign": 0.0, "gflop": {"total": 16.0}}}
+    driver = type("D", (), {"peak": {"peak": 400.0}})()
+    text = "\n".join(nano.upstream_lines(["f32", "q8_0"], res, driver))
     assert "2.00x" in text and "160.0" in text and "80.0" in text
+    # our graphs' 16 GFLOP over each side's time, against the 400 GFLOP/s peak
+    assert "200 (50 %)" in text and "100 (25 %)" in text
     rms = float(np.sqrt(np.mean(hidden.astype(np.float64) ** 2)))
     assert f"ggml f32 vs upstream: max|Δ|/RMS {2e-3 / rms:.2e}" in text
     assert "ggml q8_0" not in text                    # no prefill result, no row
