@@ -135,11 +135,8 @@ def run_ours(args) -> dict:
     heads, compute, plain = HeadsProbe(model), [], backend.compute
 
     def prefill_once():
-        fresh = model.make_state(len(rows) + 1)
-        try:
+        with model.make_state(len(rows) + 1) as fresh:
             fresh.backbone.run(row_feed(rows, cfg.n_vq), len(rows), variant=(cfg.n_vq, True))
-        finally:
-            fresh.close()
 
     prefills = prefill_times(prefill_once)
 

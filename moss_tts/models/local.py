@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
-from ..ggml.backend import released_on_error
+from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, mlp, rms_norm
 from ..nn.session import DecodeSession
@@ -219,9 +219,10 @@ def choose(logits: np.ndarray, c: int, seen: np.ndarray, cfg: LocalConfig,
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class GenerationState:
+class GenerationState(NativeResource):
     """Per-utterance state owned by the caller (style C16): the backbone's decode session and
-    the per-frame depth session (one replayed step graph per depth position)."""
+    the per-frame depth session (one replayed step graph per depth position). A context
+    manager, like every owner of native memory (C10)."""
 
     def __init__(self, model: "LocalModel", capacity: int):
         cfg, lc, loc = model.config, model.config.language_config, model.config.local_config
@@ -232,15 +233,17 @@ class GenerationState:
             n_kv_head=lc.num_key_value_heads, head_dim=lc.head_dim, capacity=capacity,
             prefix="backbone", name="local", dtype=model.kv_type)
         # ≤ n_vq + 1 positions, exact in f32: upstream recomputes the whole prefix (§3.4)
-        self.depth = DecodeSession(
-            lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
-            n_layer=loc.num_hidden_layers, n_kv_head=loc.num_key_value_heads,
-            head_dim=loc.head_dim, capacity=cfg.n_vq + 1, prefix="depth", name="local.depth",
-            dtype=F32)
+        with released_on_error(self.backbone):
+            self.depth = DecodeSession(
+                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
+                n_layer=loc.num_hidden_layers, n_kv_head=loc.num_key_value_heads,
+                head_dim=loc.head_dim, capacity=cfg.n_vq + 1, prefix="depth",
+                name="local.depth", dtype=F32)
 
     def close(self) -> None:
-        self.backbone.close()
-        self.depth.close()
+        for session in (getattr(self, "backbone", None), getattr(self, "depth", None)):
+            if session is not None:
+                session.close()
 
 
 class LocalModel:
@@ -266,11 +269,8 @@ class LocalModel:
         """rows [S, 1 + n_vq] → the backbone's post-norm hidden states [S, H]."""
         rows = check_rows(rows, self.config)
         n = check_n_vq(n_vq_for_inference, self.config)
-        state = self.make_state(len(rows))
-        try:
+        with self.make_state(len(rows)) as state:
             return state.backbone.run(row_feed(rows, n), len(rows), variant=(n, False))["hidden"]
-        finally:
-            state.close()
 
     def depth_logits(self, hidden_row, row) -> tuple[np.ndarray, np.ndarray]:
         """The frame's per-channel logits with `row` [1..1 + n_vq] teacher-forced: hidden_row
@@ -282,12 +282,9 @@ class LocalModel:
             raise InputError(f"row must hold 1..{cfg.n_vq + 1} integer tokens, got {row.shape}")
         check_rows(np.concatenate([row, np.zeros(cfg.n_vq + 1 - len(row), row.dtype)])[None],
                    cfg)
-        state = self.make_state(1)
-        try:
+        with self.make_state(1) as state:
             out = [self.depth_step(state, 0, hidden_row)]
             out += [self.depth_step(state, p, int(row[p - 1])) for p in range(1, len(row))]
-        finally:
-            state.close()
         audio = np.array(out[1:], dtype=np.float32).reshape(-1, cfg.audio_rows)
         audio[:, cfg.audio_pad_code] = -np.inf
         return out[0], audio
@@ -337,8 +334,7 @@ class LocalModel:
         rng = np.random.default_rng(seed)
         # per-channel history, prompt included (HF RepetitionPenaltyLogitsProcessor, §3.6)
         seen = seen_per_head(rows[:, 1:], cfg.audio_rows)
-        state = self.make_state(len(rows) + max_new_frames)
-        try:
+        with self.make_state(len(rows) + max_new_frames) as state:
             feed = rows
             for _ in range(max_new_frames):
                 h = state.backbone.run(row_feed(feed, n), len(feed), variant=(n, True))["hidden"]
@@ -349,8 +345,6 @@ class LocalModel:
                 if row[0] == cfg.audio_end_token_id:
                     return
                 feed = row[None]
-        finally:
-            state.close()
 
     def close(self) -> None:
         if self.weights is not None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..ggml import I32, Graph, Weights, ops
-from ..ggml.backend import released_on_error
+from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
 from ..nn.session import DecodeSession
@@ -162,10 +162,10 @@ def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class GenerationState:
+class GenerationState(NativeResource):
     """Per-utterance state owned by the caller (style C16): the global decode session sized for
     the prompt plus the frame budget, and the per-frame depth session (one replayed step graph
-    per local position)."""
+    per local position). A context manager, like every owner of native memory (C10)."""
 
     def __init__(self, model: "NanoModel", capacity: int):
         cfg, b, loc = model.config, model.config.backbone, model.config.local
@@ -175,10 +175,11 @@ class GenerationState:
             lambda g, n, kv, _: build_global_step(g, w, cfg, n, kv), backend=model.backend,
             n_layer=b.n_layer, n_kv_head=b.n_head, head_dim=b.head_dim, capacity=capacity,
             prefix="global", name="nano.global")
-        self.depth = DecodeSession(
-            lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
-            n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
-            capacity=cfg.n_vq + 1, prefix="depth", name="nano.depth")
+        with released_on_error(self.global_):
+            self.depth = DecodeSession(
+                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
+                n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
+                capacity=cfg.n_vq + 1, prefix="depth", name="nano.depth")
 
     @property
     def position(self) -> int:
@@ -190,8 +191,9 @@ class GenerationState:
         self.depth.reset()
 
     def close(self) -> None:
-        self.global_.close()
-        self.depth.close()
+        for session in (getattr(self, "global_", None), getattr(self, "depth", None)):
+            if session is not None:
+                session.close()
 
 
 class NanoModel:

@@ -2,7 +2,6 @@
 converter and loaded through the real loader (style C30), with their float64 reference state, and
 the tiny 1600 Hz stereo codec (fixtures.make_codec) that matches them."""
 
-import contextlib
 
 import numpy as np
 import pytest
@@ -96,16 +95,6 @@ def nano_tts(nano_files, codec_gguf):
     yield get
     for tts in made.values():
         tts.close()
-
-
-@contextlib.contextmanager
-def generation_state(model, capacity):
-    """A GenerationState closed on exit (it owns two KV caches and its graphs)."""
-    state = model.make_state(capacity)
-    try:
-        yield state
-    finally:
-        state.close()
 
 
 def seeded_codes(frames, *, seed):

@@ -92,13 +92,10 @@ def test_depth_cache_is_reset_every_frame(local_model):
     same state equals the same frame in a fresh state."""
     model = local_model()
     g = model.forward(prompt_rows())
-    state = model.make_state(4)
-    try:
+    with model.make_state(4) as state:
         model.frame(state, g[-2], N_VQ, lambda c, logits: 5)
         second = [model.depth_step(state, 0, g[-1])] + \
             [model.depth_step(state, p, 5 if p > 1 else GEN) for p in range(1, N_VQ + 1)]
-    finally:
-        state.close()
     text, audio = model.depth_logits(g[-1], [GEN] + [5] * N_VQ)
     np.testing.assert_array_equal(second[0], text)
     np.testing.assert_array_equal(np.array(second[1:])[:, :PAD], audio[:, :PAD])
@@ -175,14 +172,11 @@ def test_bad_generation_arguments(local_model, kwargs, match):
 
 def test_depth_positions_run_in_order(local_model):
     model = local_model()
-    state = model.make_state(1)
-    try:
+    with model.make_state(1) as state:
         with pytest.raises(InputError, match="depth position 2 follows position -1"):
             model.depth_step(state, 2, 3)
         with pytest.raises(InputError, match="outside 0..4"):
             model.depth_step(state, N_VQ + 1, 3)
-    finally:
-        state.close()
 
 
 def test_depth_logits_rejects_a_bad_row(local_model):
@@ -208,3 +202,10 @@ def test_config_rejects_pad_code_outside_tables_and_ids_outside_vocab():
     # the depth stack copies the backbone's attention geometry, not its width (P7)
     loc = LocalConfig(lc, vocab_size=151680, local_hidden_size=12).local_config
     assert (loc.hidden_size, loc.num_attention_heads, loc.head_dim) == (12, 2, 8)
+
+
+def test_generation_state_is_a_context_manager_that_frees_both_caches(local_model):
+    with local_model().make_state(4) as state:
+        assert state.backbone.cache is not None and state.depth.cache is not None
+    assert state.backbone.cache is None and state.depth.cache is None
+    state.close()                                   # closing again is harmless

@@ -18,7 +18,7 @@ from moss_tts.errors import InputError
 from moss_tts.ggml import Graph
 from moss_tts.models.nano import embed_rows, row_inputs
 
-from .conftest import AUDIO_VOCAB, N_VQ, generation_state
+from .conftest import AUDIO_VOCAB, N_VQ
 
 # f32 ggml vs the float64 reference through 2 global blocks + ln_f (|h| ≲ 4, dots of 32-64
 # terms). Attention is ggml's flash kernel with f32 K/V (no f16 rounding of K/V; the f16 mask
@@ -80,7 +80,7 @@ def want(reference, rows):
 def prefill_chunks(model, rows, chunks, capacity=ROWS + 4):
     """Prefill `rows` in the given chunk lengths on one fresh state; the last hidden."""
     assert sum(chunks) == len(rows)
-    with generation_state(model, capacity) as state:
+    with model.make_state(capacity) as state:
         start = 0
         for n in chunks:
             h = model.prefill(state, rows[start:start + n])
@@ -115,7 +115,7 @@ def test_cached_decode_matches_full_recompute(nano_model, rows, want):
     """Prefill n rows, then one row at a time: row k's hidden equals the reference recompute of
     rows[:k+1], for every k; the one-row graph (one bucket: ≤ 32 slots) is built once and
     replayed."""
-    with generation_state(nano_model, ROWS) as state:
+    with nano_model.make_state(ROWS) as state:
         nano_model.prefill(state, rows[:SPLIT])
         for k in range(SPLIT, ROWS):
             got = nano_model.prefill(state, rows[k:k + 1])
@@ -126,7 +126,7 @@ def test_cached_decode_matches_full_recompute(nano_model, rows, want):
 
 def test_decode_step_at_wrong_position_is_detected(nano_model, rows, want):
     """Guard: RoPE only sees relative positions, so shift one row, not the whole prompt."""
-    with generation_state(nano_model, ROWS + 1) as state:
+    with nano_model.make_state(ROWS + 1) as state:
         nano_model.prefill(state, rows[:-1])
         state.global_.position += 1  # the last row rotated as if one position later
         wrong = nano_model.prefill(state, rows[-1:])
@@ -147,10 +147,10 @@ def test_prefix_reuse_on_a_new_state_matches_fresh_prefill(nano_model, rows, ref
     rows_b = rows.copy()
     rows_b[SPLIT:, 0] = 3          # a divergent tail: text pad rows …
     rows_b[SPLIT:, 1:] = PAD       # … without codes
-    with generation_state(nano_model, ROWS) as a, generation_state(nano_model, ROWS) as b:
+    with nano_model.make_state(ROWS) as a, nano_model.make_state(ROWS) as b:
         h_a = nano_model.prefill(a, rows)
         h_b = nano_model.prefill(b, rows_b)
-        with generation_state(nano_model, ROWS) as again:
+        with nano_model.make_state(ROWS) as again:
             h_a2 = nano_model.prefill(again, rows)
     assert_close(h_b, ref.global_forward(*reference, rows_b)[-1], atol=HIDDEN_ATOL,
                  what="new state, shared prefix, new tail")
@@ -165,7 +165,7 @@ def test_mismatched_cached_prefix_changes_the_hidden(nano_model, rows, want):
     r = range(ROWS)[REF_ROWS][1]
     c = next(c for c in range(N_VQ) if wrong[r, c + 1] != PAD)
     wrong[r, c + 1] = (wrong[r, c + 1] + 1) % AUDIO_VOCAB
-    with generation_state(nano_model, ROWS) as state:
+    with nano_model.make_state(ROWS) as state:
         nano_model.prefill(state, wrong[:SPLIT])
         got = nano_model.prefill(state, rows[SPLIT:])
     assert_differs(got, want[-1], atol=HIDDEN_ATOL, what="one changed code in the cached prefix")
@@ -222,7 +222,7 @@ def test_row_with_pad_codes_matches_reference(nano_model, rows, want):
 def test_out_of_range_ids_raise_input_error(nano_model, rows, column, value):
     bad = rows[:4].copy()
     bad[2, column] = nano_model.config.vocab_size if value == "vocab" else value
-    with generation_state(nano_model, 8) as state:
+    with nano_model.make_state(8) as state:
         nano_model.prefill(state, rows[:1])
         with pytest.raises(InputError):
             nano_model.prefill(state, bad)
@@ -233,18 +233,18 @@ def test_non_integer_rows_raise_input_error(nano_model, rows):
     """A float row (e.g. 4.7) must not be truncated to an id silently (the reference raises)."""
     bad = rows[:3].astype(np.float64)
     bad[:, 0] += 0.7  # text ids 4.7, …; the codes stay whole numbers in range
-    with generation_state(nano_model, 8) as state, pytest.raises(InputError):
+    with nano_model.make_state(8) as state, pytest.raises(InputError):
         nano_model.prefill(state, bad)
 
 
 @pytest.mark.parametrize("shape", [(3, N_VQ), (3, N_VQ + 2), (0, N_VQ + 1), (N_VQ + 1,)])
 def test_rows_of_the_wrong_shape_raise_input_error(nano_model, shape):
-    with generation_state(nano_model, 8) as state, pytest.raises(InputError, match="shape"):
+    with nano_model.make_state(8) as state, pytest.raises(InputError, match="shape"):
         nano_model.prefill(state, np.full(shape, 3))
 
 
 def test_prefill_past_the_state_capacity_raises_input_error(nano_model, rows):
-    with generation_state(nano_model, 6) as state:
+    with nano_model.make_state(6) as state:
         nano_model.prefill(state, rows[:5])
         with pytest.raises(InputError, match="exceed"):
             nano_model.prefill(state, rows[5:7])
@@ -278,7 +278,7 @@ def run_frame(model, state, h):
 
 def test_frame_codes_match_reference_greedy(nano_model, reference, hiddens):
     state, cfg = reference
-    with generation_state(nano_model, 4) as s:
+    with nano_model.make_state(4) as s:
         for i, h in enumerate(hiddens):
             decision, codes, logits = run_frame(nano_model, s, h)
             cont, want_codes = ref.depth_frame_greedy(state, cfg, h, always_codes=True)
@@ -296,7 +296,7 @@ def test_frame_codes_match_reference_greedy(nano_model, reference, hiddens):
 
 def test_decision_logits_match_reference(nano_model, reference, hiddens):
     state, cfg = reference
-    with generation_state(nano_model, 4) as s:
+    with nano_model.make_state(4) as s:
         for i, h in enumerate(hiddens):
             got = nano_model.depth_logits(s, 0, h)
             assert_close(got, ref.decision_logits(state, cfg, h), atol=LOGIT_ATOL,
@@ -306,7 +306,7 @@ def test_decision_logits_match_reference(nano_model, reference, hiddens):
 def test_local_cache_is_reset_every_frame(nano_model, reference, hiddens):
     """Two frames from the same hidden give identical codes and logits, also with another frame
     in between (the local cache holds that frame's rows when the next one starts)."""
-    with generation_state(nano_model, 4) as s:
+    with nano_model.make_state(4) as s:
         first = run_frame(nano_model, s, hiddens[0])
         run_frame(nano_model, s, hiddens[1])
         again = run_frame(nano_model, s, hiddens[0])
@@ -314,7 +314,7 @@ def test_local_cache_is_reset_every_frame(nano_model, reference, hiddens):
     np.testing.assert_array_equal(again[0], first[0])
     for c in range(N_VQ):
         np.testing.assert_array_equal(again[2][c], first[2][c])
-    with generation_state(nano_model, 4) as fresh:
+    with nano_model.make_state(4) as fresh:
         np.testing.assert_array_equal(run_frame(nano_model, fresh, hiddens[0])[1], first[1])
 
 
@@ -323,7 +323,7 @@ def test_heads_are_tied_to_the_embeddings(nano_model, reference, hiddens):
     audio_embeddings[c]ᵀ, with h_local from the reference local transformer."""
     state, cfg = reference
     h = hiddens[2]
-    with generation_state(nano_model, 4) as s:
+    with nano_model.make_state(4) as s:
         decision, codes, logits = run_frame(nano_model, s, h)
     hl = ref.local_forward(state, cfg, ref.local_inputs(state, cfg, h, ASSISTANT_SLOT, codes[:-1]))
     wte = state["transformer.wte.weight"]
@@ -349,7 +349,7 @@ def test_depth_inputs_change_the_logits(nano_model, reference, hiddens):
     h = hiddens[3]
     _, codes = ref.depth_frame_greedy(state, cfg, h, always_codes=True)
     _, audio = ref.local_logits(state, cfg, h, ASSISTANT_SLOT, codes[:-1])
-    with generation_state(nano_model, 4) as s:
+    with nano_model.make_state(4) as s:
         nano_model.depth_logits(s, 0, h)
         wrong_token = nano_model.depth_logits(s, 1, USER_SLOT)
         assert_differs(wrong_token, audio[0], atol=LOGIT_ATOL, what="decision token 8 for 9")
@@ -361,7 +361,7 @@ def test_depth_inputs_change_the_logits(nano_model, reference, hiddens):
 
 
 def test_depth_code_out_of_range_raises_input_error(nano_model, hiddens):
-    with generation_state(nano_model, 4) as s:
+    with nano_model.make_state(4) as s:
         nano_model.depth_logits(s, 0, hiddens[0])
         nano_model.depth_logits(s, 1, ASSISTANT_SLOT)
         with pytest.raises(InputError):
@@ -369,7 +369,7 @@ def test_depth_code_out_of_range_raises_input_error(nano_model, hiddens):
 
 
 def test_frame_stops_when_the_decision_says_so(nano_model, hiddens):
-    with generation_state(nano_model, 4) as s:
+    with nano_model.make_state(4) as s:
         called = []
         codes = nano_model.frame(s, hiddens[0], lambda c, ell: called.append(c) or 0,
                                  lambda a, b: False)
@@ -380,3 +380,10 @@ def test_frame_row_is_the_assistant_slot_and_the_codes(nano_model):
     row = nano_model.frame_row(np.array([1, 2, 3, 63], np.int32))
     np.testing.assert_array_equal(row, [[ASSISTANT_SLOT, 1, 2, 3, 63]])
     assert row.dtype == np.int32
+
+
+def test_generation_state_is_a_context_manager_that_frees_both_caches(nano_model):
+    with nano_model.make_state(4) as state:
+        assert state.global_.cache is not None and state.depth.cache is not None
+    assert state.global_.cache is None and state.depth.cache is None
+    state.close()                                   # closing again is harmless
