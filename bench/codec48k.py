@@ -624,6 +624,7 @@ def drive(args) -> int:
             res[key] = d.worker("decode", variant="v2", type="f16", chunk=c, threads=args.threads,
                                 runs=v2runs)
             d.say(f"v2 f16 decode chunk {c:g}: {fmt(res[key].get('median_s'))} s")
+    measure_peak(d, args.threads)   # again: the best of the probes is the peak
     report = render(args, variants, types, res, conv, ckpt_gb, d, default_chunk,
                     time.perf_counter() - t_start)
     d.say(report)

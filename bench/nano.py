@@ -620,6 +620,7 @@ def drive(args) -> int:
         res[(types[0], "profile")] = r
         d.say(f"profile {types[0]}: {r.get('profiled_ms_frame', 0):.1f} ms/frame under cProfile\n"
               f"{r.get('text', r)}")
+    measure_peak(d, args.threads)   # again: the best of the probes is the peak
     report = render(args, types, res, conv, d, time.perf_counter() - t_start)
     d.say(report)
     (WORK / "report.md").write_text(report + "\n")

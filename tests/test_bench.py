@@ -167,6 +167,13 @@ def test_peak_probe_prints_json_and_rates_read_against_it(capsys):
     assert harness.of_peak(50.0, 0.5, None) == "100"
     assert harness.of_peak(None, 0.5, peak) == "" and harness.of_peak(1.0, float("nan"), peak) == ""
     assert "'% of peak' uses the measured" in harness.peak_line(peak)
+    # probed twice (the host drifts): the best probe is the peak, both are listed
+    probes = iter([{**peak, "peak": 100.0}, {**peak, "peak": 150.0}, {"error": "busy"}])
+    driver = type("D", (), {"run": lambda self, cmd: next(probes)})()
+    for _ in range(3):
+        harness.measure_peak(driver, 2)
+    assert driver.peak["peak"] == 150.0 and driver.peak["probes"] == [100.0, 150.0]
+    assert "probes at start and end: 100, 150" in harness.peak_line(driver.peak)
     assert harness.peak_line(None).startswith("peak: not measured")
 
 

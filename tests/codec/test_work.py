@@ -53,3 +53,33 @@ def test_two_decodes_count_twice(codec):
         codec.decode(codes)
         codec.decode(codes)
     assert two.total == 2 * one.total > 0
+
+
+def test_the_codec_bench_splits_both_towers_by_stage_and_chains_to_the_runners_result(
+        codec, codec_gguf, clip, tmp_path, monkeypatch):
+    """bench/codec.py --worker stages on the tiny codec: one graph per stage, chained through
+    the host, gives the runner's codes and audio; its per-stage GFLOP (the useful work: each
+    query's causal window) adds up to no more than what the graphs were given."""
+    import argparse
+
+    from bench import codec as bench_codec
+
+    monkeypatch.setattr(bench_codec, "WORK", tmp_path)
+    monkeypatch.setattr(bench_codec, "gguf_path", lambda outtype: codec_gguf)
+    monkeypatch.setattr(bench_codec, "SAMPLE_RATE", codec.sample_rate)
+    np.save(tmp_path / "audio.npy", clip)
+    frames = len(clip) // codec.downsample_rate
+    np.save(tmp_path / "codes.npy", np.random.default_rng(5).integers(
+        0, codec.config.codebook_size, (codec.n_quantizers, frames)).astype(np.int32))
+    for tower in ("encoder", "decoder"):
+        args = argparse.Namespace(type="f32", threads=1, chunk=1.0, runs=1, tower=tower)
+        with count_flops() as work:
+            r = bench_codec.worker_stages(args)
+        assert "error" not in r, r
+        n_stages = sum(1 for s in getattr(codec.config, tower) if s.kind == 1)
+        assert len(r["names"]) == n_stages + 2 and len(r["stage_ms"]) == len(r["names"])
+        if tower == "encoder":
+            assert r["match"] == 1.0                            # codes equal: all of them
+        else:
+            assert r["match"] < 1e-6                            # audio max|d|/RMS
+        assert 0 < sum(g for g in r["gflop"] if g) * 1e9 <= work.total
