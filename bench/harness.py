@@ -420,14 +420,16 @@ def measure_types(args, script, log_name: str, measure, *, probe_bytes: int = 1 
 PREFILL_RATE = "prefill GFLOP/s (% of peak)"
 
 
+def prefill_work(rows: list[dict]) -> float | None:
+    """GFLOP of the prompt's prefill, from the first row that ran our graphs. It does not depend
+    on the weight type, and a peer (PyTorch, llama.cpp), which runs none of our graphs, is given
+    it: the same math at the peer's speed."""
+    return next((r["prefill_gflop"] for r in rows if r.get("prefill_gflop")), None)
+
+
 def rate_prefills(rows: list[dict], peak: dict | None) -> None:
-    """Each row's warm prefill as GFLOP/s and % of the measured peak (key PREFILL_RATE; a
-    peer's in the same row, `peer_prefill_ms`, under "peer " + PREFILL_RATE). A peer (PyTorch,
-    llama.cpp) runs none of our graphs: it is given the work ours did for the same prompt, which
-    does not depend on the weight type."""
-    work = next((r["prefill_gflop"] for r in rows if r.get("prefill_gflop")), None)
+    """Each row's warm prefill as GFLOP/s and % of the measured peak (key PREFILL_RATE)."""
+    work = prefill_work(rows)
     for r in rows:
         if r.get("prefill_ms"):
             r[PREFILL_RATE] = of_peak(r.get("prefill_gflop") or work, r["prefill_ms"] / 1e3, peak)
-        if r.get("peer_prefill_ms"):
-            r["peer " + PREFILL_RATE] = of_peak(work, r["peer_prefill_ms"] / 1e3, peak)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
 from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
-                           prefill_times, PREFILL_RATE)
+                           prefill_times, prefill_work, of_peak, PREFILL_RATE)
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.realtime import tensor_types  # noqa: E402
 from fixtures.make_delay import make_tokenizer_json  # noqa: E402
@@ -332,6 +332,10 @@ def main(argv=None) -> int:
         for r in results if "peer_frame_ms" in peer and not args.tiny else ():
             driver.say(f"upstream / ours per frame, {r['type']}: "
                        f"{peer['peer_frame_ms'] / r['frame_ms']:.2f}×")
+        if peer.get("peer_prefill_ms"):
+            driver.say(f"upstream prefill {peer['peer_prefill_ms']:.0f} ms = " + (of_peak(
+                prefill_work(results), peer["peer_prefill_ms"] / 1e3, driver.peak) or "?")
+                + " GFLOP/s (% of peak) on our graphs' work for the same prompt")
     driver.say("command: " + " ".join([sys.executable, *sys.argv]))
     print(json.dumps(results))
     return 0

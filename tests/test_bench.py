@@ -199,11 +199,12 @@ def test_prefill_times_gives_the_work_of_one_prefill_where_it_runs_ggml_graphs()
 def test_prefill_rates_give_a_peer_the_work_of_our_graphs_for_the_same_prompt():
     from bench import harness
 
-    rows = [{"side": "ours", "prefill_ms": 500.0, "prefill_gflop": 100.0},
+    rows = [{"side": "ours", "error": "no weights"},
+            {"side": "ours", "prefill_ms": 500.0, "prefill_gflop": 100.0},
             {"side": "llama.cpp", "prefill_ms": 1000.0},                   # runs no graph of ours
-            {"side": "ours", "prefill_ms": 250.0, "prefill_gflop": 100.0, "peer_prefill_ms": 2000.0},
-            {"side": "ours", "error": "no weights"}]
+            {"side": "ours", "prefill_ms": 250.0, "prefill_gflop": 100.0}]
+    assert harness.prefill_work(rows) == 100.0
     harness.rate_prefills(rows, {"peak": 400.0})
     rate = harness.PREFILL_RATE
-    assert [r.get(rate) for r in rows] == ["200 (50 %)", "100 (25 %)", "400 (100 %)", None]
-    assert rows[2]["peer " + rate] == "50 (12 %)"
+    assert [r.get(rate) for r in rows] == [None, "200 (50 %)", "100 (25 %)", "400 (100 %)"]
+    assert harness.prefill_work([{"side": "peer", "prefill_ms": 9.0}]) is None
