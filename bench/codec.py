@@ -776,14 +776,26 @@ def drive(args) -> int:
     return 0
 
 
+def enc_dec_rates(work: tuple[dict, dict], times: tuple[dict, dict], peak) -> str:
+    """'enc / dec' GFLOP/s (% of the measured peak): the count_flops work of the (encode,
+    decode) results `work` over the warm median times of `times` (ours for an upstream row:
+    the same math at its speed)."""
+    return " / ".join(of_peak(w.get("gflop", {}).get("total"), t.get("median_s"), peak)
+                      for w, t in zip(work, times))
+
+
+def work_line(what: str, g: dict, num: str = "{:.0f}") -> str:
+    """The count_flops work of one call, by kind."""
+    return (f"work of one {what} (count_flops): {num.format(g['total'])} GFLOP = matmuls "
+            f"{num.format(g['mul_mat'])} + flash attention {num.format(g['flash_attn'])} (every "
+            "key slot given, masked ones included)")
+
+
 def _row(what, e, dd, stream="", weight=None, work=None, peak=None):
     """One row of the main table; `work`: the (encode, decode) results whose count_flops work
-    the GFLOP/s column divides by this row's times (ours for upstream's rows: the same math)."""
-    we, wd = work or (e, dd)
-    rate = " / ".join(of_peak(w.get("gflop", {}).get("total"), r.get("median_s"), peak)
-                      for w, r in ((we, e), (wd, dd)))
+    the GFLOP/s column divides by this row's times (default: this row's own)."""
     return {"what": what, "encode s": fmt(e.get("median_s")), "decode s": fmt(dd.get("median_s")),
-            "GFLOP/s enc / dec (% of peak)": rate,
+            "GFLOP/s enc / dec (% of peak)": enc_dec_rates(work or (e, dd), (e, dd), peak),
             "RTF enc/dec": f"{fmt(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
                            f"{fmt(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
             "peak RSS GB enc/dec": f"{fmt(e.get('peak_rss_gb'))}/{fmt(dd.get('peak_rss_gb'))}",
@@ -837,9 +849,7 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
         for what in ("encode", "decode"):
             g = res[t][what].get("gflop")
             if g:
-                L.append(f"work of one {t} {what} (count_flops): {g['total']:.0f} GFLOP = matmuls "
-                         f"{g['mul_mat']:.0f} + flash attention {g['flash_attn']:.0f} (every key "
-                         "slot given, masked ones included)")
+                L.append(work_line(f"{t} {what}", g))
     L.append("")
     L.append(table(rows, cols))
     L.append("")

@@ -40,11 +40,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.codec import _summary, _tensor
+from bench.codec import _summary, _tensor, enc_dec_rates, work_line
 from bench.common import table
 from bench.harness import (NANO_CODEC, Contention, Driver, fmt, median, peak_rss_gb, perf_top,
                            report_footer, timed_runs, counting, gflop_per_call,
-                           measure_peak, of_peak)
+                           measure_peak)
 from bench.parity import codec_parity_lines
 
 WORK = ROOT / "bench" / "results" / "codec48k"
@@ -668,14 +668,6 @@ def upstream_lines(types, res) -> list[str]:
     return L
 
 
-def _rates(work_e, work_d, time_e, time_d, d) -> str:
-    """'enc / dec' GFLOP/s with % of the measured peak: the work of our graphs (count_flops)
-    over the warm median time of the same call."""
-    peak = getattr(d, "peak", None)
-    return " / ".join(of_peak(w.get("gflop", {}).get("total"), t.get("median_s"), peak)
-                      for w, t in ((work_e, time_e), (work_d, time_d)))
-
-
 def _mark(v, goal):
     return "" if v is None or goal is None else (" OK" if v <= goal else " MISS")
 
@@ -701,7 +693,8 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                 "peak RSS GB enc/dec/stream": f"{fmt(e.get('peak_rss_gb'))}/{fmt(dd.get('peak_rss_gb'))}/"
                                               f"{fmt(s.get('peak_rss_gb'))}",
                 "cold enc/dec s": f"{fmt(e.get('cold_s'))}/{fmt(dd.get('cold_s'))}",
-                "GFLOP/s enc / dec (% of peak)": _rates(e, dd, e, dd, d),
+                "GFLOP/s enc / dec (% of peak)": enc_dec_rates((e, dd), (e, dd),
+                                                               getattr(d, "peak", None)),
                 "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}") for r in (e, dd, s)),
             })
         sk = "stream ms/frame: first 10 s mean / full window"
@@ -716,9 +709,9 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                 "peak RSS GB enc/dec/stream": f"{fmt(ue.get('peak_rss_gb'))}/{fmt(ud.get('peak_rss_gb'))}/-",
                 "cold enc/dec s": f"{fmt(ue.get('cold_s'))}/{fmt(ud.get('cold_s'))}",
                 # the same math: our f32 graphs' work over upstream's time
-                "GFLOP/s enc / dec (% of peak)": _rates(
-                    res.get(("nano", "f32", "encode"), {}), res.get(("nano", "f32", "decode"), {}),
-                    ue, ud, d),
+                "GFLOP/s enc / dec (% of peak)": enc_dec_rates(
+                    (res.get(("nano", "f32", "encode"), {}), res.get(("nano", "f32", "decode"), {})),
+                    (ue, ud), getattr(d, "peak", None)),
                 "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}")
                                                for r in (ue, ud)) + "/-"})
         rows.append({"Nano": "upstream f32, issue text (other machine)",
@@ -732,9 +725,7 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
         for w in ("encode", "decode"):
             g = res.get(("nano", "f32", w), {}).get("gflop")
             if g:
-                L.append(f"- work of one f32 {w} of {SECONDS:g} s (count_flops): {g['total']:.1f} GFLOP "
-                         f"= matmuls {g['mul_mat']:.1f} + flash attention {g['flash_attn']:.1f} "
-                         "(every key slot given, masked ones included)")
+                L.append("- " + work_line(f"f32 {w} of {SECONDS:g} s", g, "{:.1f}"))
         for push in (2, 8):
             sp = res.get(("nano", "f32", f"stream_push{push}"), {})
             if "median_ms" in sp:
