@@ -18,10 +18,10 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
-from ..ggml.backend import NativeResource, released_on_error
+from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, mlp, rms_norm
-from ..nn.session import DecodeSession
+from ..nn.session import DecodeSession, SessionsOwner
 from ..sampling import LocalSamplingOptions, apply_repetition_penalty, check_finite, seen_per_head
 from . import qwen3, spec
 from .delay import check_ids, check_rows, pick
@@ -219,10 +219,12 @@ def choose(logits: np.ndarray, c: int, seen: np.ndarray, cfg: LocalConfig,
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class GenerationState(NativeResource):
+class GenerationState(SessionsOwner):
     """Per-utterance state owned by the caller (style C16): the backbone's decode session and
     the per-frame depth session (one replayed step graph per depth position). A context
     manager, like every owner of native memory (C10)."""
+
+    SESSIONS = ("backbone", "depth")
 
     def __init__(self, model: "LocalModel", capacity: int):
         cfg, lc, loc = model.config, model.config.language_config, model.config.local_config
@@ -240,10 +242,6 @@ class GenerationState(NativeResource):
                 head_dim=loc.head_dim, capacity=cfg.n_vq + 1, prefix="depth",
                 name="local.depth", dtype=F32)
 
-    def close(self) -> None:
-        for session in (getattr(self, "backbone", None), getattr(self, "depth", None)):
-            if session is not None:
-                session.close()
 
 
 class LocalModel:

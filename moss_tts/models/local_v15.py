@@ -15,10 +15,10 @@ import numpy as np
 
 from ..errors import ConfigError, InputError, whole_number
 from ..ggml import F16, I32, GGMLType, Graph, Weights, ops
-from ..ggml.backend import NativeResource, released_on_error
+from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
-from ..nn.session import DecodeSession
+from ..nn.session import DecodeSession, SessionsOwner
 from ..sampling import (LocalV15SamplingOptions, check_finite, greedy_token, sample_audio_code,
                         sample_token)
 from . import gpt2, qwen3, spec
@@ -158,10 +158,12 @@ def decide(logits: np.ndarray, rng, opts: LocalV15SamplingOptions) -> int:
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class GenerationState(NativeResource):
+class GenerationState(SessionsOwner):
     """Per-utterance state owned by the caller (style C16): the backbone's decode session for
     the prompt plus the frame budget, and the per-frame local session (one replayed step graph
     per local position, reset every frame: upstream's static 13-slot cache)."""
+
+    SESSIONS = ("backbone", "depth")
 
     def __init__(self, model: "LocalV15Model", capacity: int):
         cfg, w, lc, loc = model.config, model.w, model.config.language_config, model.config.local
@@ -177,10 +179,6 @@ class GenerationState(NativeResource):
                 n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
                 capacity=cfg.n_vq, prefix="depth", name="local_v15.depth")
 
-    def close(self) -> None:
-        for session in (getattr(self, "backbone", None), getattr(self, "depth", None)):
-            if session is not None:
-                session.close()
 
 
 class LocalV15Model:

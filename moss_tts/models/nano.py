@@ -14,10 +14,10 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..ggml import I32, Graph, Weights, ops
-from ..ggml.backend import NativeResource, released_on_error
+from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
-from ..nn.session import DecodeSession
+from ..nn.session import DecodeSession, SessionsOwner
 from . import gpt2, spec
 
 KIND = "nano"
@@ -162,10 +162,12 @@ def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p
 
 
 # -- the runtime ------------------------------------------------------------------------------
-class GenerationState(NativeResource):
+class GenerationState(SessionsOwner):
     """Per-utterance state owned by the caller (style C16): the global decode session sized for
     the prompt plus the frame budget, and the per-frame depth session (one replayed step graph
     per local position). A context manager, like every owner of native memory (C10)."""
+
+    SESSIONS = ("global_", "depth")
 
     def __init__(self, model: "NanoModel", capacity: int):
         cfg, b, loc = model.config, model.config.backbone, model.config.local
@@ -190,10 +192,6 @@ class GenerationState(NativeResource):
         self.global_.reset()
         self.depth.reset()
 
-    def close(self) -> None:
-        for session in (getattr(self, "global_", None), getattr(self, "depth", None)):
-            if session is not None:
-                session.close()
 
 
 class NanoModel:

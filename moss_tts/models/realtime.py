@@ -21,7 +21,7 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession, bucket
+from ..nn.session import DecodeSession, SessionsOwner, bucket
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
                         greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
@@ -212,7 +212,7 @@ def sanitized(frames: np.ndarray, cfg: RealtimeConfig) -> np.ndarray:
 
 
 # -- per-conversation state -------------------------------------------------------------------
-class FrameStream(NativeResource):
+class FrameStream(SessionsOwner):
     """One conversation's generation state (style C16): the backbone's decode session (its KV
     cache carries over between turns), the per-frame local session (16 slots, reset every
     frame, P29), the current turn's frames (the penalty's history) and the random stream.
@@ -220,6 +220,8 @@ class FrameStream(NativeResource):
     `feed(rows)` appends rows; `start(rows)` appends rows and draws the turn's first frame;
     `step(text_id)` feeds the row [text_id, previous frame] — frames go back in one step late
     (P15) — and draws the next."""
+
+    SESSIONS = ("backbone", "local")
 
     def __init__(self, model: "RealtimeModel", capacity: int, options: RealtimeSamplingOptions,
                  seed: int | None):
@@ -276,10 +278,6 @@ class FrameStream(NativeResource):
         self.frames.append(frame)
         return frame
 
-    def close(self) -> None:
-        for session in (getattr(self, "backbone", None), getattr(self, "local", None)):
-            if session is not None:
-                session.close()
 
 
 # -- the runtime ------------------------------------------------------------------------------

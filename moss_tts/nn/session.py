@@ -113,3 +113,17 @@ class DecodeSession(NativeResource):
         if getattr(self, "cache", None) is not None:
             self.cache.close()
             self.cache = None
+
+
+class SessionsOwner(NativeResource):
+    """A per-utterance state built of decode sessions, held in the attributes named by
+    SESSIONS: close() closes each one that exists, so a constructor that failed half-way (its
+    later sessions never set) is closed as safely as a whole one, and closing twice is fine."""
+
+    SESSIONS: tuple[str, ...] = ()
+
+    def close(self) -> None:
+        for name in self.SESSIONS:
+            session = getattr(self, name, None)
+            if session is not None:
+                session.close()

@@ -9,7 +9,7 @@ from fixtures.compare import assert_close, assert_differs
 from moss_tts.errors import InputError
 from moss_tts.ggml import TensorStore, get_backend
 from moss_tts.models import gpt2
-from moss_tts.nn.session import SLOT_ALIGN, DecodeSession, bucket
+from moss_tts.nn.session import SLOT_ALIGN, DecodeSession, SessionsOwner, bucket
 from tests.models.test_gpt2 import CFG, random_tensors
 from tests.models.test_gpt2 import reference as gpt2_reference
 
@@ -113,3 +113,32 @@ def test_reserve_sizes_the_prefill_allocator_for_the_worst_case_up_front(weights
         s.run({"x": x[:25]}, 25)
         s.run({"x": x[25:]}, 15)
         assert s.prefill_allocator.buffer_size == size
+
+
+def test_a_sessions_owner_closes_what_a_half_built_state_holds():
+    closed = []
+
+    class Fake:                                  # idempotent, as DecodeSession.close is
+        def __init__(self, name):
+            self.name, self.open = name, True
+
+        def close(self):
+            if self.open:
+                closed.append(self.name)
+                self.open = False
+
+    class State(SessionsOwner):
+        SESSIONS = ("backbone", "depth")
+
+        def __init__(self, build_depth):
+            self.backbone = Fake("backbone")
+            if build_depth:
+                self.depth = Fake("depth")
+
+    whole = State(True)
+    whole.close()
+    assert closed == ["backbone", "depth"]
+    closed.clear()
+    half = State(False)                          # as if the depth session failed to allocate
+    half.close()
+    assert closed == ["backbone"]
