@@ -1,84 +1,18 @@
-"""`python -m moss_tts convert <family>`: the one registry of converters, and the finish step
-they share (unused checkpoint keys, `--strict`, shape checks, atomic write)."""
+"""What the converters share: the family-only `convert` flags, and the finish step (unused
+checkpoint keys, `--strict`, shape checks, atomic write). Which converter a family uses is its
+row in moss_tts.models.registry."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-
-from moss_tts.errors import ConfigError, ModelFileError
-
-# family → (module with `convert(model, out, *, outtype, strict, progress)`, what it converts)
-FAMILIES = {
-    "codec": ("converters.codec", "a MOSS-Audio-Tokenizer"),
-    "nano": ("converters.nano", "MOSS-TTS-Nano"),
-    "delay": ("converters.delay", "MOSS-TTS / MOSS-TTS-v1.5 (MossTTSDelay)"),
-    "local": ("converters.local", "MOSS-TTS-Local-Transformer (MossTTSLocal, 1.7B)"),
-    "local-v15": ("converters.local_v15", "MOSS-TTS-Local-Transformer-v1.5 (4B)"),
-    "realtime": ("converters.realtime", "MOSS-TTS-Realtime (MossTTSRealtime)"),
+# `convert` flags only some families take (the family rows of moss_tts.models.registry say
+# which): keyword → help. Each reaches the family's `convert()` as that keyword when given.
+CONVERT_FLAGS = {
+    "head_type": "type of the text and audio heads (default: --outtype, but q8_0 when that is "
+                 "lower: a quantized text head costs WER)",
+    "embed_type": "type of the embedding tables (default f32; Local v1.5's audio tables are its "
+                  "heads too)",
 }
-# what a repo id or checkpoint directory given as a model converts to when no type is asked
-# for: exact f32 where it fits in memory; the 8B MOSS-TTS and the 4B Local v1.5 at q6_K (heads
-# q8_0, P21). q6_K, not q8_0: on x86 ggml multiplies K-quants with int8 dot products, so q6_K
-# prefills 2.6x faster than q8_0 (which is slower than f32 there) and steps 1.2x faster from
-# 0.77x the bytes (the 8B, bench/delay.py; README "Weight types and speed"), at +0.0008
-# against q8_0's +0.0004 perplexity on LLaMA-7B (llama.cpp's quantize table)
-HUB_OUTTYPE = {"delay": "q6_K", "local-v15": "q6_K"}
-# `convert` flags only some families take: flag → (families, help). Each reaches the family's
-# `convert()` as the keyword of the same name (--head-type → head_type) when given.
-FAMILY_FLAGS = {
-    "--head-type": (("delay", "local", "realtime"), "type of the text and audio heads (default: "
-                                            "--outtype, but q8_0 when that is lower: a quantized "
-                                            "text head costs WER)"),
-    "--embed-type": (("delay", "local", "local-v15", "realtime"),
-                     "type of the embedding tables (default f32; Local v1.5's audio tables are "
-                     "its heads too)"),
-}
-
-
-def family_of(config: dict) -> str:
-    """The family a checkpoint's config.json holds, for converting a repo id or directory
-    given where any model may come. Structure first: V2 (Local) says `moss_tts_delay` too (P26)."""
-    kind, keys = config.get("model_type"), set(config)
-    if kind == "moss_tts_nano":
-        return "nano"
-    if "gpt2_config" in keys or kind == "moss_tts_local":
-        return "local-v15"
-    if "local_num_layers" in keys:
-        return "local"
-    if kind == "moss_tts_delay":
-        return "delay"
-    if kind == "moss_tts_realtime":
-        return "realtime"
-    if kind in ("moss-audio-tokenizer", "speech_tokenizer") or "encoder_kwargs" in keys:
-        return "codec"
-    raise ConfigError(f"model_type {kind!r}: not a checkpoint of a family this version converts "
-                      f"({', '.join(FAMILIES)})")
-
-
-def converter(family: str):
-    """The `convert` function of a family."""
-    try:
-        module, _ = FAMILIES[family]
-    except KeyError:
-        raise ModelFileError(f"unknown model family {family!r}; known: "
-                             f"{', '.join(FAMILIES)}") from None
-    return importlib.import_module(module).convert
-
-
-def family_options(family: str, given: dict) -> dict:
-    """The family flags set in `given` (parsed arguments by dest) as `convert()` keywords; a
-    flag the family does not take is an error, not ignored."""
-    out = {}
-    for flag, (families, _) in FAMILY_FLAGS.items():
-        key = flag.removeprefix("--").replace("-", "_")
-        if given.get(key) is None:
-            continue
-        if family not in families:
-            raise ConfigError(f"{flag} applies to convert {' / '.join(families)} only, not "
-                              f"{family}")
-        out[key] = given[key]
-    return out
 
 
 def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[str, tuple],

@@ -232,13 +232,14 @@ def _reconstruct(args) -> int:
 
 
 def _convert(args) -> int:
-    from converters.registry import converter, family_options
-    convert = converter(args.family)
+    from .models.registry import convert_options, family
+
+    row = family(args.family)
+    options = convert_options(args.family, vars(args))
     check_output(args.out, (".gguf",))
     with Progress("writing", args.quiet, "tensors") as bar, writing(args.out):
-        out = convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
-                      progress=lambda i, n, name: bar(i, n),
-                      **family_options(args.family, vars(args)))
+        out = row.convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
+                          progress=lambda i, n, name: bar(i, n), **options)
     _say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
     return 0
 
@@ -307,17 +308,17 @@ def _serve(args) -> int:
 
 
 def _add_serve(sub, common) -> None:
-    from .hub import DEFAULT_NANO, DEFAULT_NANO_CODEC
+    from .models.registry import DEFAULT
 
     p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
                        parents=[common])
     p.add_argument("--model", action="append", default=None,
                    help="a model GGUF of any family, published MOSS-TTS-GGUF directory or Nano "
                         f"repo id; repeatable: a request's 'model' picks one, the first serves "
-                        f"OpenAI's names (default {DEFAULT_NANO})")
+                        f"OpenAI's names (default {DEFAULT.default_model})")
     p.add_argument("--codec", action="append", default=None,
-                   help="each --model's codec GGUF or repo id, in the same order (default for "
-                        f"Nano: {DEFAULT_NANO_CODEC})")
+                   help="each --model's codec GGUF or repo id, in the same order (default: "
+                        "the family's, as `tts --help` lists)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=8080)
     p.add_argument("--queue", type=positive_int, default=4,
@@ -367,7 +368,7 @@ def _voice(args) -> int:
 
 
 def _add_voice_commands(sub, common) -> None:
-    from .hub import DEFAULT_NANO_CODEC
+    from .models.registry import DEFAULT
     from .voices import voices_dir
 
     p = sub.add_parser("voice", help="store, list and remove reference voices", parents=[common],
@@ -378,7 +379,7 @@ def _add_voice_commands(sub, common) -> None:
                       parents=[common])
     a.add_argument("name")
     a.add_argument("reference", help="reference speech (WAV/FLAC)")
-    a.add_argument("--codec", default=DEFAULT_NANO_CODEC,
+    a.add_argument("--codec", default=DEFAULT.default_codec,
                    help="codec GGUF, checkpoint directory or repo id")
     a.add_argument("--force", action="store_true", help="replace an existing voice")
     a.add_argument("--threads", type=positive_int, default=None)
@@ -423,18 +424,18 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="machine-readable output, never abbreviated")
     i.add_argument("--full", action="store_true", help="do not abbreviate long values")
     i.set_defaults(func=_info)
-    from converters.registry import FAMILIES, FAMILY_FLAGS
-
     from .cli_tts import add_tts_commands
+    from .models.registry import CONVERTIBLE, convert_flag_help
+
     c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF", parents=[common])
-    c.add_argument("family", choices=list(FAMILIES),
-                   help="; ".join(f"{k}: {what}" for k, (_, what) in FAMILIES.items()))
+    c.add_argument("family", choices=list(CONVERTIBLE),
+                   help="; ".join(f"{k}: {f.name}" for k, f in CONVERTIBLE.items()))
     c.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
     c.add_argument("--out", "-o", required=True, help="output .gguf")
     c.add_argument("--outtype", default="f32",
                    help="matmul weight type: f32 (default), f16, bf16, q8_0, q4_K, ...")
-    for flag, (families, text) in FAMILY_FLAGS.items():
-        c.add_argument(flag, help=f"{'/'.join(families)} only: {text}")
+    for key, text in convert_flag_help().items():
+        c.add_argument("--" + key.replace("_", "-"), help=text)
     c.add_argument("--strict", action="store_true", help="fail on any checkpoint tensor not used")
     c.add_argument("--quiet", action="store_true", help="no progress on stderr")
     c.set_defaults(func=_convert)

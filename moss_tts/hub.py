@@ -12,8 +12,6 @@ from .errors import InputError, ModelFileError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_NANO = "OpenMOSS-Team/MOSS-TTS-Nano"
-DEFAULT_NANO_CODEC = "OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -52,15 +50,16 @@ def _repo_target(spec: str, outtype: str) -> Path:
 
 
 def _outtypes(family: str) -> list[str]:
-    from converters.registry import HUB_OUTTYPE
+    from .models.registry import FAMILIES
 
-    return [_outtype(family)] if family != "model" else ["f32", *set(HUB_OUTTYPE.values())]
+    return [_outtype(family)] if family != "model" else \
+        sorted({f.hub_outtype for f in FAMILIES})
 
 
 def _outtype(family: str) -> str:
-    from converters.registry import HUB_OUTTYPE
+    from .models.registry import family as row
 
-    return HUB_OUTTYPE.get(family, "f32")
+    return row(family).hub_outtype
 
 
 def _family(source: str, family: str) -> str:
@@ -68,9 +67,11 @@ def _family(source: str, family: str) -> str:
     if family != "model":
         return family
     from converters.checkpoint import read_config, resolve_model_dir
-    from converters.registry import family_of
 
-    found = family_of(read_config(resolve_model_dir(source, allow_patterns=("*.json",))))
+    from .models.registry import family_of_config
+
+    found = family_of_config(read_config(resolve_model_dir(source,
+                                                           allow_patterns=("*.json",)))).kind
     if found == "codec":
         raise ModelFileError(f"{source} is an audio codec checkpoint, not a speech model: pass "
                              "it as --codec")
@@ -78,7 +79,7 @@ def _family(source: str, family: str) -> str:
 
 
 def _convert(source: str, family: str, outtype: str, progress, target: Path) -> Path:
-    from converters.registry import converter
+    from .models.registry import family as row
 
     logger.info("converting %s (%s) to %s", source, family, target)
-    return converter(family)(source, target, outtype=outtype, progress=progress)
+    return row(family).convert(source, target, outtype=outtype, progress=progress)

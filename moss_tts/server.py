@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import inspect
 import json
 import logging
 import threading
@@ -26,6 +25,7 @@ import numpy as np
 
 from .audio import time_stretch
 from .errors import InputError, MossTTSError
+from .knobs import synthesis_keywords
 from .server_access import LOOPBACK_NAMES, AccessLog, Gate, error_body, host_name
 from .server_formats import MEDIA_TYPES, PcmLayout, encode_audio, wav_stream_header
 from .server_request import (RequestError, check_content_type, decode_upload, parse_speech,
@@ -179,34 +179,22 @@ class ServedModel:
     touching it (only the worker thread uses the model)."""
 
     def __init__(self, name: str, tts, queue_depth: int, thread_name: str):
+        from .models.registry import family
+
         self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
-        self.options_class = type(tts).OPTIONS
-        self.takes_max_frames = takes_keyword(type(tts).stream, "max_frames")
-        # OpenAI's `instructions` steers a family that has a style prompt (Delay's
-        # `instruction`); the others accept and ignore it, as OpenAI clients send it freely
-        self.takes_instruction = "instruction" in getattr(type(tts), "PROMPT_FIELDS", ())
+        self.family = family(type(tts).FAMILY)
         self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
         self.worker = ModelWorker(tts, queue_depth, thread_name)
 
     def stream_keywords(self, req) -> dict:
-        """`stream`'s options for a request: the family's sampling defaults under what it gave."""
+        """`stream`'s keywords for a request's knobs: the family's options over its defaults,
+        each knob checked against the family's own bounds. OpenAI clients send `instructions`
+        to any model: a family without a style prompt ignores it."""
         try:
-            words = {"options": self.options_class(**req.sampling), "seed": req.seed}
+            return synthesis_keywords(self.family, req.knobs, "request",
+                                      lenient=("instruction",))
         except InputError as e:
             raise RequestError(400, first_line(e)) from None
-        if req.max_frames is not None:
-            if not self.takes_max_frames:
-                raise RequestError(400, f"'max_new_frames' is not an option of model "
-                                        f"{self.name!r}; leave it out")
-            words["max_frames"] = req.max_frames
-        if req.instruction is not None and self.takes_instruction:
-            words["instruction"] = req.instruction
-        return words
-
-
-def takes_keyword(function, name: str) -> bool:
-    """A parameter named so; `**fields` does not count (Delay's holds its prompt fields)."""
-    return name in inspect.signature(function).parameters
 
 
 def served_models(models, queue_depth: int) -> dict[str, ServedModel]:

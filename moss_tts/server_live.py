@@ -2,8 +2,8 @@
 them, s16le PCM out as it is made, one live session (MOSS-TTS-Realtime) per connection.
 
 Protocol (all client messages are JSON text; the server sends JSON text events and binary audio):
-  client → {"model", "voice", "reference_audio", "seed", "temperature", "top_k", "top_p",
-            "repetition_penalty", "format": "pcm"}     the config, first and once (all optional)
+  client → {"model", "voice", "reference_audio", "format": "pcm", and any knob the model
+            takes: "seed", "temperature", ...}         the config, first and once (all optional)
   server → {"type": "started", "model", "sample_rate", "channels", "format": "pcm_s16le"}
   client → {"type": "text", "text": DELTA} ...           the assistant's text as it arrives
   server → binary s16le PCM chunks as audio is ready
@@ -30,13 +30,12 @@ import numpy as np
 from .errors import MossTTSError
 from .live import as_frames, push_as_typed
 from .server_formats import pcm_bytes
-from .server_request import (MAX_INPUT_CHARS, SEED_LIMIT, RequestError, _number, _sampling,
-                             _string, parse_object)
+from .knobs import SPELLINGS
+from .server_request import MAX_INPUT_CHARS, RequestError, _string, knob_fields, parse_object
 
 logger = logging.getLogger(__name__)
 
-LIVE_FIELDS = ("model", "voice", "reference_audio", "seed", "format", "temperature", "top_k",
-               "top_p", "repetition_penalty")
+LIVE_FIELDS = ("model", "voice", "reference_audio", "format", *SPELLINGS)   # knobs.KNOBS
 MESSAGE_FIELDS = ("type", "text", "user_text")
 SLICE_CHARS = 32     # text handed to one worker job: a leaving client waits at most one slice
 CLOSE_ERROR, CLOSE_INTERNAL = 1008, 1011      # WebSocket close codes: policy, server failure
@@ -49,10 +48,7 @@ class LiveConfig:
     model: str | None
     voice: str | None
     reference_audio: str | None
-    seed: int | None
-    sampling: dict
-    max_frames = None         # a live turn ends at the model's EOS or its own cap
-    instruction = None        # Realtime has no style prompt
+    knobs: dict               # knob name → value (a live turn's max_frames caps each turn)
 
 
 def parse_config(raw: str) -> LiveConfig:
@@ -63,9 +59,7 @@ def parse_config(raw: str) -> LiveConfig:
                                 "messages come after it")
     _string(body, "format", None, ("pcm",))
     return LiveConfig(model=_string(body, "model"), voice=_string(body, "voice"),
-                      reference_audio=_string(body, "reference_audio"),
-                      seed=_number(body, "seed", None, 0, SEED_LIMIT - 1, integer=True),
-                      sampling=_sampling(body))
+                      reference_audio=_string(body, "reference_audio"), knobs=knob_fields(body))
 
 
 def parse_message(raw: str) -> tuple[str, str | None]:

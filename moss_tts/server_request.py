@@ -12,24 +12,16 @@ import math
 from dataclasses import dataclass
 
 from .errors import InputError
-from .models.nano_tts import MAX_FRAMES
+from .knobs import SPELLINGS, parse
 from .server_formats import FORMATS, STREAMED_FORMATS, format_problem
 
 MAX_INPUT_CHARS = 4096
 MAX_UPLOAD_BYTES = 10 * 2**20        # decoded reference / voice audio
 MAX_BODY_BYTES = 15 * 2**20          # that upload as base64 (×4/3) plus the other fields
-SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
-
-MAX_INSTRUCTION_CHARS = 1024
-# request field → (the options field it sets, its upper bound, whole number); the model's
-# family's options dataclass fills the fields a request leaves out
-SAMPLING_FIELDS = {"temperature": ("audio_temperature", 10, False),
-                   "top_k": ("audio_top_k", 2**31 - 1, True),
-                   "top_p": ("audio_top_p", 1, False),
-                   "repetition_penalty": ("audio_repetition_penalty", 10, False)}
+# OpenAI's fields and this server's own; every knob of knobs.KNOBS (seed, sampling, budgets,
+# prompt fields; OpenAI's `instructions` is the instruction knob) is a field too
 SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream_format",
-                 "pcm_layout", "seed", "max_new_frames", "reference_audio", "instructions",
-                 *SAMPLING_FIELDS)
+                 "pcm_layout", "reference_audio", *SPELLINGS)
 VOICE_FIELDS = ("name", "audio", "model")
 
 
@@ -51,10 +43,7 @@ class SpeechRequest:
     pcm_layout: str
     voice: str | None
     reference_audio: str | None      # base64, decoded by the model worker
-    seed: int | None
-    max_frames: int | None           # None: the model's own cap
-    sampling: dict                   # options field → value, for the fields the request gave
-    instruction: str | None = None   # OpenAI's `instructions`: a style prompt, for families with one
+    knobs: dict                      # knob name → value, for the knobs the request gave
 
 
 def check_content_type(headers) -> None:
@@ -135,9 +124,6 @@ def _number(body: dict, name: str, default, low, high, *, integer: bool = False,
 def parse_speech(raw: bytes) -> SpeechRequest:
     """POST /v1/audio/speech → a checked request (OpenAI fields plus this server's extensions)."""
     body = parse_object(raw, SPEECH_FIELDS)
-    instruction = _string(body, "instructions")
-    if instruction is not None and len(instruction) > MAX_INSTRUCTION_CHARS:
-        raise RequestError(413, f"'instructions' is longer than {MAX_INSTRUCTION_CHARS} characters")
     text = body.get("input")
     if not isinstance(text, str):
         raise RequestError(400, f"'input' must be a string, got {_kind(text)}")
@@ -163,17 +149,28 @@ def parse_speech(raw: bytes) -> SpeechRequest:
         text=text, response_format=fmt, stream_format=stream_format, speed=speed,
         pcm_layout=_string(body, "pcm_layout", "openai", ("openai", "native")),
         voice=_string(body, "voice"), reference_audio=_string(body, "reference_audio"),
-        seed=_number(body, "seed", None, 0, SEED_LIMIT - 1, integer=True),
-        max_frames=_number(body, "max_new_frames", None, 1, MAX_FRAMES, integer=True),
-        sampling=_sampling(body), instruction=(instruction or "").strip() or None)
+        knobs=knob_fields(body))
 
 
-def _sampling(body: dict) -> dict:
-    """The sampling fields the request gave, as options fields: top_k ≥ 0 (0 = off), the
-    others above 0."""
-    return {field: _number(body, name, None, 0, high, integer=whole, low_open=not whole)
-            for name, (field, high, whole) in SAMPLING_FIELDS.items()
-            if body.get(name) is not None}
+def knob_fields(body: dict) -> dict:
+    """The knobs a request gave (by any of their spellings) → knob name → value, each of its
+    type and within the bounds every family shares (a family's own are checked when the model
+    is known); a knob given twice (`instructions` and `instruction`) is refused."""
+    out = {}
+    for spelling, knob in SPELLINGS.items():
+        if body.get(spelling) is None:
+            continue
+        if knob.name in out:
+            raise RequestError(400, f"'{spelling}' and '{knob.name}' are the same field: give "
+                                    "one")
+        try:
+            value = parse(knob, body[spelling], "request", from_text=False)
+        except InputError as e:
+            raise RequestError(400, str(e).replace(repr(knob.name), repr(spelling), 1)) from None
+        if knob.kind is str:
+            value = value.strip() or None      # an empty instruction means none
+        out[knob.name] = value
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def parse_voice(raw: bytes) -> tuple[str, str, str | None]:

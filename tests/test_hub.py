@@ -14,7 +14,7 @@ import soundfile as sf
 
 from converters.codec import convert as convert_codec
 from converters.delay import convert as convert_delay
-from converters.registry import family_of
+from moss_tts.models.registry import family_of_config
 from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import make_tiny_delay_checkpoint
 from moss_tts.errors import ConfigError
@@ -55,13 +55,13 @@ def cli(*args, env):
     ({"model_type": "moss_tts_realtime"}, "realtime"),
 ])
 def test_the_family_comes_from_config_json(config, family):
-    assert family_of(config) == family
+    assert family_of_config(config).kind == family
 
 
 @pytest.mark.parametrize("config", [{"model_type": "llama"}, {}])
 def test_a_config_of_no_known_family_is_refused_by_name(config):
-    with pytest.raises(ConfigError, match="not a checkpoint of a family this version converts"):
-        family_of(config)
+    with pytest.raises(ConfigError, match="matches no family this version converts"):
+        family_of_config(config)
 
 
 def test_a_delay_checkpoint_dir_and_repo_id_convert_as_delay_at_q6_k(files, tmp_path):

@@ -63,16 +63,17 @@ def _batch(args) -> int:
 
 def add_parser(sub, common) -> None:
     """Register `batch` on the CLI's subparsers (`common`: the flags every command takes)."""
-    from ..hub import DEFAULT_NANO, DEFAULT_NANO_CODEC
+    from ..models.registry import DEFAULT
 
     p = sub.add_parser("batch", help="synthesize a JSONL/CSV manifest into a directory, resumably",
                        parents=[common])
     p.add_argument("manifest", help=".jsonl or .csv: id, text, optional voice, reference, seed, "
                    "model and sampling options per line")
     p.add_argument("--out", "-o", required=True, help="output directory (<id>.wav + results.jsonl)")
-    p.add_argument("--model", default=DEFAULT_NANO, help="default model GGUF or repo id for "
+    p.add_argument("--model", default=DEFAULT.default_model, help="default model GGUF or repo id for "
                    "lines without `model`")
-    p.add_argument("--codec", default=DEFAULT_NANO_CODEC, help="codec GGUF or repo id")
+    p.add_argument("--codec", default=None, help="codec GGUF or repo id (default: the "
+                   "model's family's, as `tts --help` lists)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default 1), or "
                    "Ray actors (default: cluster CPUs / threads)")
     p.add_argument("--threads", type=int, default=None, help="ggml threads per worker (default: "

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..knobs import SPELLINGS, parse
 
 # ids become file names: no separators, no leading dot (hidden/partial files), no ".."
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# per-line sampling options → their type; the names are the CLI's flag names
-OPTIONS = {"greedy": bool, "temperature": float, "text_temperature": float, "top_k": int,
-           "top_p": float, "repetition_penalty": float, "max_frames": int,
-           "max_text_tokens": int, "max_new_rows": int}
+# per-line knobs (knobs.KNOBS, by any of their spellings) but the seed, a Line field of its own
+OPTIONS = {spelling: knob for spelling, knob in SPELLINGS.items() if knob.name != "seed"}
 FIELDS = {"id", "text", "voice", "reference", "seed", "model", *OPTIONS}
 SEED_BITS = 31
 
@@ -113,11 +112,28 @@ def _line(path: Path, number: int, row: dict) -> Line:
         problems.append("text is empty")
         text = text if isinstance(text, str) else ""
     seed = _typed(row, "seed", int, problems)
-    options = {k: v for k in OPTIONS if (v := _typed(row, k, OPTIONS[k], problems)) is not None}
+    options = _knobs(row, problems)
     strings = {k: _typed(row, k, str, problems) for k in ("voice", "reference", "model")}
     return Line(number=number, id=line_id, text=text,
                 seed=derive_seed(line_id) if seed is None else seed, options=options,
                 error="; ".join(problems) or None, **strings)
+
+
+def _knobs(row: dict, problems: list) -> dict:
+    """The line's knobs (knob name → value, typed: CSV cells arrive as text); a bad value
+    joins `problems`, naming its column."""
+    out = {}
+    for spelling, knob in OPTIONS.items():
+        if row.get(spelling) is None:
+            continue
+        if knob.name in out:
+            problems.append(f"{spelling} and {knob.name} are the same column: give one")
+            continue
+        try:
+            out[knob.name] = parse(knob, row[spelling], "manifest")
+        except InputError as e:
+            problems.append(str(e).replace(knob.name, spelling, 1))
+    return out
 
 
 def _typed(row: dict, key: str, kind: type, problems: list):

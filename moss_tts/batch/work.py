@@ -7,24 +7,12 @@ the results file, so a worker killed at any moment leaves no file behind.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from ..audio import DEFAULT_SAMPLE_FORMAT, container_of, encode_file
-from ..errors import InputError, MossTTSError
+from ..errors import MossTTSError
 
 MAX_VOICES = 32  # encoded references kept per worker (a corpus usually has a few speakers)
-# manifest option name → SamplingOptions field
-SAMPLING_FIELDS = {"temperature": "audio_temperature", "text_temperature": "text_temperature",
-                   "top_k": "audio_top_k", "top_p": "audio_top_p",
-                   "repetition_penalty": "audio_repetition_penalty"}
-
-
-# stream keywords a manifest line may give, per family (moss.kind); sampling options go to the
-# family's own options dataclass
-FAMILY_OPTIONS = {"nano": ("max_frames", "max_text_tokens"), "delay": ("max_new_rows",),
-                  "local": ("max_frames",), "local-v15": ("max_frames",),
-                  "realtime": ("max_frames",)}
 
 
 class LineRunner:
@@ -58,9 +46,10 @@ class LineRunner:
     def _model(self, model: str, codec: str):
         key = (model, codec)
         if key not in self.models:
-            from ..load import tts_class   # the family from the GGUF kind, as `tts` does
+            from ..models.registry import family_of_model   # the GGUF's kind, as `tts` reads it
 
-            self.models[key] = tts_class(model).load(model, codec=codec, threads=self.threads)
+            self.models[key] = family_of_model(model).tts_class().load(model, codec=codec,
+                                                                       threads=self.threads)
         return self.models[key]
 
     def _voice(self, tts, task: dict):
@@ -94,18 +83,10 @@ class LineRunner:
 
 
 def synthesis_options(options: dict, tts_class) -> dict:
-    """Manifest options → synthesize() keywords for a family: the sampling fields over its
-    options dataclass's defaults (which checks them), greedy as the `tts` command makes it, and
-    the stream keywords the family takes; another family's keyword is this line's error."""
-    fields = {f.name for f in dataclasses.fields(tts_class.OPTIONS)}
-    sampling = {field: options[name] for name, field in SAMPLING_FIELDS.items() if name in options}
-    if "greedy" in options and "do_sample" in fields:
-        sampling["do_sample"] = not options["greedy"]
-    elif options.get("greedy"):     # a family without a switch is greedy at temperature 0
-        sampling.update(text_temperature=0, audio_temperature=0)
-    own = FAMILY_OPTIONS.get(tts_class.FAMILY, ())
-    for name in (n for names in FAMILY_OPTIONS.values() for n in names):
-        if name in options and name not in own:
-            raise InputError(f"{name} is not a {tts_class.NAME} option; leave it out for this "
-                             "model")
-    return {"options": tts_class.OPTIONS(**sampling), **{k: options[k] for k in own if k in options}}
+    """A line's knobs → synthesize() keywords for its model's family (knobs.synthesis_keywords:
+    the family's options over its defaults, its own bounds; another family's knob is this
+    line's error, naming its column)."""
+    from ..knobs import synthesis_keywords
+    from ..models.registry import family
+
+    return synthesis_keywords(family(tts_class.FAMILY), options, "manifest")

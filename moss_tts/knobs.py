@@ -1,0 +1,208 @@
+"""Each user-facing speech knob, declared once: its name, the options field or `stream` keyword
+it sets, its type, its bounds and its help. The `tts` flags, the server's request fields and
+live config, and the batch manifest's columns are all generated from `KNOBS`, and every front
+end turns what a user gave into a family's `stream` keywords through `synthesis_keywords`, so
+they cannot disagree. A sampling knob's bounds are its options class's own (its `__post_init__`
+checks them); which families take a knob is read from their options classes and registry rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import InputError
+
+SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
+MAX_PROMPT_CHARS = 1024              # a style instruction or a language name, not a text
+
+
+@dataclass(frozen=True)
+class Knob:
+    """`name` is the manifest column and request field; the flag is `--name` with dashes.
+    `field` sets the family's options class (sampling), `keyword` a `stream` keyword; `low` and
+    `high` bound it for every family (a string's length for `high`), `limit(tts_class)` is the
+    family's own upper bound where it has one; `aliases` are older spellings every surface
+    still accepts (the first is also a flag)."""
+
+    name: str
+    kind: type
+    help: str
+    field: str | None = None
+    keyword: str | None = None
+    low: float = 1
+    high: float | None = None
+    limit: Callable | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+KNOBS = (
+    Knob("temperature", float, "audio temperature", field="audio_temperature"),
+    Knob("text_temperature", float, "text temperature (Nano: of the stop decision)",
+         field="text_temperature"),
+    Knob("top_k", int, "audio top-k, 0 = off", field="audio_top_k"),
+    Knob("top_p", float, "audio top-p", field="audio_top_p"),
+    Knob("repetition_penalty", float, "audio repetition penalty, 1 = off",
+         field="audio_repetition_penalty"),
+    Knob("text_top_k", int, "text top-k, 0 = off", field="text_top_k"),
+    Knob("text_top_p", float, "text top-p", field="text_top_p"),
+    Knob("greedy", bool, "greedy decoding as upstream's (argmax, no sampling processors); "
+         "takes no sampling knob"),
+    Knob("seed", int, "random seed, 0 or more (default: unseeded; batch: from the line's id)",
+         keyword="seed", low=0, high=SEED_LIMIT - 1),
+    Knob("max_frames", int, "cap of generated frames", keyword="max_frames",
+         limit=lambda cls: cls.BUDGET.limit, aliases=("max_new_frames",)),
+    Knob("max_new_rows", int, "cap of generated rows (frames plus the staircase)",
+         keyword="max_new_rows", limit=lambda cls: cls.BUDGET.limit),
+    Knob("max_text_tokens", int, "text tokens per chunk of a long text",
+         keyword="max_text_tokens", limit=lambda cls: cls.MAX_TEXT_TOKENS,
+         aliases=("voice_clone_max_text_tokens",)),
+    Knob("language", str, "the language of the text (e.g. en, zh)", keyword="language",
+         high=MAX_PROMPT_CHARS),
+    Knob("instruction", str, "a style instruction for the voice (the server also takes "
+         "OpenAI's `instructions`)", keyword="instruction", high=MAX_PROMPT_CHARS),
+    Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens"),
+    Knob("seconds", float, "the duration in seconds (or tokens)", keyword="seconds", low=0),
+    Knob("n_vq", int, "codebooks to generate and decode (variable bitrate; default all)",
+         keyword="n_vq_for_inference"),
+)
+BY_NAME = {k.name: k for k in KNOBS}
+SPELLINGS = {alias: k for k in KNOBS for alias in (k.name, *k.aliases)}   # every accepted name
+SAMPLING = tuple(k for k in KNOBS if k.field)
+
+
+def spelled(knob: Knob, surface: str) -> str:
+    """How `surface` ("cli", "request", "manifest") names a knob in an error."""
+    return knob.flag if surface == "cli" else repr(knob.name) if surface == "request" \
+        else knob.name
+
+
+def takes(family, knob: Knob) -> bool:
+    """Whether `family` (a registry row) takes `knob`."""
+    if knob.field:
+        return knob.field in {f.name for f in dataclasses.fields(family.options_class())}
+    return knob.keyword is None or knob.keyword == "seed" or knob.keyword in family.keywords
+
+
+def families_taking(knob: Knob, families) -> list:
+    return [f for f in families if takes(f, knob)]
+
+
+def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
+    """A raw value (a JSON value, or, with from_text, text from a CSV cell or argv) → the
+    knob's type, checked against the bounds that hold for every family; InputError names the
+    knob."""
+    name = spelled(knob, surface)
+    if from_text and isinstance(value, str) and knob.kind is not str:
+        value = _from_text(knob, value, name)
+    if knob.kind is bool:
+        if not isinstance(value, bool):
+            raise InputError(f"{name} must be true or false, got {value!r}")
+        return value
+    if knob.kind is str:
+        if not isinstance(value, str):
+            raise InputError(f"{name} must be a string, got {_kind(value)}")
+        if knob.high is not None and len(value) > knob.high:
+            raise InputError(f"{name} must be at most {knob.high:g} characters, got {len(value)}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{name} must be a number, got {_kind(value)}")
+    if not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, got {value}")
+    if knob.kind is int:
+        if not float(value).is_integer():
+            raise InputError(f"{name} must be a whole number, got {value}")
+        value = int(value)
+    if knob.field is None and (value < knob.low or (knob.low == 0 and knob.kind is float
+                                                    and value == 0)):
+        least = "above 0" if knob.kind is float and knob.low == 0 else f"at least {knob.low}"
+        raise InputError(f"{name} must be {least}, got {value}")
+    if knob.high is not None and value > knob.high:
+        raise InputError(f"{name} must be at most {knob.high:g}, got {value}")
+    return value
+
+
+def _from_text(knob: Knob, text: str, name: str):
+    if knob.kind is bool:
+        if text.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return text.lower() in ("true", "1", "yes")
+        raise InputError(f"{name} must be true or false, got {text!r}")
+    try:
+        return knob.kind(text.strip())
+    except ValueError:
+        raise InputError(f"{name} must be {'a whole number' if knob.kind is int else 'a number'}"
+                         f", got {text!r}") from None
+
+
+def _kind(value) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "an object", type(None): "null"}.get(type(value), "a value")
+
+
+def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str, ...] = ()
+                       ) -> dict:
+    """Knob values a user gave (knob name → value parsed by `parse`) → the family's `stream`
+    keywords: `options` (its options class over its defaults, or its greedy variant) and each
+    keyword knob checked against the family's own limit. A knob the family does not take is
+    an InputError naming it in the surface's spelling, except the `lenient` ones, dropped
+    (the server's OpenAI `instructions`, which clients send to any model)."""
+    cls, options_class = family.tts_class(), family.options_class()
+    knobs = {BY_NAME[name]: value for name, value in given.items() if value is not None}
+    unused = [k for k in knobs if not takes(family, k) and k.name not in lenient]
+    if unused:
+        raise InputError(f"{spelled(unused[0], surface)} is not a {family.name} option: leave "
+                         "it out, or use a model of a family that takes it")
+    knobs = {k: v for k, v in knobs.items() if takes(family, k)}
+    sampling = {k: v for k, v in knobs.items() if k.field}
+    if knobs.get(BY_NAME["greedy"]) and sampling:
+        raise InputError(f"{spelled(BY_NAME['greedy'], surface)} takes no sampling knob: leave "
+                         f"out {spelled(next(iter(sampling)), surface)} (or greedy)")
+    try:
+        options = options_class(**{k.field: v for k, v in sampling.items()})
+    except InputError as e:
+        raise renamed(e, surface) from None
+    if knobs.get(BY_NAME["greedy"]):
+        options = options.greedy()
+    words = {"options": options}
+    for knob, value in knobs.items():
+        if knob.keyword is None:
+            continue
+        if knob.limit is not None and value > knob.limit(cls):
+            raise InputError(f"{spelled(knob, surface)} must be at most {knob.limit(cls)} for "
+                             f"{family.name}, got {value}")
+        words[knob.keyword] = value
+    return words
+
+
+def renamed(error: InputError, surface: str) -> InputError:
+    """An InputError raised by the API (naming an options field or `stream` keyword first)
+    spelled as `surface` names that knob, so a CLI user reads `--n-vq`, not
+    `n_vq_for_inference`."""
+    message = str(error)
+    for knob in KNOBS:
+        for api in {knob.field, knob.keyword} - {None}:
+            if message.startswith(api + " ") or message.startswith(api + ":"):
+                return InputError(spelled(knob, surface) + message[len(api):])
+    return error
+
+
+def family_defaults(knob: Knob, families) -> str:
+    """'Nano 0.8, Delay 1.7, ...': each family's default for a knob, read from its options
+    class or its frame budget (help text never repeats a number)."""
+    out = []
+    for f in families_taking(knob, families):
+        if knob.field:
+            value = getattr(f.options_class()(), knob.field)
+        elif knob.keyword in ("max_frames", "max_new_rows"):
+            budget = f.tts_class().BUDGET
+            value = f"{budget.default}{' per text chunk' if budget.per_chunk else ''}"
+        else:
+            continue
+        out.append(f"{f.short} {value}")
+    return ", ".join(out)

@@ -1,0 +1,58 @@
+"""The family registry (moss_tts/models/registry.py): one row per family, consistent with the
+family's own modules, so a front end can rely on the row alone."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+from moss_tts.errors import ConfigError
+from moss_tts.models.registry import (BY_KIND, CODEC, CONVERTIBLE, DEFAULT, FAMILIES,
+                                      family_of_config)
+
+
+@pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
+def test_a_row_names_its_tts_class_options_and_converter(row):
+    cls = row.tts_class()
+    assert cls.FAMILY == row.kind and cls.NAME == row.name
+    assert cls.OPTIONS is row.options_class()
+    assert callable(row.convert.__func__ if hasattr(row.convert, "__func__") else row.convert)
+    assert hasattr(__import__(row.converter, fromlist=["convert"]), "convert")
+
+
+@pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
+def test_a_rows_keywords_are_what_its_stream_takes(row):
+    """Every keyword the row offers is a parameter of `stream` or one of its prompt fields
+    (what `**fields` takes); nothing else may be offered to users."""
+    cls = row.tts_class()
+    params = set(inspect.signature(cls.stream).parameters) | set(
+        getattr(cls, "PROMPT_FIELDS", ())) | {"seconds", "prompt_text"}
+    for word in row.keywords:
+        assert word in params, (row.kind, word)
+    budget = cls.BUDGET
+    assert budget.keyword in row.keywords, "the frame budget is a knob of the family"
+    assert 1 <= budget.default <= budget.limit
+
+
+def test_exactly_one_row_detects_each_config():
+    configs = {"nano": {"model_type": "moss_tts_nano"},
+               "delay": {"model_type": "moss_tts_delay"},
+               "local": {"model_type": "moss_tts_delay", "local_num_layers": 1},
+               "local-v15": {"model_type": "moss_tts_delay", "gpt2_config": {},
+                             "local_num_layers": 1},
+               "realtime": {"model_type": "moss_tts_realtime"},
+               "codec": {"model_type": "speech_tokenizer", "encoder_kwargs": []}}
+    assert set(configs) == set(CONVERTIBLE)
+    for kind, config in configs.items():
+        assert [f.kind for f in (CODEC, *FAMILIES) if f.detect(config)] == [kind]
+        assert family_of_config(config).kind == kind
+
+
+def test_a_config_of_no_family_names_the_model_type():
+    with pytest.raises(ConfigError, match="'llama': the checkpoint matches no family"):
+        family_of_config({"model_type": "llama"})
+
+
+def test_rows_are_unique_and_the_default_is_a_family():
+    assert len(BY_KIND) == len(FAMILIES) and DEFAULT in FAMILIES
+    assert all(dataclasses.is_dataclass(f) for f in FAMILIES)

@@ -1,0 +1,123 @@
+"""The knob table (moss_tts/knobs.py): one declaration per knob, the same checks through every
+surface (CLI flags, server fields, manifest columns), bounds that are the options classes' and
+the families' own (issue 22 findings 7, 8 and 10)."""
+
+import pytest
+
+from moss_tts.errors import InputError
+from moss_tts.knobs import BY_NAME, KNOBS, SPELLINGS, parse, renamed, synthesis_keywords
+from moss_tts.models.registry import BY_KIND, FAMILIES
+
+
+def test_every_knob_is_taken_by_some_family_and_spelled_once():
+    from moss_tts.knobs import takes
+    for knob in KNOBS:
+        assert any(takes(f, knob) for f in FAMILIES), knob.name
+    assert len(SPELLINGS) == sum(1 + len(k.aliases) for k in KNOBS)
+
+
+@pytest.mark.parametrize("surface, name", [("cli", "--top-k"), ("request", "'top_k'"),
+                                           ("manifest", "top_k")])
+def test_a_bad_value_names_the_knob_as_the_surface_spells_it(surface, name):
+    with pytest.raises(InputError, match=f"^{name} must be a whole number"):
+        parse(BY_NAME["top_k"], 2.5, surface)
+
+
+def test_text_is_converted_only_where_values_arrive_as_text():
+    assert parse(BY_NAME["temperature"], "0.5", "manifest") == 0.5
+    with pytest.raises(InputError, match="must be a number, got a string"):
+        parse(BY_NAME["temperature"], "0.5", "request", from_text=False)
+    with pytest.raises(InputError, match="must be a finite number"):
+        parse(BY_NAME["temperature"], float("nan"), "request")
+    with pytest.raises(InputError, match="true or false"):
+        parse(BY_NAME["greedy"], 1, "request", from_text=False)
+
+
+def test_the_seed_is_bounded_to_numpys_range_on_every_surface():
+    assert parse(BY_NAME["seed"], 2**32 - 1, "request") == 2**32 - 1
+    for bad in (2**32, 1e30, -1):
+        with pytest.raises(InputError, match="seed"):
+            parse(BY_NAME["seed"], bad, "manifest")
+
+
+def test_sampling_bounds_are_the_options_classes_own():
+    """The server capped temperature at 10 while the dataclasses had no cap (finding 8): now a
+    temperature the options class takes is taken everywhere, and one it refuses is refused,
+    named as the surface names it."""
+    nano = BY_KIND["nano"]
+    words = synthesis_keywords(nano, {"temperature": 50.0}, "request")
+    assert words["options"].audio_temperature == 50.0
+    with pytest.raises(InputError, match="^--top-p must be in"):
+        synthesis_keywords(nano, {"top_p": 1.5}, "cli")
+
+
+@pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
+def test_each_family_bounds_its_own_frame_budget(row):
+    """The server bounded max_new_frames by Nano's 1000 for every family (finding 8); each
+    family's limit is its own, checked before anything is loaded or reserved."""
+    budget = row.tts_class().BUDGET
+    knob = next(k for k in KNOBS if k.keyword == budget.keyword)
+    words = synthesis_keywords(row, {knob.name: budget.limit}, "request")
+    assert words[budget.keyword] == budget.limit
+    with pytest.raises(InputError, match=f"'{knob.name}' must be at most {budget.limit} for"):
+        synthesis_keywords(row, {knob.name: budget.limit + 1}, "request")
+
+
+def test_a_knob_of_another_family_is_refused_by_its_spelling():
+    with pytest.raises(InputError, match=r"^--max-new-rows is not a MOSS-TTS-Nano option"):
+        synthesis_keywords(BY_KIND["nano"], {"max_new_rows": 5}, "cli")
+    assert "instruction" not in synthesis_keywords(BY_KIND["nano"], {"instruction": "calm"},
+                                                   "request", lenient=("instruction",))
+
+
+def test_voice_clone_max_text_tokens_is_bounded_before_the_model_loads():
+    """Finding 10: 251 was refused only after the model loaded; the bound is Nano's own."""
+    limit = BY_KIND["nano"].tts_class().MAX_TEXT_TOKENS
+    with pytest.raises(InputError, match=f"^--max-text-tokens must be at most {limit}"):
+        synthesis_keywords(BY_KIND["nano"], {"max_text_tokens": limit + 1}, "cli")
+
+
+@pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
+def test_greedy_with_a_sampling_knob_is_one_error(row):
+    """Finding 7: `--greedy --temperature 0.5` was accepted and the temperature ignored."""
+    with pytest.raises(InputError, match=r"^--greedy takes no sampling knob: leave out "
+                                         r"--temperature"):
+        synthesis_keywords(row, {"greedy": True, "temperature": 0.5}, "cli")
+
+
+@pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
+def test_greedy_is_the_options_classes_greedy(row):
+    words = synthesis_keywords(row, {"greedy": True}, "manifest")
+    assert words["options"] == row.options_class()().greedy()
+    assert words["options"] != row.options_class()()
+
+
+def test_an_api_error_is_renamed_to_the_flag():
+    """Finding 10: `--n-vq 9` said "n_vq_for_inference must be ..."."""
+    e = renamed(InputError("n_vq_for_inference must be a whole number in [1, 8], got 9"), "cli")
+    assert str(e) == "--n-vq must be a whole number in [1, 8], got 9"
+    e = renamed(InputError("audio_top_p must be in (0, 1], got 2"), "request")
+    assert str(e) == "'top_p' must be in (0, 1], got 2"
+    assert str(renamed(InputError("text is empty"), "cli")) == "text is empty"
+
+
+def test_the_cli_flags_are_generated_from_the_table():
+    from moss_tts.cli import build_parser
+    sub = next(a for a in build_parser()._subparsers._group_actions)
+    flags = {s for a in sub.choices["tts"]._actions for s in a.option_strings}
+    for knob in KNOBS:
+        assert knob.flag in flags
+    ns = sub.choices["tts"].parse_args(["-o", "x.wav", "--top-k", "5", "--max-new-frames", "9"])
+    assert ns.top_k == 5 and ns.max_frames == 9 and ns.temperature is None
+    with pytest.raises(SystemExit):
+        sub.choices["tts"].parse_args(["-o", "x.wav", "--top-k", "x"])
+
+
+def test_help_states_each_familys_frame_budget_default(capsys):
+    from moss_tts.cli import main
+    with pytest.raises(SystemExit):
+        main(["tts", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for row in FAMILIES:
+        budget = row.tts_class().BUDGET
+        assert f"{row.short} {budget.default}" in text, row.kind
