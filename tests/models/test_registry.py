@@ -56,3 +56,16 @@ def test_a_config_of_no_family_names_the_model_type():
 def test_rows_are_unique_and_the_default_is_a_family():
     assert len(BY_KIND) == len(FAMILIES) and DEFAULT in FAMILIES
     assert all(dataclasses.is_dataclass(f) for f in FAMILIES)
+
+
+def test_the_readmes_families_table_is_the_registrys():
+    """README and --help state each family's frame budget default (issue 22): the README's
+    table is generated from the code, so a changed default cannot leave it stale."""
+    from pathlib import Path
+
+    from moss_tts.models.registry import families_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("<!-- families table: families_table() -->\n") + len(
+        "<!-- families table: families_table() -->\n")
+    assert readme[start:readme.index("<!-- end of families table -->")] == families_table()
