@@ -1,14 +1,15 @@
 """Upstream's MossTTSLocal in PyTorch f32 on bench/local.py's random weights: the peer of its
-per-frame table; and `python bench/local_upstream.py [SRC]`, a check that our greedy frames
-equal upstream's modules' on the tiny test checkpoints. Not a package dependency: needs `pip install torch transformers` and the
-upstream OpenMOSS/MOSS-TTS code (a clone or a bare mirror) in --upstream-src or
-$MOSS_TTS_UPSTREAM_TTS.
+per-frame table; and `python bench/local_upstream.py [SRC] [--golden OUT]`, a check that our
+greedy frames equal upstream's own `generate` (temperatures 0) on the tiny test checkpoints,
+which also writes fixtures/data/local_upstream_greedy.json. Not a package dependency: needs
+`pip install torch transformers==5.0.0` (upstream's pin) and the upstream OpenMOSS/MOSS-TTS
+code (a clone or a bare mirror) in --upstream-src or $MOSS_TTS_UPSTREAM_TTS.
 
-The loop is upstream's `CustomMixin._sample` frame for frame (moss_tts_local/modeling_moss_tts.py):
-the backbone with its KV cache over one new row, then per depth position the depth transformer
-over the whole prefix (upstream recomputes), the output adapter, the RMSNorm, the head and HF's
-processors (repetition penalty, temperature, top-k, top-p) with a multinomial draw — timed by
-part, as ours is.
+The timed loop is upstream's `CustomMixin._sample` frame for frame
+(moss_tts_local/modeling_moss_tts.py): the backbone with its KV cache over one new row, then
+per depth position the depth transformer over the whole prefix (upstream recomputes), the
+output adapter, the RMSNorm, the head and HF's processors (repetition penalty, temperature,
+top-k, top-p) with a multinomial draw — timed by part, as ours is.
 """
 
 from __future__ import annotations
@@ -181,43 +182,44 @@ def run_upstream(cfg, values: dict, rows: np.ndarray, frames: int, threads: int 
                   "threads": torch.get_num_threads()}
 
 
-def greedy_rows(modeling, conf, cfg, state: dict, rows: np.ndarray, frames: int) -> np.ndarray:
-    """Upstream's modules greedy (`_sample` with do_sample False: the repetition penalty, then
-    argmax), the backbone recomputed over the whole sequence each frame."""
+def greedy_rows(modeling, conf, cfg, state: dict, rows: np.ndarray, frames: int, *,
+                penalty: float | None = None, n_vq: int | None = None) -> np.ndarray:
+    """Upstream's own `generate` greedy: text_temperature = audio_temperature = 0, which its
+    `_build_generation_config` turns into do_sample=False on every channel, so `_sample` runs
+    no logits processor (no repetition penalty either) before the argmax → the new rows, the
+    audio_end row included. `penalty` is passed through to show that it is ignored."""
     import torch
-    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
     model = modeling.MossTTSDelayModel(upstream_config(conf, cfg)).float().eval()
     model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in
                            state.items()}, strict=True)
-    penalty, ids, new = RepetitionPenaltyLogitsProcessor(1.1), torch.from_numpy(rows)[None], []
+    ids = torch.from_numpy(rows)[None]
     with torch.inference_mode():
-        for _ in range(frames):
-            g = model.model(input_ids=ids).last_hidden_state[:, -1, :]
-            inputs, tokens = torch.zeros(1, 0, cfg.local_hidden_size), []
-            current = model.speech_embedding_to_local_mlp(g)
-            for c in range(cfg.n_vq + 1):
-                inputs = torch.cat([inputs, current[:, None]], 1)
-                h = model.local_transformer(input_ids=None, attention_mask=None,
-                                            inputs_embeds=inputs)[0]
-                logits = model.lm_heads[c](model.layer_norm_before_lm_heads[c](
-                    model.local_to_speech_embedding_mlps[c](h))[:, -1, :])
-                if c:
-                    logits[:, cfg.audio_pad_code] = -torch.inf
-                    logits = penalty(ids[..., c], logits)
-                tokens.append(torch.argmax(logits, -1))
-                current = model.speech_embedding_to_local_mlp(
-                    model.model.embedding_list[c](tokens[-1]))
-            row = torch.stack(tokens, -1)[:, None]
-            ids = torch.cat([ids, row], 1)
-            new.append(row[0, 0].numpy())
-            if int(row[0, 0, 0]) == cfg.audio_end_token_id:
-                break
-    return np.array(new, dtype=np.int64)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones(ids.shape[:2],
+                                                                      dtype=torch.long),
+                             max_new_tokens=frames, text_temperature=0, audio_temperature=0,
+                             audio_repetition_penalty=penalty, n_vq_for_inference=n_vq,
+                             return_dict_in_generate=True)
+    return out.sequences[0, len(rows):].numpy().astype(np.int64)
 
 
-def check(src: str | None = None) -> int:
-    """Ours == upstream's modules, greedy frame for frame, on the tiny test checkpoints."""
+# (checkpoint seed, prompt seed, audio_repetition_penalty, n_vq_for_inference): ending on
+# audio_end, ending on the budget, a penalty strong enough to move a penalized argmax, and
+# fewer channels
+GREEDY_CASES = ((1, 7, None, None), (1, 2, None, None), (4, 3, None, None), (2, 4, None, None),
+                (1, 7, 3.0, None), (1, 7, None, 2))
+GREEDY_FRAMES = 10
+
+
+def check(src: str | None = None, golden: str | None = None) -> int:
+    """Ours == upstream's `generate`, greedy frame for frame, on the tiny test checkpoints;
+    with `golden`, upstream's rows are written there (fixtures/data/local_upstream_greedy.json
+    for tests/models/test_local_greedy.py)."""
+    import json
+
+    import torch
+    import transformers
+
     from converters.local import convert, local_config
     from fixtures.make_local import make_state, make_tiny_local_checkpoint, tiny_config
     from moss_tts.ggml import F32 as F32_KV, Weights, get_backend
@@ -226,24 +228,57 @@ def check(src: str | None = None) -> int:
     from tests.models.test_local import prompt_rows
 
     modeling, conf = upstream_package(src)
-    failed = 0
-    for seed, prompt in ((1, 7), (4, 3), (2, 4)):
+    failed, cases = 0, []
+    for seed, prompt, penalty, n_vq in GREEDY_CASES:
+        rows = prompt_rows(prompt)
+        opts = LocalSamplingOptions(**({} if penalty is None else
+                                       {"audio_repetition_penalty": penalty})).greedy()
         with tempfile.TemporaryDirectory() as d:
             ckpt = make_tiny_local_checkpoint(Path(d) / "hf", seed=seed, speech=True)
             model = LocalModel(Weights.load(convert(str(ckpt), Path(d) / "l.gguf", strict=True),
                                             get_backend(None, 1)), kv_type=F32_KV)
-            rows = prompt_rows(prompt)
-            ours = model.generate(rows, options=LocalSamplingOptions(
-                text_temperature=0, audio_temperature=0), max_new_frames=10)
-            model.close()
+            try:
+                ours = model.generate(rows, options=opts, max_new_frames=GREEDY_FRAMES,
+                                      n_vq_for_inference=n_vq)
+            finally:
+                model.close()
         theirs = greedy_rows(modeling, conf, local_config(tiny_config()),
-                             make_state(tiny_config(), seed, True), rows, 10)
+                             make_state(tiny_config(), seed, True), rows, GREEDY_FRAMES,
+                             penalty=penalty, n_vq=n_vq)
         same = np.array_equal(ours, theirs)
         failed += not same
-        print(f"seed {seed}, prompt {prompt}: {len(ours)} frames, "
-              f"{'equal' if same else 'DIFFERENT'}")
+        print(f"seed {seed}, prompt {prompt}, penalty {penalty}, n_vq {n_vq}: {len(ours)} "
+              f"frames, {'equal' if same else 'DIFFERENT'}")
+        cases.append({"seed": seed, "prompt_seed": prompt, "audio_repetition_penalty": penalty,
+                      "n_vq_for_inference": n_vq, "max_new_frames": GREEDY_FRAMES,
+                      "prompt": rows.tolist(), "rows": theirs.tolist()})
+    if golden:
+        head = _git_head(src)
+        Path(golden).write_text(json.dumps({
+            "upstream": f"OpenMOSS/MOSS-TTS {head} moss_tts_local, transformers "
+                        f"{transformers.__version__}, torch {torch.__version__} f32 eager, "
+                        "MossTTSDelayModel.generate(text_temperature=0, audio_temperature=0)",
+            "checkpoint": "fixtures.make_local make_tiny_local_checkpoint(seed, speech=True); "
+                          "prompt tests.models.test_local.prompt_rows(prompt_seed)",
+            "cases": cases}, separators=(",", ":")) + "\n")
+        print(f"wrote {golden}")
     return failed
 
 
+def _git_head(src: str | None) -> str:
+    import subprocess
+
+    root = src or os.environ.get(ENV) or "."
+    r = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
 if __name__ == "__main__":
-    raise SystemExit(check(sys.argv[1] if len(sys.argv) > 1 else None))
+    import argparse
+
+    ap = argparse.ArgumentParser(description="our greedy Local frames vs upstream's generate")
+    ap.add_argument("src", nargs="?", help=f"upstream MOSS-TTS checkout or mirror (${ENV})")
+    ap.add_argument("--golden", help="write upstream's greedy rows to this JSON")
+    args = ap.parse_args()
+    raise SystemExit(check(args.src, args.golden))

@@ -1,16 +1,36 @@
 """Seeded numpy samplers over small logit vectors (style C19): pure functions of
 (logits, rng, knobs). Semantics follow the Hugging Face reference of MOSS-TTS-Nano
 (nano.md §4.2): repetition penalty on raw logits, then temperature, top-k, top-p, softmax draw.
+
+Greedy is each family's upstream greedy, a separate path (C19): every options class has
+`greedy()` (these options with upstream's do_sample=False) and `is_greedy`, and says per
+channel what upstream runs on it (`Channel`). Upstream's greedy keeps the audio repetition
+penalty before the argmax in Nano, Local v1.5, Realtime and Delay; MossTTSLocal's `_sample`
+runs no processor at all on a greedy channel, penalty included.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from .errors import InputError, ModelFileError
+
+
+@dataclass(frozen=True)
+class Channel:
+    """What runs on one channel's logits, in upstream's order: the repetition penalty over the
+    channel's history (1 = none), then the argmax when greedy, else temperature → top-k →
+    top-p → one draw. The options classes build these from their knobs and their family's
+    upstream (`text_channel`, `audio_channel`), so the samplers need no family rules."""
+
+    greedy: bool
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +47,21 @@ class SamplingOptions:
     def __post_init__(self):
         _check_switched(self, ("text_temperature", "audio_temperature"))
         _check_filters(self, "audio")
+
+    def greedy(self):
+        """These options with upstream's do_sample=False: the argmax on every channel; the
+        audio repetition penalty still runs first (upstream's `_sample_next_token` applies it
+        before its `if not do_sample`)."""
+        return replace(self, do_sample=False)
+
+    @property
+    def is_greedy(self) -> bool:
+        return not self.do_sample
+
+    @property
+    def audio_channel(self) -> Channel:
+        return Channel(self.is_greedy, self.audio_temperature, self.audio_top_k,
+                       self.audio_top_p, self.audio_repetition_penalty)
 
 
 def _check_switched(opts, temperatures: tuple[str, ...]) -> None:
@@ -78,6 +113,12 @@ class LocalV15SamplingOptions(SamplingOptions):
         super().__post_init__()
         _check_filters(self, "text")
 
+    @property
+    def text_channel(self) -> Channel:
+        """The 2-way continue/stop head: no penalty there, greedy with the audio (one
+        do_sample for the whole frame, as upstream)."""
+        return Channel(self.is_greedy, self.text_temperature, self.text_top_k, self.text_top_p)
+
 
 @dataclass(frozen=True)
 class DelaySamplingOptions:
@@ -98,6 +139,35 @@ class DelaySamplingOptions:
             if not t >= 0:
                 raise InputError(f"{group}_temperature must be ≥ 0 (0 = greedy), got {t}")
             _check_filters(self, group)
+
+    def greedy(self):
+        """These options with both channels greedy (upstream's `generate` turns a temperature
+        of 0 into do_sample=False for that channel)."""
+        return replace(self, text_temperature=0, audio_temperature=0)
+
+    @property
+    def text_greedy(self) -> bool:
+        return self.text_temperature == 0
+
+    @property
+    def audio_greedy(self) -> bool:
+        return self.audio_temperature == 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.text_greedy and self.audio_greedy
+
+    @property
+    def text_channel(self) -> Channel:
+        return Channel(self.text_greedy, self.text_temperature, self.text_top_k,
+                       self.text_top_p)
+
+    @property
+    def audio_channel(self) -> Channel:
+        """Delay's `sample_token` applies the penalty before its `if not do_sample`: a greedy
+        audio channel keeps it."""
+        return Channel(self.audio_greedy, self.audio_temperature, self.audio_top_k,
+                       self.audio_top_p, self.audio_repetition_penalty)
 
 
 @dataclass(frozen=True)
@@ -121,17 +191,38 @@ class RealtimeSamplingOptions:
             raise InputError(f"repetition_window must be a whole number ≥ 1 (frames), got {w}")
         object.__setattr__(self, "repetition_window", int(w))
 
+    def greedy(self):
+        """These options with do_sample=False: the argmax of each codebook after the windowed
+        penalty (upstream's `generate_local_transformer` penalizes before `sample_token`)."""
+        return replace(self, do_sample=False)
+
+    @property
+    def is_greedy(self) -> bool:
+        return not self.do_sample
+
+    @property
+    def audio_channel(self) -> Channel:
+        return Channel(self.is_greedy, self.audio_temperature, self.audio_top_k,
+                       self.audio_top_p, self.audio_repetition_penalty)
+
 
 @dataclass(frozen=True)
 class LocalSamplingOptions(DelaySamplingOptions):
     """MossTTSLocal's knobs with upstream defaults (moss_tts_family.md §3.6: text 1.5 / 1.0 /
     50, audio 1.0 / 0.95 / 50 / 1.1, the penalty per channel over prompt + generated codes);
-    a temperature of 0 makes that channel greedy (the penalty still applies, as in HF)."""
+    a temperature of 0 makes that channel greedy: the plain argmax, without the penalty
+    (upstream's `_sample` builds no processor for a do_sample=False channel)."""
 
     audio_temperature: float = 1.0
     audio_top_p: float = 0.95
     audio_top_k: int = 50
     audio_repetition_penalty: float = 1.1
+
+    @property
+    def audio_channel(self) -> Channel:
+        if self.audio_greedy:
+            return Channel(True)
+        return super().audio_channel
 
 
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
@@ -229,6 +320,23 @@ def greedy_token(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+def greedy_rows(scores: np.ndarray) -> np.ndarray:
+    """Each row's argmax; the first index wins a tie."""
+    return np.argmax(scores, axis=-1)
+
+
+def choose_rows(scores: np.ndarray, rng: np.random.Generator | None, channel: Channel,
+                seen: np.ndarray | None = None) -> np.ndarray:
+    """One id per row of scores [rows, V] as `channel` says: the penalty over `seen` (bool,
+    broadcast over the rows; None = no history), then the argmax or one draw per row."""
+    if seen is not None:
+        scores = apply_repetition_penalty(scores, seen, channel.repetition_penalty)
+    if channel.greedy:
+        return greedy_rows(scores)
+    return sample_rows(scores, rng, temperature=channel.temperature, top_k=channel.top_k,
+                       top_p=channel.top_p)
+
+
 # -- seen-sets for the repetition penalty: bool [heads | 1, V] from a history [frames, heads] ---
 def _mark(ids: np.ndarray, vocab: int) -> np.ndarray:
     """bool [heads, V]: row h marks every id of ids[:, h] inside [0, vocab) (pads outside the
@@ -269,13 +377,10 @@ def check_finite(logits: np.ndarray, what: str) -> None:
 
 def sample_audio_code(logits: np.ndarray, seen: np.ndarray, rng: np.random.Generator | None,
                       opts: SamplingOptions) -> int:
-    """An audio channel's next code: penalty over its history, then greedy or sampled."""
+    """An audio channel's next code (Nano, Local v1.5): penalty over its history, then greedy
+    or sampled, as `opts.audio_channel` says."""
     check_finite(logits, "audio")
-    scores = apply_repetition_penalty(logits, seen, opts.audio_repetition_penalty)
-    if not opts.do_sample:
-        return greedy_token(scores)
-    return sample_token(scores, rng, temperature=opts.audio_temperature, top_k=opts.audio_top_k,
-                        top_p=opts.audio_top_p)
+    return int(choose_rows(logits[None], rng, opts.audio_channel, seen)[0])
 
 
 def decide_continue(logit_continue: float, logit_stop: float, rng: np.random.Generator | None,
@@ -283,7 +388,7 @@ def decide_continue(logit_continue: float, logit_stop: float, rng: np.random.Gen
     """The frame decision from two text-head logits (continue = assistant slot, stop = audio end);
     greedy continues on a tie, like argmax over [continue, stop]."""
     check_finite(np.array([logit_continue, logit_stop]), "stop/continue")
-    if not opts.do_sample:
+    if opts.is_greedy:
         return logit_continue >= logit_stop
     p = softmax(np.array([logit_continue, logit_stop], dtype=np.float64) / opts.text_temperature)
     return bool(rng.random() < p[0])

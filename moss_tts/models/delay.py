@@ -18,8 +18,7 @@ from ..ggml.graph import Tensor
 from ..ggml.repack import types as repack_types
 from ..nn import CacheView, last_row
 from ..nn.session import DecodeSession
-from ..sampling import (DelaySamplingOptions, apply_repetition_penalty, sample_rows,
-                        seen_per_head, seen_pooled)
+from ..sampling import DelaySamplingOptions, choose_rows, seen_per_head, seen_pooled
 from . import qwen3, spec
 from .delay_state import (DelayIds, DelayState, advance, audio_channels, forced_text,
                           text_allowed)
@@ -187,13 +186,6 @@ def build_rows(g: Graph, w: DelayWeights, cfg: DelayConfig, n_rows: int, kv: Cac
 
 
 # -- one row of generation --------------------------------------------------------------------
-def pick(scores: np.ndarray, rng, *, temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    """Greedy (argmax, first of ties) when the temperature is 0, else one draw per row."""
-    if temperature == 0:
-        return np.argmax(scores, axis=-1)
-    return sample_rows(scores, rng, temperature=temperature, top_k=top_k, top_p=top_p)
-
-
 def audio_seen(history: np.ndarray, cfg: DelayConfig) -> np.ndarray:
     """bool [2, audio_rows]: codebook 0's own history, and the union over codebooks 1..N−1
     (HF samples those as one batch, so their repetition history is pooled, P5)."""
@@ -239,8 +231,7 @@ def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarra
     token = forced_text(state, ids)
     if token is None:
         scores = np.where(text_allowed(state, ids, len(text_logits)), text_logits, -np.inf)
-        token = int(pick(scores[None], rng, temperature=opts.text_temperature,
-                         top_k=opts.text_top_k, top_p=opts.text_top_p)[0])
+        token = int(choose_rows(scores[None], rng, opts.text_channel)[0])
     row = np.full(1 + cfg.n_vq, cfg.audio_pad_code, dtype=np.int64)
     row[0] = token
     on = audio_channels(state, ids)
@@ -248,9 +239,7 @@ def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarra
         scores = audio_logits[on].astype(np.float64)
         scores[:, cfg.audio_pad_code] = -np.inf              # heads never emit the pad
         channel_seen = seen[np.minimum(np.flatnonzero(on), 1)]
-        scores = apply_repetition_penalty(scores, channel_seen, opts.audio_repetition_penalty)
-        row[1:][on] = pick(scores, rng, temperature=opts.audio_temperature,
-                           top_k=opts.audio_top_k, top_p=opts.audio_top_p)
+        row[1:][on] = choose_rows(scores, rng, opts.audio_channel, channel_seen)
     return row, advance(state, token, ids)
 
 

@@ -22,9 +22,9 @@ from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, mlp, rms_norm
 from ..nn.session import DecodeSession, SessionsOwner
-from ..sampling import LocalSamplingOptions, apply_repetition_penalty, check_finite, seen_per_head
+from ..sampling import LocalSamplingOptions, check_finite, choose_rows, seen_per_head
 from . import qwen3, spec
-from .delay import check_ids, check_rows, pick
+from .delay import check_ids, check_rows
 
 KIND = "local"
 FORMAT_VERSION = 1
@@ -204,18 +204,16 @@ def build_depth_step(g: Graph, w: LocalWeights, cfg: LocalConfig, kv: CacheView,
 # -- sampling one channel ---------------------------------------------------------------------
 def choose(logits: np.ndarray, c: int, seen: np.ndarray, cfg: LocalConfig,
            opts: LocalSamplingOptions, rng) -> int:
-    """Channel c's token, HF order (§3.6): pad −inf (audio), the repetition penalty over the
-    channel's own prompt + generated history (audio only), then greedy or temperature → top-k
-    → top-p → draw."""
+    """Channel c's token, HF order (§3.6): pad −inf (audio), then what `opts` says for the
+    channel — sampled: the repetition penalty over its own prompt + generated history (audio
+    only), temperature → top-k → top-p → draw; greedy: the plain argmax (upstream's `_sample`
+    runs no processor on a do_sample=False channel, not even the penalty)."""
     check_finite(logits, "text" if c == 0 else "audio")
     scores = logits.astype(np.float64)[None]
     if c == 0:
-        return int(pick(scores, rng, temperature=opts.text_temperature, top_k=opts.text_top_k,
-                        top_p=opts.text_top_p)[0])
+        return int(choose_rows(scores, rng, opts.text_channel)[0])
     scores[0, cfg.audio_pad_code] = -np.inf
-    scores = apply_repetition_penalty(scores, seen[c - 1:c], opts.audio_repetition_penalty)
-    return int(pick(scores, rng, temperature=opts.audio_temperature, top_k=opts.audio_top_k,
-                    top_p=opts.audio_top_p)[0])
+    return int(choose_rows(scores, rng, opts.audio_channel, seen[c - 1:c])[0])
 
 
 # -- the runtime ------------------------------------------------------------------------------

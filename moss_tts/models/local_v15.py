@@ -19,8 +19,7 @@ from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
 from ..nn.session import DecodeSession, SessionsOwner
-from ..sampling import (LocalV15SamplingOptions, check_finite, greedy_token, sample_audio_code,
-                        sample_token)
+from ..sampling import LocalV15SamplingOptions, check_finite, choose_rows, sample_audio_code
 from . import gpt2, qwen3, spec
 from .nano import row_inputs
 
@@ -151,10 +150,7 @@ def build_depth_step(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, kv: Cach
 def decide(logits: np.ndarray, rng, opts: LocalV15SamplingOptions) -> int:
     """CONTINUE or STOP from the 2-way head (argmax continues on a tie, as upstream)."""
     check_finite(logits, "continue/stop")
-    if not opts.do_sample:
-        return greedy_token(logits)
-    return sample_token(logits, rng, temperature=opts.text_temperature, top_k=opts.text_top_k,
-                        top_p=opts.text_top_p)
+    return int(choose_rows(logits[None], rng, opts.text_channel)[0])
 
 
 # -- the runtime ------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ def choose_code(logits: np.ndarray, seen: np.ndarray | None, opts: RealtimeSampl
     check_finite(logits, "audio")
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, opts.audio_repetition_penalty)
-    if not opts.do_sample:
+    if opts.is_greedy:     # upstream's greedy keeps the penalty above
         return greedy_token(logits)
     return sample_top_k_token(logits, rng, temperature=opts.audio_temperature,
                               top_k=opts.audio_top_k, top_p=opts.audio_top_p)

@@ -102,22 +102,25 @@ def test_depth_cache_is_reset_every_frame(local_model):
 
 
 @pytest.mark.parametrize("seed, prompt, penalty, n_vq", [
-    (1, 7, 1.1, None), (1, 7, 1.0, None), (1, 7, 3.0, None), (1, 7, 1.1, 2), (4, 3, 1.1, None)],
-    ids=["default", "no_penalty", "strong_penalty", "n_vq_2", "budget"])
+    (1, 7, 1.1, None), (1, 7, 1.0, None), (1, 7, 3.0, None), (1, 7, 1.1, 2), (1, 2, 1.1, None),
+    (4, 3, 1.1, None)],
+    ids=["default", "no_penalty", "strong_penalty", "n_vq_2", "budget", "seed_4"])
 def test_greedy_generation_matches_reference_frame_for_frame(local_model, local_files, seed,
                                                              prompt, penalty, n_vq):
     """Cached generation (prefill + replayed backbone and depth steps) == the reference
     recomputing everything every frame: GEN frames, then the audio_end row keeping its own
-    sampled codes (the trailing frame, P9) — or, for "budget", max_new_frames GEN rows."""
+    sampled codes (the trailing frame, P9) — or, for "budget", max_new_frames GEN rows.
+    Greedy runs no repetition penalty, whatever the options say (upstream's `_sample` has no
+    processor on a do_sample=False channel, issue 22 #7): the reference runs none either."""
     _, state, cfg, _ = local_files(seed, speech=True)
     model = local_model(seed, speech=True)
     rows = prompt_rows(prompt)
     opts = LocalSamplingOptions(text_temperature=0, audio_temperature=0,
                                 audio_repetition_penalty=penalty)
     got = model.generate(rows, options=opts, max_new_frames=10, n_vq_for_inference=n_vq)
-    want = ref.generate_greedy(state, cfg, rows, 10, repetition_penalty=penalty, n_vq=n_vq)
+    want = ref.generate_greedy(state, cfg, rows, 10, repetition_penalty=1.0, n_vq=n_vq)
     np.testing.assert_array_equal(got, want)
-    if seed == 4:
+    if prompt == 2 or n_vq is not None:      # these two run to the budget
         assert got[:, 0].tolist() == [GEN] * 10
     else:
         assert len(got) >= 4 and got[:, 0].tolist() == [GEN] * (len(got) - 1) + [END]
@@ -130,13 +133,17 @@ def test_greedy_generation_matches_reference_frame_for_frame(local_model, local_
     assert not np.array_equal(other, got)
 
 
-def test_repetition_penalty_changes_greedy_codes(local_model):
+def test_repetition_penalty_changes_sampled_codes_only(local_model):
+    """The penalty reaches a sampled audio channel (the same seed draws other codes under a
+    strong one) and no greedy channel (issue 22 #7)."""
     rows = prompt_rows(7)
     model = local_model(1, speech=True)
-    plain = model.generate(rows, options=LocalSamplingOptions(
-        text_temperature=0, audio_temperature=0, audio_repetition_penalty=1.0), max_new_frames=8)
-    penalized = model.generate(rows, options=GREEDY, max_new_frames=8)
-    assert not np.array_equal(plain, penalized)
+    plain, strong = LocalSamplingOptions(audio_repetition_penalty=1.0), \
+        LocalSamplingOptions(audio_repetition_penalty=3.0)
+    assert not np.array_equal(model.generate(rows, options=plain, seed=2, max_new_frames=8),
+                              model.generate(rows, options=strong, seed=2, max_new_frames=8))
+    np.testing.assert_array_equal(model.generate(rows, options=plain.greedy(), max_new_frames=8),
+                                  model.generate(rows, options=strong.greedy(), max_new_frames=8))
 
 
 def test_sampled_generation_is_reproducible_for_a_seed(local_model):
