@@ -51,6 +51,7 @@ from bench.harness import (
     RETRY_FOREIGN,
     UPSTREAM_ENV,
     Contention,
+    add_no_wait,
     counting,
     fmt,
     gflop_per_call,
@@ -623,7 +624,7 @@ class Driver:
         """Run a measuring subprocess; once more if the machine was busy meanwhile (keeping the
         less disturbed result)."""
         out = self._run(cmd)
-        for _ in range(RETRIES):
+        for _ in range(0 if getattr(self.args, "no_wait", False) else RETRIES):   # --no-wait
             if out.get("foreign", 0) <= RETRY_FOREIGN:
                 break
             self.say(f"  (other processes used {100 * out['foreign']:.0f} % of the CPUs: waiting "
@@ -657,6 +658,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-stages", action="store_true")
+    add_no_wait(ap)
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--type", default="f32", help=argparse.SUPPRESS)
     ap.add_argument("--tower", default="encoder", help=argparse.SUPPRESS)

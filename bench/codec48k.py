@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.codec import _summary, _tensor, enc_dec_rates, work_line
 from bench.common import table
-from bench.harness import (NANO_CODEC, Contention, Driver, fmt, median, peak_rss_gb, perf_top,
-                           report_footer, timed_runs, counting, gflop_per_call,
+from bench.harness import (NANO_CODEC, Contention, Driver, add_no_wait, fmt, median, peak_rss_gb,
+                           perf_top, report_footer, timed_runs, counting, gflop_per_call,
                            measure_peak)
 from bench.parity import codec_parity_lines
 
@@ -514,6 +514,7 @@ def main(argv=None):
     ap.add_argument("--v2-encode", action="store_true", help="also time v2 encode")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    add_no_wait(ap)
     ap.add_argument("--upstream", help="python of a venv with torch + transformers: also time "
                     "upstream's PyTorch Nano codec (f32) on the same checkpoint and inputs")
     ap.add_argument("--upstream-src", default=None,

@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.harness import (ROOT, Driver, fmt, measure_types, median,  # noqa: E402
+from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
                            peak_rss_gb, perf_top, prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.delay import tensor_types  # noqa: E402
@@ -470,8 +470,7 @@ def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[d
         ({"ours-plain": "off"} if args.repack == "both" else {}) | \
         ({} if args.no_peer else {"peer": None})
     for side, repack in sides.items():
-        r = driver.worker("peer" if side == "peer" else "ours", timing=not args.no_wait,
-                          **flags, repack=repack)
+        r = driver.worker("peer" if side == "peer" else "ours", **flags, repack=repack)
         parts = step_bytes(d, cfg, args.prompt + args.steps // 2, side)
         # where the time goes: each part's bytes over its time, beside the read bandwidth
         rates = {f"{k}_gbs": parts[k] / r[f"{k}_ms"] / 1e6 for k in parts if f"{k}_ms" in r}
@@ -554,7 +553,7 @@ def main(argv=None) -> int:
                                                      str(ROOT / "bench" / "results" / "delay_data")),
                     help="where the random-weight files are written once and reused")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python")
-    ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    add_no_wait(ap)
     ap.add_argument("--repack", choices=["on", "off", "both"], default="both",
                     help="ours with ggml's repacked CPU weight layouts (the package default), "
                     "without, or both (side ours-plain: repack off)")

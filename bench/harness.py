@@ -248,14 +248,19 @@ def foreign_share(seconds: float = 2.0) -> float:
 
 class Quiet:
     """Wait before a timing run until no other bench/ process runs and the CPUs are idle
-    (foreign share ≤ max_share); keeps a log of what it saw."""
+    (foreign share ≤ max_share); keeps a log of what it saw. `enabled=False` (--no-wait) never
+    waits: a test or a quick look must finish on a busy machine too."""
 
-    def __init__(self, say, max_share: float = 0.15, max_wait_s: float = 3600.0):
+    def __init__(self, say, max_share: float = 0.15, max_wait_s: float = 3600.0, *,
+                 enabled: bool = True):
         self.say, self.max_share, self.max_wait_s = say, max_share, max_wait_s
+        self.enabled = enabled
         self.seen: list[str] = []
         self.waited_s = 0.0
 
     def wait(self) -> None:
+        if not self.enabled:
+            return
         t0 = time.perf_counter()
         announced = False
         while time.perf_counter() - t0 < self.max_wait_s:
@@ -314,16 +319,24 @@ def report_footer(d: "Driver", total_s: float) -> list[str]:
             *(f"    {c}" for c in d.commands)]
 
 
+def add_no_wait(ap) -> None:
+    """--no-wait, the same in every bench: what a test passes so that it never waits."""
+    ap.add_argument("--no-wait", action="store_true",
+                    help="never wait for a quiet machine, nor measure again when it was busy")
+
+
 class Driver:
     """Runs `script --worker MODE ...` subprocesses after waiting for a quiet machine, logs what
-    they print, and keeps every command for the report."""
+    they print, and keeps every command for the report. With args.no_wait it never waits and
+    never re-measures, whatever a caller asks (`timing=True` is the default of every run)."""
 
     def __init__(self, args, log_path: Path, script: Path):
         self.args = args
         self.script = Path(script).resolve()
         self.commands: list[str] = []
         self.log_path = log_path
-        self.quiet = Quiet(self.say)
+        self.no_wait = bool(getattr(args, "no_wait", False))
+        self.quiet = Quiet(self.say, enabled=not self.no_wait)
 
     def say(self, msg: str) -> None:
         print(msg, flush=True)
@@ -344,6 +357,7 @@ class Driver:
         processes still took > 10 % of the CPUs (keeping the less disturbed result)."""
         line = " ".join(shlex.quote(c) for c in cmd)
         self.commands.append(line)
+        timing = timing and not self.no_wait
         out = None
         for _ in range(RETRIES + 1):
             if timing:

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
-from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
-                           prefill_times, PREFILL_RATE)
+from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
+                           peak_rss_gb, prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local import local_group, tensor_types  # noqa: E402
@@ -233,13 +233,13 @@ def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[d
     gbps = probe.gbps(5)
     parts = frame_bytes(path, cfg, args.prompt + args.frames // 2)
     floor = {f"{k}_floor_ms": 1e3 * v / (gbps * 1e9) for k, v in parts.items()}
-    r = driver.worker("ours", timing=not args.no_wait, **kw)
+    r = driver.worker("ours", **kw)
     out = [{"type": outtype, "side": "ours", "read_gbs": gbps,
             "floor_ms": sum(floor.values()), "weights_gb": path.stat().st_size / 1e9}
            | floor | r]
     if not args.no_peer and outtype == args.types.split(",")[0]:   # f32: one run is enough
         try:
-            p = driver.worker("peer", timing=not args.no_wait, **kw)
+            p = driver.worker("peer", **kw)
         except Exception as e:   # torch / transformers missing: say so in the table
             p = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
         out.append({"type": "f32", "side": "upstream", "read_gbs": gbps} | p)
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=os.environ.get("MOSS_TTS_BENCH_DATA", default_data),
                     help="where the random-weight files are written once and reused")
     ap.add_argument("--no-peer", action="store_true", help="skip upstream PyTorch")
-    ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    add_no_wait(ap)
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
     ap.add_argument("--worker", choices=["ours", "peer"], help=argparse.SUPPRESS)
     ap.add_argument("--type", help=argparse.SUPPRESS)

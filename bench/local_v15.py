@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
-from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
-                           prefill_times, PREFILL_RATE)
+from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
+                           peak_rss_gb, prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local_v15 import tensor_types  # noqa: E402
@@ -257,8 +257,7 @@ def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[d
     for side in ("ours", "peer") if args.peer else ("ours",):
         if side == "peer" and outtype != args.types.split(",")[0]:
             continue                              # one f32 peer run serves every type
-        r = driver.worker(side, timing=not args.no_wait,
-                          **{k.replace("_", "-"): v for k, v in flags.items()})
+        r = driver.worker(side, **{k.replace("_", "-"): v for k, v in flags.items()})
         rates = {f"{k}_gbs": parts[k] / r[f"{k}_ms"] / 1e6 for k in parts if f"{k}_ms" in r}
         out.append({"type": outtype if side == "ours" else "f32", "side": side,
                     "read_gbs": gbps, "floor_ms": 1e3 * sum(parts.values()) / (gbps * 1e9)}
@@ -297,7 +296,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--peer", action="store_true", help="also time upstream's PyTorch f32")
     ap.add_argument("--upstream-src", default=None,
                     help=f"OpenMOSS/MOSS-TTS checkout or mirror (default ${UPSTREAM_ENV})")
-    ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    add_no_wait(ap)
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
     ap.add_argument("--worker", choices=["ours", "peer"], help=argparse.SUPPRESS)
     ap.add_argument("--type", help=argparse.SUPPRESS)

@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 from bench.codec48k import ensure_gguf as ensure_codec_gguf
 from bench.codec48k import gguf_path as codec_gguf_path
 from bench.common import table
-from bench.harness import (NANO_TTS, Contention, Driver, counting, gflop_per_call, measure_peak,
-                           of_peak, peak_rss_gb, perf_top, report_footer)
+from bench.harness import (NANO_TTS, Contention, Driver, add_no_wait, counting, gflop_per_call,
+                           measure_peak, of_peak, peak_rss_gb, perf_top, report_footer)
 from bench.parity import rel_diff
 from bench.upstream_nano import HIDDEN_FILE as UPSTREAM_HIDDEN
 from bench.upstream_nano import ROWS_FILE as UPSTREAM_ROWS
@@ -558,6 +558,7 @@ def main(argv=None):
     ap.add_argument("--codec-type", default="f32", help="Nano codec GGUF type for first audio")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-threads1", action="store_true")
+    add_no_wait(ap)
     ap.add_argument("--upstream", help="python of a venv with torch + transformers: also time "
                     "upstream's PyTorch prefill (f32) on the same checkpoint and rows")
     ap.add_argument("--upstream-src", default=None,

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.delay import PooledRows  # noqa: E402
-from bench.harness import (ROOT, Driver, fmt, measure_types, median, peak_rss_gb,  # noqa: E402
-                           prefill_times, prefill_work, of_peak, PREFILL_RATE)
+from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
+                           peak_rss_gb, prefill_times, prefill_work, of_peak, PREFILL_RATE)
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.realtime import tensor_types  # noqa: E402
 from fixtures.make_delay import make_tokenizer_json  # noqa: E402
@@ -280,7 +280,7 @@ def measure_type(driver: Driver, args, outtype: str, probe) -> list[dict]:
               data=args.data, tiny=args.tiny)
     path = weights(argparse.Namespace(**kw))        # written here, before any timing
     gbps = probe.gbps(5)
-    r = driver.worker("ours", timing=not args.no_wait, **kw)
+    r = driver.worker("ours", **kw)
     floor = frame_bytes(path, config(args.tiny), PROMPT_ROWS + args.frames) / (gbps * 1e9)
     return [{"type": outtype, "read_gbs": gbps, "floor_ms": 1e3 * floor} | r]
 
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=os.environ.get(
         "MOSS_TTS_BENCH_DATA", str(ROOT / "bench" / "results" / "realtime_data")),
         help="where the random-weight files are written once and reused")
-    ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    add_no_wait(ap)
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
     ap.add_argument("--peer", help="a Python with torch + transformers: time upstream too")
     ap.add_argument("--golden", help="with --peer: write upstream's greedy frames to this JSON")

@@ -12,22 +12,34 @@ import logging
 import os
 import platform
 import sys
+from contextlib import contextmanager
 
 
 from . import __version__
 from .audio import DEFAULT_SAMPLE_FORMAT, SAMPLE_FORMATS
 from .batch.command import add_parser as add_batch_parser
-from .cli_args import check_output, port, positive_float, positive_int, writing
-from .errors import MossTTSError
+from .cli_args import at_most, check_output, port, positive_float, positive_int, printing, writing
+from .errors import InputError, MossTTSError
 
 AUDIO_SUFFIXES = (".wav", ".flac")
+# --chunk-seconds: a chunk's memory grows with the square of its positions in the codec's fastest
+# stage (each stage's window mask is positions × (window + positions), built on the host). Peak
+# RSS of `decode` of 400 s on the tiny v1 codec (200 positions/s): 0.10 GB at 10 s (2,000
+# positions), 0.43 GB at 30 s (6,000), 1.5 GB at 60 s, 5.9 GB at 120 s; at 3600 s one mask was
+# 13.4 GiB. The bound keeps a chunk near 0.4 GB: 30 s on the tiny codec, 60 s on the 24 kHz
+# codec (100 positions/s), 15 s on Nano's (400/s). The speed gains end near 1,000 positions
+# (codec.py's default), so nothing is lost.
+MAX_CHUNK_POSITIONS = 6000
+MAX_CHUNK_SECONDS = 60.0   # the bound on the slowest codec (100 positions/s); argparse's check
 # fixtures/ ships with a checkout, not in the wheel (pyproject includes moss_tts and converters)
 TINY_MODELS_COMMAND = "python -m fixtures.make_tiny_pair DIR in a checkout"
 
 
 def _doctor(args) -> int:
-    with writing("stdout"):  # the report into a closed pipe or a full device: one line
-        return _print_doctor()
+    code = 0   # a reader that stopped early (`| head`) leaves it 0: it had what it wanted
+    with printing():
+        code = _print_doctor()
+    return code
 
 
 def _print_doctor() -> int:
@@ -81,7 +93,7 @@ def _info(args) -> int:
     with GGUFFile(args.file) as f:
         meta = {key: _plain(f.get(key)) for key in f.keys()}
         tensors = list(f.tensors.values())
-        with writing("stdout"):
+        with printing():
             if args.json:   # machine-readable: every value in full, whatever --full says
                 print(json.dumps({"file": str(f.path), "gguf_version": f.version, "metadata": meta,
                                   "tensors": [{"name": t.name, "type": t.type.name.lower(),
@@ -166,9 +178,40 @@ def _resolve(spec: str, family: str, flag: str, quiet: bool = False):
 def _load_codec(args):
     from .codec import Codec
 
-    return Codec.load(_resolve(args.codec, "codec", "--codec"), backend=args.backend,
-                      threads=args.threads, **({"chunk_seconds": args.chunk_seconds}
-                                               if args.chunk_seconds is not None else {}))
+    codec = Codec.load(_resolve(args.codec, "codec", "--codec"), backend=args.backend,
+                       threads=args.threads, **({"chunk_seconds": args.chunk_seconds}
+                                                if args.chunk_seconds is not None else {}))
+    if args.chunk_seconds is not None:
+        limit = MAX_CHUNK_POSITIONS / _positions_per_second(codec.config)
+        if args.chunk_seconds > limit:
+            codec.close()
+            raise InputError(f"--chunk-seconds {args.chunk_seconds:g}: this codec takes at most "
+                             f"{limit:g} s per chunk (a chunk's memory grows with its square); "
+                             "leave it out for the fastest default")
+    return codec
+
+
+def _positions_per_second(cfg) -> float:
+    """Positions per second of audio in the codec's fastest transformer stage."""
+    from .codec.config import TRANSFORMER
+    from .codec.tower import positions_per_frame
+
+    return cfg.frame_rate * max(n for tower in ("encoder", "decoder")
+                                for n, s in zip(positions_per_frame(cfg, tower),
+                                                getattr(cfg, tower)) if s.kind == TRANSFORMER)
+
+
+@contextmanager
+def _chunk_memory(args):
+    """A chunk that the bound lets through but this machine cannot hold: one line, not numpy's
+    traceback."""
+    try:
+        yield
+    except MemoryError:
+        given = "" if args.chunk_seconds is None else f" {args.chunk_seconds:g}"
+        raise InputError(f"--chunk-seconds{given}: not enough free memory for one chunk; pass "
+                         "a smaller --chunk-seconds (a chunk's memory grows with its square)") \
+            from None
 
 
 def _check_audio_output(args, *, stdout_ok: bool = False) -> None:
@@ -181,37 +224,45 @@ def _check_audio_output(args, *, stdout_ok: bool = False) -> None:
 
 
 def _write_audio(args, audio, sample_rate: int) -> None:
-    from .audio import write_audio
+    from .audio import encode_file, write_audio
 
     with writing(args.out):
-        write_audio(args.out, audio, sample_rate, sample_format=args.sample_format)
+        if args.out == "-":   # the whole clip is here: a WAV with its exact sizes, as in a file
+            sys.stdout.buffer.write(encode_file(audio, sample_rate, "WAV", args.sample_format))
+        else:
+            write_audio(args.out, audio, sample_rate, sample_format=args.sample_format)
 
 
 def _encode(args) -> int:
+    import numpy as np
+
     from .audio import read_audio_blocks
     from .codec.io import save_codes
 
-    check_output(args.out, (".npy",))
+    check_output(args.out, (".npy", "-"))
     blocks, sr, total = read_audio_blocks(args.input)   # an hour of audio never sits in memory
-    with _load_codec(args) as codec, Progress("encoding", args.quiet) as bar:
+    with _load_codec(args) as codec, Progress("encoding", args.quiet) as bar, _chunk_memory(args):
         codes = codec.encode_blocks(blocks, sr, n_quantizers=args.n_quantizers, total=total,
                                     progress=bar)
     with writing(args.out):
-        save_codes(args.out, codes)
-    _say(args, f"{args.out}: {codes.shape[0]} codebooks x {codes.shape[1]} frames")
+        if args.out == "-":
+            np.save(sys.stdout.buffer, codes.astype(np.int32))
+        else:
+            save_codes(args.out, codes)
+    _say(args, f"{_where(args.out)}: {codes.shape[0]} codebooks x {codes.shape[1]} frames")
     return 0
 
 
 def _decode(args) -> int:
     from .codec.io import load_codes
 
-    _check_audio_output(args)
+    _check_audio_output(args, stdout_ok=True)
     codes = load_codes(args.input)
     with _load_codec(args) as codec:
-        with Progress("decoding", args.quiet) as bar:
+        with Progress("decoding", args.quiet) as bar, _chunk_memory(args):
             audio = codec.decode(codes, n_quantizers=args.n_quantizers, progress=bar)
         _write_audio(args, audio, codec.sample_rate)
-        _say(args, f"{args.out}: {audio.shape[0] / codec.sample_rate:.2f} s at "
+        _say(args, f"{_where(args.out)}: {audio.shape[0] / codec.sample_rate:.2f} s at "
                    f"{codec.sample_rate} Hz, {audio.shape[1]} channel(s)")
     return 0
 
@@ -219,15 +270,16 @@ def _decode(args) -> int:
 def _reconstruct(args) -> int:
     from .audio import read_audio
 
-    _check_audio_output(args)
+    _check_audio_output(args, stdout_ok=True)
     samples, sr = read_audio(args.input)
-    with _load_codec(args) as codec:
+    with _load_codec(args) as codec, _chunk_memory(args):
         with Progress("encoding", args.quiet) as bar:
             codes = codec.encode(samples, sr, n_quantizers=args.n_quantizers, progress=bar)
         with Progress("decoding", args.quiet) as bar:
             audio = codec.decode(codes, progress=bar)
         _write_audio(args, audio, codec.sample_rate)
-        _say(args, f"{args.out}: {codes.shape[1]} frames through {codes.shape[0]} codebooks")
+        _say(args, f"{_where(args.out)}: {codes.shape[1]} frames through {codes.shape[0]} "
+                   "codebooks")
     return 0
 
 
@@ -242,6 +294,10 @@ def _convert(args) -> int:
                           progress=lambda i, n, name: bar(i, n), **options)
     _say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
     return 0
+
+
+def _where(out: str) -> str:
+    return "stdout" if out == "-" else out
 
 
 def _say(args, message: str) -> None:
@@ -265,10 +321,11 @@ def _add_sample_format(p: argparse.ArgumentParser) -> None:
 def _add_codec_commands(sub, common) -> None:
     for name, func, helptext, src, dst in (
             ("encode", _encode, "audio file → codes (.npy, int32 [n_quantizers, frames])",
-             "audio file (WAV/FLAC)", "codes .npy"),
-            ("decode", _decode, "codes (.npy) → audio file", "codes .npy", "WAV or FLAC file"),
+             "audio file (WAV/FLAC)", "codes .npy, or - for the .npy bytes on stdout"),
+            ("decode", _decode, "codes (.npy) → audio file", "codes .npy",
+             "WAV or FLAC file, or - for a WAV on stdout"),
             ("reconstruct", _reconstruct, "audio → codes → audio through a codec",
-             "audio file (WAV/FLAC)", "WAV or FLAC file")):
+             "audio file (WAV/FLAC)", "WAV or FLAC file, or - for a WAV on stdout")):
         p = sub.add_parser(name, help=helptext, parents=[common])
         p.add_argument("input", help=src)
         p.add_argument("--codec", required=True,
@@ -276,8 +333,12 @@ def _add_codec_commands(sub, common) -> None:
         p.add_argument("--out", "-o", required=True, help=dst)
         p.add_argument("--n-quantizers", type=positive_int, default=None,
                        help="use only the first K codebooks (default: all)")
-        p.add_argument("--chunk-seconds", type=positive_float, default=None,
-                       help="audio per graph run (memory/speed trade-off; results are identical)")
+        p.add_argument("--chunk-seconds", type=at_most(MAX_CHUNK_SECONDS), default=None,
+                       help="audio per graph run; results are identical for any value. Memory "
+                            "grows with its square (tiny test codec: 0.1 GB at 10 s, 0.4 GB at "
+                            f"30 s); at most {MAX_CHUNK_POSITIONS} positions of the codec's "
+                            "fastest stage: 60 s on the 24 kHz codec, 15 s on Nano's (default: "
+                            "the fastest, 2-10 s)")
         if name != "encode":
             _add_sample_format(p)
         _add_runtime_flags(p)
@@ -345,9 +406,10 @@ def _voice(args) -> int:
     if args.voice_command == "list":
         voices = list_voices()
         _say(args, f"{len(voices)} voice(s) in {voices_dir()} (set MOSS_TTS_VOICES to move them)")
-        with writing("stdout"):
+        with printing():
             for v in voices:
-                print(f"{v['name']}\t{v.get('frames', '?')} frames\t{v.get('source', '')}")
+                print(f"{v['name']}\t{v.get('frames', '?')} frames\t{_voice_codec(v)}\t"
+                      f"{v.get('source', '')}")
         return 0
     if args.voice_command == "remove":
         remove_voice(args.name)
@@ -365,6 +427,13 @@ def _voice(args) -> int:
     _say(args, f"voice {args.name}: {codes.shape[1]} frames from {args.reference}, stored in "
                f"{stored.parent}")
     return 0
+
+
+def _voice_codec(info: dict) -> str:
+    """The codec a stored voice was encoded with: a model takes voices of its own codec only."""
+    if "variant" not in info:   # stored before voices recorded their codec
+        return "codec unknown"
+    return f"{info['variant']} codec, {info.get('sample_rate', '?')} Hz"
 
 
 def _add_voice_commands(sub, common) -> None:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import InputError
+from .fileio import write_target
 
 
 # --- argparse type= functions: a bad value is one line naming the flag, before any work --------
@@ -53,6 +54,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def at_most(upper: float):
+    """A finite number above 0 and at most `upper` (a size whose memory grows past it)."""
+    def check(text: str) -> float:
+        value = positive_float(text)
+        if value > upper:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {upper:g}")
+        return value
+    return check
+
+
 def probability(text: str) -> float:
     """A finite number in (0, 1] (top-p)."""
     value = _number(text, float)
@@ -71,73 +82,100 @@ def port(text: str) -> int:
 # --- the output ---------------------------------------------------------------------------------
 
 
-def check_output(out: str, suffixes: tuple[str, ...]) -> None:
-    """Fail now, before any model work, if `out` cannot receive the output: "-" needs an open
-    stdout that is not a terminal; a path needs one of `suffixes`, must not be a directory or a
-    device, and its directory must accept a new file (probed by creating and removing one, which
-    is the only check that holds for root, read-only mounts and ACLs alike)."""
+def check_output(out: str, suffixes: tuple[str, ...], *, flag: str = "-o") -> None:
+    """Fail now, before any model work, if `out` cannot receive the output: "-" (allowed when
+    `suffixes` holds it) needs an open stdout that is not a terminal; a path needs one of
+    `suffixes`, must not be a directory or a device, and its directory must exist (a typo there
+    must not become a new directory tree) and accept a new file (probed by creating and
+    removing one, the only check that holds for root, read-only mounts and ACLs alike). A
+    symlink is checked where it points: that is where the file is written."""
+    names = " or ".join(s for s in suffixes if s != "-")
     if out == "-":
-        if sys.stdout is None:
-            raise InputError("-o -: stdout is closed; pass a file name instead")
-        if sys.stdout.isatty():
-            raise InputError("-o -: stdout is a terminal; redirect or pipe it (> out.wav, "
-                             "| player), or pass a file name")
+        _check_stdout(flag, suffixes)
         return
-    path = Path(out)
+    shown, path = f"{flag} {out}", write_target(out)
     if path.is_dir():
-        raise InputError(f"{out}: is a directory; pass a file name inside it")
-    if path.suffix.lower() not in suffixes:
-        raise InputError(f"{out}: use a file name ending in "
-                         f"{' or '.join(s for s in suffixes if s != '-')}"
+        raise InputError(f"{shown}: is a directory; pass a file name inside it")
+    if Path(out).suffix.lower() not in suffixes:
+        raise InputError(f"{shown}: use a file name ending in {names}"
                          + (", or - for stdout" if "-" in suffixes else ""))
     if path.exists() and not path.is_file():
-        raise InputError(f"{out}: not a regular file; pass a file name (or - for stdout)")
-    parent = _existing_parent(path)
+        raise InputError(f"{shown}: not a regular file; pass a file name"
+                         + (" (or - for stdout)" if "-" in suffixes else ""))
+    parent = path.absolute().parent
+    if not parent.exists():
+        raise InputError(f"{shown}: the directory {parent} does not exist; create it first "
+                         "(mkdir -p) or choose another output path")
     if not parent.is_dir():
-        raise InputError(f"{out}: {parent} is not a directory")
+        raise InputError(f"{shown}: {parent} is not a directory")
     try:
         fd, probe = tempfile.mkstemp(prefix=".moss-tts-probe.", dir=parent)
     except OSError as e:
-        raise InputError(f"{out}: cannot create a file in {parent} ({e.strerror}); choose "
+        raise InputError(f"{shown}: cannot create a file in {parent} ({e.strerror}); choose "
                          "another output directory") from None
     os.close(fd)
     os.unlink(probe)
 
 
-def _existing_parent(path: Path) -> Path:
-    """The nearest ancestor of `path` that exists (the writer creates the missing ones)."""
-    parent = path.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    return parent
+def _check_stdout(flag: str, suffixes: tuple[str, ...]) -> None:
+    files = [s for s in suffixes if s != "-"]
+    if "-" not in suffixes:
+        raise InputError(f"{flag} -: this command writes a file, not stdout; pass a name ending "
+                         f"in {' or '.join(files)}")
+    if sys.stdout is None:
+        raise InputError(f"{flag} -: stdout is closed; pass a file name instead")
+    if sys.stdout.isatty():
+        raise InputError(f"{flag} -: stdout is a terminal; redirect or pipe it (> out{files[0]}, "
+                         "| player), or pass a file name")
 
 
 @contextmanager
 def writing(out: str):
     """Turn a failed write of `out` (full disk, a reader that closed the pipe, a directory that
-    vanished) into one line; the writers remove their partial files themselves."""
+    vanished) into one line; the writers remove their partial files themselves.
+
+    A reader that closes the pipe during audio or codes IS an error, unlike `printing`'s text:
+    a player or encoder that stops early has not got what it wanted (it crashed, or the data
+    is cut short), and a script piping the audio on needs the non-zero exit to notice."""
     try:
         yield
         if out in ("-", "stdout") and sys.stdout is not None:
             sys.stdout.flush()  # a pipe error must surface here, not in the exit-time flush
     except BrokenPipeError:
-        raise _closed_pipe_error() from None
+        _discard_stdout()
+        raise InputError("stdout: the reader closed the pipe before the output was complete") \
+            from None
     except OSError as e:
-        raise InputError(f"{_name(out)}: cannot write ({e.strerror or e}); free space or choose "
-                         "another destination") from None
+        raise _cannot_write(out, e) from None
 
 
-def _name(out: str) -> str:
-    return "stdout" if out in ("-", "stdout") else out
+@contextmanager
+def printing():
+    """Text for a person or a text tool (doctor, info, voice list). A reader that closes the
+    pipe early (`| head`, `| grep -q`) has read what it wanted: the output ends quietly and
+    the command still succeeds. Any other failed write (a full disk) is one line."""
+    try:
+        yield
+        if sys.stdout is not None:
+            sys.stdout.flush()  # as in `writing`: the pipe error surfaces here
+    except BrokenPipeError:
+        _discard_stdout()
+    except OSError as e:
+        raise _cannot_write("stdout", e) from None
 
 
-def _closed_pipe_error() -> InputError:
-    """The error for a stdout whose reader went away (`| head`). Points stdout at /dev/null first,
-    so the interpreter's exit-time flush of what is still buffered cannot print a second error."""
+def _cannot_write(out: str, e: OSError) -> InputError:
+    name = "stdout" if out in ("-", "stdout") else out
+    return InputError(f"{name}: cannot write ({e.strerror or e}); free space or choose another "
+                      "destination")
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null after its reader went away, so the interpreter's exit-time flush
+    of what is still buffered cannot print a second error."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (AttributeError, OSError, ValueError):  # stdout replaced or already closed
         pass
-    return InputError("stdout: the reader closed the pipe before the output was complete")

@@ -151,6 +151,10 @@ def _check_tts_flags(args) -> None:
 def _read_text(args) -> str:
     if args.text is not None:
         return args.text
+    if args.text_file == "-":   # the usual name for stdin; read even a terminal, to Ctrl-D
+        if sys.stdin is None:
+            raise InputError("--text-file -: stdin is closed; pass a file name or --text")
+        return _utf8(sys.stdin.buffer.read(), "stdin")
     if args.text_file is not None:
         try:
             data = Path(args.text_file).read_bytes()
@@ -212,7 +216,7 @@ def _add_tts_flags(p: argparse.ArgumentParser, default) -> None:
 
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", help="the text to speak (or --text-file, or stdin)")
-    src.add_argument("--text-file", help="read the text from this UTF-8 file")
+    src.add_argument("--text-file", help="read the text from this UTF-8 file (- for stdin)")
     p.add_argument("--model", default=default.default_model, help="model GGUF (any family), "
                    "published MOSS-TTS-GGUF directory, checkpoint directory or Hugging Face repo "
                    f"id (default {default.default_model}; converted once into the cache)")

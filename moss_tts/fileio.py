@@ -1,5 +1,6 @@
 """Atomic output files: written under a unique temporary name next to the target, then renamed
-into place, so a reader never sees a half-written file and a failure leaves nothing behind."""
+into place, so a reader never sees a half-written file and a failure leaves nothing behind.
+A symlink is written through, as `open(path, "w")` would: its target gets the new file."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def _create_unique(path: Path) -> Path:
         return tmp
 
 
+def write_target(path: str | os.PathLike) -> Path:
+    """The file a write of `path` lands in: a symlink's final target (a rename onto the link
+    itself would replace the link with a plain file), else `path`. The temporary file goes
+    beside that target, so the rename stays within one file system."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 @contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary path to write; on success it replaces `path` in one rename.
@@ -35,7 +44,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     >>> with atomic_output("out.wav") as tmp:            # doctest: +SKIP
     ...     soundfile.write(tmp, samples, 48000)
     """
-    path = Path(path)
+    path = write_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _create_unique(path)
     try:

@@ -75,3 +75,28 @@ def test_bad_input_prints_one_line_and_writes_nothing(codec_gguf, wav, tmp_path,
 def test_convert_rejects_unknown_checkpoint_directory(tmp_path):
     r = cli("convert", "codec", "--model", tmp_path, "--out", tmp_path / "x.gguf")
     assert r.returncode == 1 and "config.json" in r.stderr and not (tmp_path / "x.gguf").exists()
+
+
+def test_dash_out_writes_to_stdout_what_a_file_would_hold(codec_gguf, wav, tmp_path):
+    """issue 22 #10: `decode --out -` (and encode, reconstruct) did not mean stdout."""
+    codes = tmp_path / "codes.npy"
+    for command, source, name in (("encode", wav, "c.npy"), ("decode", codes, "d.wav"),
+                                  ("reconstruct", wav, "r.wav")):
+        r = cli(command, source, "--codec", codec_gguf, "-o", tmp_path / name, "--quiet")
+        assert r.returncode == 0, r.stderr
+        if command == "encode":
+            np.save(codes, np.load(tmp_path / name))
+        piped = subprocess.run([sys.executable, "-m", "moss_tts", command, str(source),
+                                "--codec", str(codec_gguf), "-o", "-", "--quiet"],
+                               capture_output=True)
+        assert piped.returncode == 0, piped.stderr
+        assert len(piped.stdout) > 100 and piped.stdout == (tmp_path / name).read_bytes(), command
+
+
+def test_convert_refuses_dash_out_in_one_line(tmp_path):
+    """A GGUF is a file the loader maps: `convert -o -` used to write a file named "-"."""
+    ckpt = make_tiny_v1_checkpoint(tmp_path / "ckpt", seed=3)
+    r = cli("convert", "codec", "--model", ckpt, "-o", "-", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "-o -: this command writes a file, not stdout" in r.stderr
+    assert not (tmp_path / "-").exists()

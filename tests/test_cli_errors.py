@@ -236,19 +236,121 @@ def test_printing_commands_into_a_full_device_are_one_line(pair):
         assert "stdout: cannot write (No space left on device)" in one_line_error(r)
 
 
-def _closed_pipe_run(args):
+def _closed_pipe_run(args, env=None):
     """Run with stdout a pipe whose reader is already gone (as `| head` after it has read)."""
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
         return subprocess.run([sys.executable, "-m", "moss_tts", *map(str, args)],
-                              stdout=write_end, stderr=subprocess.PIPE, text=True)
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, env=env)
     finally:
         os.close(write_end)
 
 
-def test_broken_pipe_is_one_line_for_every_printing_command(pair):
-    for args in (tts_args(pair, "-"), ("info", pair[1], "--json"), ("info", pair[1]),
-                 ("doctor",)):
+def test_broken_pipe_is_one_line_for_audio_on_stdout(pair, codec_gguf, tmp_path):
+    """Audio cut short is an error (cli_args.writing says why): tts and decode alike."""
+    codes = tmp_path / "c.npy"
+    np.save(codes, np.arange(8 * 50, dtype=np.int32).reshape(8, 50) % 64)
+    for args in (tts_args(pair, "-"), ("decode", codes, "--codec", codec_gguf, "-o", "-")):
         err = one_line_error(_closed_pipe_run(args))
         assert "reader closed the pipe" in err
+
+
+def test_a_reader_that_stops_early_is_no_error_for_text_commands(pair, tmp_path):
+    """issue 22 #10: `info FILE | head` exited 1 with an error; a text reader that closes the
+    pipe has read what it wanted, so the command ends quietly with exit 0."""
+    from moss_tts.voices import add_voice
+
+    add_voice("bob", np.zeros((3, 2), np.int32), {"variant": "v1", "sample_rate": 24000},
+              root=tmp_path)
+    for args in (("info", pair[1], "--json"), ("info", pair[1]), ("doctor",),
+                 ("voice", "list", "--quiet")):
+        r = _closed_pipe_run(args, env={**os.environ, "MOSS_TTS_VOICES": str(tmp_path)})
+        assert (r.returncode, r.stderr) == (0, ""), (args, r.returncode, r.stderr)
+
+
+def test_missing_output_directory_is_one_line_naming_o_and_creates_nothing(tmp_path):
+    """issue 22 #10: `-o /nonexistent/dir/x.wav` created the directories silently. The model
+    paths do not exist: the output is checked first, in every command that writes one."""
+    missing = _missing_model(tmp_path)
+    absent = tmp_path / "no" / "such"
+    for args in (("tts-nano", "--model", missing, "--codec", missing, "--text", "hi", "-o",
+                  absent / "o.wav"),
+                 ("decode", missing, "--codec", missing, "-o", absent / "o.flac"),
+                 ("reconstruct", missing, "--codec", missing, "-o", absent / "o.wav"),
+                 ("encode", missing, "--codec", missing, "-o", absent / "c.npy"),
+                 ("convert", "codec", "--model", missing, "-o", absent / "m.gguf")):
+        err = one_line_error(cli(*args))
+        assert f"-o {absent}" in err and "does not exist" in err, err
+    assert not (tmp_path / "no").exists()
+
+
+def test_decode_into_a_missing_directory_writes_nothing(codec_gguf, tmp_path):
+    codes = tmp_path / "c.npy"
+    np.save(codes, np.arange(8 * 50, dtype=np.int32).reshape(8, 50) % 64)
+    err = one_line_error(cli("decode", codes, "--codec", codec_gguf, "-o",
+                             tmp_path / "new" / "o.wav"))
+    assert "does not exist" in err and not (tmp_path / "new").exists()
+
+
+def test_output_through_a_symlink_writes_the_target_and_keeps_the_link(codec_gguf, tmp_path):
+    """issue 22 #10: `-o link.wav` replaced the symlink by a plain file."""
+    codes = tmp_path / "c.npy"
+    np.save(codes, np.arange(8 * 50, dtype=np.int32).reshape(8, 50) % 64)
+    (tmp_path / "store").mkdir()
+    target = tmp_path / "store" / "real.wav"
+    link = tmp_path / "link.wav"
+    link.symlink_to(target)
+    r = cli("decode", codes, "--codec", codec_gguf, "-o", link)
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert sf.info(target).frames == 50 * 64
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["real.wav"]
+    dangling = tmp_path / "dangling.wav"   # a link into a missing directory: refused like one
+    dangling.symlink_to(tmp_path / "gone" / "x.wav")
+    assert "does not exist" in one_line_error(cli("decode", codes, "--codec", codec_gguf,
+                                                  "-o", dangling))
+
+
+def _address_space(limit):
+    """Bounds the child's memory, so that a chunk the bound failed to stop fails fast instead
+    of taking the machine (the unbounded 3600 s chunk asked numpy for 13.4 GiB)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_chunk_seconds_past_the_bound_is_one_line_before_any_work(codec_gguf, tmp_path):
+    """issue 22 #10: `decode --chunk-seconds 3600` on 400 s of codes was a 13.4 GiB traceback.
+    Past the bound of every codec argparse refuses it; past this codec's own bound (30 s for
+    the tiny codec's 200 positions/s) it is one line after the cheap load, before any work."""
+    codes = tmp_path / "c.npy"
+    np.save(codes, np.arange(8 * 20000, dtype=np.int32).reshape(8, 20000) % 64)   # 400 s
+    out = tmp_path / "o.wav"
+    r = cli("decode", codes, "--codec", codec_gguf, "-o", out, "--chunk-seconds", 3600,
+            preexec_fn=_address_space(4 << 30))
+    assert "--chunk-seconds: '3600' must be at most 60" in one_line_error(r, code=2)
+    r = cli("decode", codes, "--codec", codec_gguf, "-o", out, "--chunk-seconds", 45,
+            preexec_fn=_address_space(4 << 30))
+    err = one_line_error(r)
+    assert "--chunk-seconds 45: this codec takes at most 30 s" in err and not out.exists()
+    helptext = cli("decode", "--help").stdout
+    assert "grows with its square" in " ".join(helptext.split())
+
+
+def test_a_chunk_this_machine_cannot_hold_is_one_line(codec_gguf, tmp_path, capsys, monkeypatch):
+    """Within the bound a small machine may still run out: numpy's MemoryError becomes one line
+    naming --chunk-seconds (the allocation is simulated: the real one would take the machine)."""
+    from moss_tts.cli import main
+    from moss_tts.codec import Codec
+
+    def out_of_memory(self, *args, **kw):
+        raise MemoryError("Unable to allocate 13.4 GiB")
+
+    monkeypatch.setattr(Codec, "decode", out_of_memory)
+    codes = tmp_path / "c.npy"
+    np.save(codes, np.arange(8 * 50, dtype=np.int32).reshape(8, 50) % 64)
+    out = tmp_path / "o.wav"
+    assert main(["decode", str(codes), "--codec", str(codec_gguf), "-o", str(out),
+                 "--chunk-seconds", "20"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --chunk-seconds 20: not enough free memory") and \
+        err.count("\n") == 1 and not out.exists()

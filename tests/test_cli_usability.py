@@ -154,3 +154,35 @@ def test_flac_defaults_to_16_bit_and_refuses_float_before_work(pair, tmp_path):
             tmp_path / "b.flac", "--sample-format", "f32", text=True)
     assert r.returncode == 1 and "FLAC stores integer samples" in r.stderr
     assert r.stderr.count("\n") == 1 and not (tmp_path / "b.flac").exists()
+
+
+def test_voice_list_shows_each_voices_codec(pair, tmp_path):
+    """issue 22 #10: a model takes voices of its own codec only, so the list says which codec
+    made each (and says so when a voice stored before codecs were recorded cannot tell)."""
+    from moss_tts.codec import Codec
+
+    voices = tmp_path / "voices"
+    t = np.arange(1600) / 1600
+    ref = tmp_path / "ref.wav"
+    sf.write(ref, (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 1600)
+    env = {"MOSS_TTS_VOICES": str(voices)}
+    r = cli("voice", "add", "bob", ref, "--codec", pair[1], "--quiet", env=env, text=True)
+    assert r.returncode == 0, r.stderr
+    np.save(voices / "old.npy", np.zeros((3, 2), np.int32))   # the layout before codec info
+    with Codec.load(pair[1]) as codec:
+        variant, rate = codec.config.variant, codec.sample_rate
+    lines = cli("voice", "list", env=env, text=True).stdout.splitlines()
+    assert [(line.split("\t")[0], line.split("\t")[2]) for line in lines] == [
+        ("bob", f"{variant} codec, {rate} Hz"), ("old", "codec unknown")]
+
+
+def test_text_file_dash_reads_stdin(pair, tmp_path):
+    """issue 22 #10: `--text-file -` did not mean stdin."""
+    from_flag = speak(pair, tmp_path / "a.wav")
+    nano, codec = pair
+    r = cli("tts-nano", "--model", nano, "--codec", codec, "--text-file", "-", "--seed", 5,
+            "--max-frames", 12, "-o", tmp_path / "b.wav", input=b"Hello there.")
+    assert from_flag.returncode == 0 and r.returncode == 0, r.stderr
+    a, _ = sf.read(tmp_path / "a.wav")
+    b, _ = sf.read(tmp_path / "b.wav")
+    assert len(a) > 0 and np.array_equal(a, b)

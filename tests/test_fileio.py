@@ -62,3 +62,22 @@ def test_atomic_output_gives_concurrent_writers_distinct_temp_files(tmp_path):
         a.write_bytes(b"a")
         b.write_bytes(b"b")
     assert target.read_bytes() == b"a"   # the last rename (the outer block) wins, whole
+
+
+@pytest.mark.parametrize("kind", list(WRITERS))
+def test_every_writer_writes_through_a_symlink(tmp_path, kind):
+    """issue 22 #10: the rename replaced a symlink at the output path by a plain file; like
+    open(path, "w"), a writer must put the new file where the link points, and keep the link."""
+    probe = WRITERS[kind](tmp_path / "probe")         # where this writer puts its file
+    name = probe.relative_to(tmp_path / "probe")
+    link = tmp_path / "w" / name
+    link.parent.mkdir(parents=True)
+    target = tmp_path / "elsewhere" / "target"   # not there yet: a voice is never overwritten
+    target.parent.mkdir()
+    link.symlink_to(target)
+    WRITERS[kind](tmp_path / "w")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.stat().st_size == probe.stat().st_size
+    leftovers = [p.name for d in (link.parent, target.parent) for p in d.iterdir()
+                 if p.name.endswith(".partial")]
+    assert not leftovers
