@@ -25,17 +25,20 @@ OPTIONS = {"greedy": bool, "temperature": float, "text_temperature": float, "top
            "max_text_tokens": int, "max_new_rows": int}
 FIELDS = {"id", "text", "voice", "reference", "seed", "model", *OPTIONS}
 SEED_BITS = 31
+SEED_LIMIT = 2**32   # numpy's seed range for one 32-bit word, as the server's seed field
 
 
 @dataclass(frozen=True)
 class Line:
     """One manifest line. `error` holds a content problem found while parsing (the line fails,
-    the others run); `seed` is the given seed or `derive_seed(id)`."""
+    the others run); `seed` is the given seed or `derive_seed(id)`, None when the given one is
+    invalid (the line fails: a made-up seed would misreport it); `reference` is absolute,
+    resolved against the manifest's directory."""
 
     number: int
     id: str
     text: str
-    seed: int
+    seed: int | None
     voice: str | None = None
     reference: str | None = None
     model: str | None = None
@@ -109,15 +112,32 @@ def _line(path: Path, number: int, row: dict) -> Line:
                          "letters, digits, '_', '-' or '.', starting with a letter or digit")
     problems = []
     text = row.get("text")
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        problems.append("text is missing" if text is None else
+                        f"text must be a string, not {type(text).__name__} ({text!r})")
+        text = ""
+    elif not text.strip():
         problems.append("text is empty")
-        text = text if isinstance(text, str) else ""
-    seed = _typed(row, "seed", int, problems)
+    seed = _seed(row, line_id, problems)
     options = {k: v for k in OPTIONS if (v := _typed(row, k, OPTIONS[k], problems)) is not None}
     strings = {k: _typed(row, k, str, problems) for k in ("voice", "reference", "model")}
-    return Line(number=number, id=line_id, text=text,
-                seed=derive_seed(line_id) if seed is None else seed, options=options,
+    if strings["voice"] and strings["reference"]:    # as `tts` refuses --voice with --reference
+        problems.append("give voice or reference, not both")
+    if strings["reference"]:    # relative to the manifest, so a run works from any directory
+        strings["reference"] = str((path.parent / strings["reference"]).resolve())
+    return Line(number=number, id=line_id, text=text, seed=seed, options=options,
                 error="; ".join(problems) or None, **strings)
+
+
+def _seed(row: dict, line_id: str, problems: list) -> int | None:
+    """The given seed, checked against numpy's range; derive_seed(id) when none is given."""
+    if row.get("seed") is None:
+        return derive_seed(line_id)
+    seed = _typed(row, "seed", int, problems)
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        problems.append(f"seed {row['seed']!r} is out of range: use 0 to {SEED_LIMIT - 1}")
+        return None
+    return seed
 
 
 def _typed(row: dict, key: str, kind: type, problems: list):
