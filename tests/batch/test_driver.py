@@ -300,3 +300,19 @@ def test_warnings_of_a_line_are_captured_once_each_in_order():
         warnings.warn("budget used", UserWarning)
         warnings.warn("budget used", UserWarning)
     assert messages == ["chunk 1 cut", "budget used"]
+
+
+def test_a_lines_own_model_that_does_not_load_fails_all_its_lines_after_one_try(batch_models,
+                                                                               tmp_path):
+    """issue 22 #9: a line's `model` that cannot load with --codec was loaded again for each of
+    its lines; after the first failure the others fail at once (no work: 0 s), and the lines
+    of --model still run."""
+    rows = [dict(row, model=str(batch_models["codec"])) for row in speech_rows(3)]
+    rows.append({"id": "good", "text": "Hi.", "max_frames": FRAMES})
+    out = tmp_path / "out"
+    summary = run(write_jsonl(tmp_path / "m.jsonl", rows), out, batch_models, workers=1)
+    assert summary.made == 1 and len(summary.failed) == 3
+    failed = [r for r in records(out) if r["status"] == "failed"]
+    assert all("a 'codec' GGUF, not a speech model" in r["error"] for r in failed)
+    assert sorted(r["seconds"] == 0.0 for r in failed) == [False, True, True]
+    assert all(r["attempts"] == 1 for r in failed)
