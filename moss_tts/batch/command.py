@@ -39,6 +39,17 @@ def _clock(seconds: float) -> str:
     return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
 
 
+def _warn(bar: BatchProgress):
+    """Print a line's warnings once, with its id (they are in results.jsonl too)."""
+    def warn(line_id: str, messages: list[str]) -> None:
+        if bar.shown:    # below the progress line, not over it
+            print(file=sys.stderr)
+            bar.shown = False
+        for message in messages:
+            print(f"batch: {line_id}: warning: {message}", file=sys.stderr)
+    return warn
+
+
 def _batch(args) -> int:
     from .driver import run_batch
 
@@ -46,7 +57,8 @@ def _batch(args) -> int:
     try:
         summary = run_batch(args.manifest, args.out, model=args.model, codec=args.codec,
                             workers=args.workers, threads=args.threads, fmt=args.format,
-                            retries=args.retries, ray=args.ray, progress=bar)
+                            retries=args.retries, ray=args.ray, progress=bar,
+                            warn=None if args.quiet else _warn(bar))
     finally:
         bar.close()
     if not args.quiet or summary.failed:
@@ -80,7 +92,8 @@ def add_parser(sub, common) -> None:
                    "cores / workers; 1 per Ray actor)")
     p.add_argument("--format", choices=["wav", "flac"], default="wav", help="audio file format")
     p.add_argument("--retries", type=int, default=2, help="extra attempts for a line that fails "
-                   "for a reason other than its input (a crash, a dead worker); default 2")
+                   "in a way another try may not (out of memory, I/O, a dead worker); a line "
+                   "whose input fails is never retried; default 2")
     p.add_argument("--ray", metavar="auto|local|ADDRESS", default=None,
                    help="run on Ray actors: auto = the running cluster, local = a private one "
                    "on this machine, or a cluster address")

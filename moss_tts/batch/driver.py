@@ -35,11 +35,15 @@ class Summary:
 class Job:
     """The driver's side of a run: tasks waiting, attempts made, results written."""
 
-    def __init__(self, ledger: Ledger, *, suffix: str, retries: int, progress=None):
+    def __init__(self, ledger: Ledger, *, suffix: str, retries: int, progress=None, warn=None,
+                 default_model: tuple[str, str] | None = None):
         self.ledger, self.suffix, self.retries = ledger, suffix, retries
         self.pending: deque[dict] = deque()
+        self.rejected: list[tuple[dict, str]] = []   # bad input, recorded once work has begun
         self.summary = Summary()
-        self.progress = progress
+        self.progress, self.warn = progress, warn
+        # (path, what to call it) of --model, whose failure to load stops the run
+        self.default_model = default_model
         self.to_run = 0
         self.start = time.monotonic()
 
@@ -48,11 +52,11 @@ class Job:
         self.summary.total += 1
         key = line_key(line, model_sha256=model_sha256 or "", codec_sha256=codec_sha256,
                        suffix=self.suffix)
-        # paths as the driver sees them: a Ray actor runs elsewhere, with its own cwd and env
-        reference = os.path.abspath(line.reference) if line.reference else None
+        # voices_dir as the driver sees it: a Ray actor runs elsewhere, with its own env (the
+        # manifest made `reference` absolute)
         task = {"id": line.id, "line": line.number, "key": key, "text": line.text,
                 "seed": line.seed, "voice": line.voice, "voices_dir": str(voices_dir()),
-                "reference": reference,
+                "reference": line.reference,
                 "options": line.options, "model": model, "model_sha256": model_sha256,
                 "codec": codec, "codec_sha256": codec_sha256, "suffix": self.suffix, "attempt": 1}
         if self.ledger.done(line.id, key):
@@ -61,29 +65,59 @@ class Job:
         self.to_run += 1
         error = line.error or model_error
         if error:      # known bad before any work: reported, never retried
-            self._record(task, {"status": "failed", "error": error, "seconds": 0.0})
+            self.rejected.append((task, error))
         else:
             self.pending.append(task)
 
     def take(self, n: int = 1) -> list[dict]:
         return [self.pending.popleft() for _ in range(min(n, len(self.pending)))]
 
+    def record_rejected(self) -> None:
+        """Record the lines refused on their input. Called once the model and codec loaded
+        (or at the end): a run stopped by --model or --codec writes nothing."""
+        for task, error in self.rejected:
+            self._record(task, {"status": "failed", "error": error, "seconds": 0.0})
+        self.rejected.clear()
+
     def finish(self, task: dict, outcome: dict) -> None:
         """A worker's outcome: write the audio, then the record (so a record never points at a
         missing file); a retryable failure goes back in the queue while attempts remain."""
+        if outcome.get("scope") == "model":
+            self._model_failed(task, outcome["error"])
+        else:
+            self.record_rejected()
         if outcome["status"] == "ok":
-            path = self.ledger.dir / f"{task['id']}{self.suffix}"
-            try:
-                with atomic_output(path) as tmp:
-                    tmp.write_bytes(outcome["audio"])
-            except OSError as e:    # the output disk, not the line: stop; a rerun resumes
-                raise InputError(f"{path}: cannot write ({e.strerror or e}); free space or "
-                                 "fix permissions, then rerun to resume") from None
+            self._write(task["id"], outcome["audio"])
             self.summary.audio_seconds += outcome["duration"]
         elif outcome.get("retry") and task["attempt"] <= self.retries:
             self.pending.append(dict(task, attempt=task["attempt"] + 1))
             return
         self._record(task, outcome)
+
+    def _model_failed(self, task: dict, error: str) -> None:
+        """The model and codec do not load together: every line of that model would fail the
+        same way, so --model's failure stops the run, and a line's own model fails its lines
+        at once, without loading it again."""
+        if self.default_model and task["model"] == self.default_model[0]:
+            raise InputError(f"{self.default_model[1]}: {error}")
+        same = [t for t in self.pending if t["model"] == task["model"]]
+        self.pending = deque(t for t in self.pending if t["model"] != task["model"])
+        for other in same:
+            self._record(other, {"status": "failed", "error": error, "seconds": 0.0})
+
+    def _write(self, line_id: str, audio: bytes) -> None:
+        """<id>.<format> in one rename; then the id's file of another format from an earlier
+        run goes, so the directory holds one file per id (never before the new one is there)."""
+        path = self.ledger.dir / f"{line_id}{self.suffix}"
+        try:
+            with atomic_output(path) as tmp:
+                tmp.write_bytes(audio)
+            for fmt in FORMATS:
+                if f".{fmt}" != self.suffix:
+                    (self.ledger.dir / f"{line_id}.{fmt}").unlink(missing_ok=True)
+        except OSError as e:    # the output disk, not the line: stop; a rerun resumes
+            raise InputError(f"{path}: cannot write ({e.strerror or e}); free space or "
+                             "fix permissions, then rerun to resume") from None
 
     def lost(self, task: dict, why: str) -> None:
         """The worker running `task` died (a crash, a kill) or its result was lost: a
@@ -98,8 +132,10 @@ class Job:
             "duration": outcome.get("duration"), "seed": task["seed"], "model": task["model"],
             "model_sha256": task["model_sha256"], "codec_sha256": task["codec_sha256"],
             "seconds": outcome.get("seconds"), "attempts": task["attempt"],
-            "error": outcome.get("error"),
+            "error": outcome.get("error"), "warnings": outcome.get("warnings") or [],
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        if outcome.get("warnings") and self.warn:
+            self.warn(task["id"], outcome["warnings"])
         if ok:
             self.summary.made += 1
         else:
@@ -119,20 +155,31 @@ def usable_cores() -> int:
 
 def run_batch(manifest, out_dir, *, model: str, codec: str, workers: int | None = None,
               threads: int | None = None, fmt: str = "wav", retries: int = 2,
-              ray: str | None = None, chunk: int = 4, progress=None) -> Summary:
+              ray: str | None = None, chunk: int = 4, progress=None, warn=None) -> Summary:
     """Synthesize every line of `manifest` into `out_dir`/<id>.<fmt>, resuming a previous run.
 
     Local worker processes by default (`workers`, default 1, each with cores // workers
-    threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead."""
+    threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead.
+    `warn(id, messages)` hears what a line's synthesis warned (results.jsonl keeps it too).
+    What would fail every line (--model, --codec, the cluster) stops the run before any line
+    is recorded."""
     if fmt not in FORMATS:
         raise InputError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
     if retries < 0 or any(n is not None and n < 1 for n in (workers, threads)):
         raise InputError("--retries must be ≥ 0, --workers and --threads ≥ 1")
     lines = read_manifest(manifest)
-    codec_path = str(resolve_gguf(codec, "codec"))
+    try:
+        codec_path = str(Path(resolve_gguf(codec, "codec")).resolve())
+    except MossTTSError as e:
+        raise InputError(f"--codec: {e}") from None
     models = _ModelFiles(model)
+    default_path = models.default_path() if any(not x.model for x in lines) else None
+    if ray:
+        from .ray_runner import check_address
+        check_address(ray)
     with Ledger(out_dir) as ledger:
-        job = Job(ledger, suffix=f".{fmt}", retries=retries, progress=progress)
+        job = Job(ledger, suffix=f".{fmt}", retries=retries, progress=progress, warn=warn,
+                  default_model=(default_path, f"--model {model} with --codec {codec}"))
         codec_sha = file_sha256(codec_path)
         for line in lines:
             model_path, model_sha, model_error = models.get(line.model)
@@ -146,6 +193,7 @@ def run_batch(manifest, out_dir, *, model: str, codec: str, workers: int | None 
                 from .local import run_local
                 n = min(workers or 1, len(job.pending))
                 run_local(job, n, threads or max(1, usable_cores() // n))
+        job.record_rejected()
     return job.summary
 
 
@@ -155,6 +203,14 @@ class _ModelFiles:
     def __init__(self, default: str):
         self.default = default
         self.known: dict[str, tuple] = {}
+
+    def default_path(self) -> str:
+        """--model's GGUF path; one that cannot be found stops the run (every line without a
+        `model` of its own would fail on it)."""
+        try:
+            return str(Path(resolve_gguf(self.default, "model")).resolve())
+        except (MossTTSError, OSError) as e:
+            raise InputError(f"--model: {e}") from None
 
     def get(self, spec: str | None) -> tuple:
         spec = spec or self.default

@@ -16,24 +16,36 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
+from ..fileio import atomic_output
+from ..hub import cache_dir
 from .manifest import Line
 
 RESULTS = "results.jsonl"
-_HASHES: dict[tuple, str] = {}  # (path, size, mtime) → sha256: a GGUF is hashed once per process
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes, cached per (path, size, mtime)."""
+    """sha256 of a file's bytes, kept in the user cache by (path, size, mtime): a rerun does
+    not read a multi-GB model again; a file changed in place has a new mtime and is hashed."""
     path = Path(path).resolve()
     st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 22):
-                h.update(block)
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
+    stamp = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    entry = cache_dir() / "sha256" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:32]}.json"
+    try:
+        known = json.loads(entry.read_text())
+        if {k: known.get(k) for k in stamp} == stamp and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    except (OSError, ValueError):    # none yet, or damaged: hash again
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    try:    # a cache that cannot be written only costs the next run a re-hash
+        with atomic_output(entry) as tmp:
+            tmp.write_text(json.dumps({**stamp, "sha256": h.hexdigest()}))
+    except OSError:
+        pass
+    return h.hexdigest()
 
 
 def line_key(line: Line, *, model_sha256: str, codec_sha256: str, suffix: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from ..knobs import SPELLINGS, parse
+from ..knobs import BY_NAME, SPELLINGS, parse
 
 # ids become file names: no separators, no leading dot (hidden/partial files), no ".."
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -29,12 +29,14 @@ SEED_BITS = 31
 @dataclass(frozen=True)
 class Line:
     """One manifest line. `error` holds a content problem found while parsing (the line fails,
-    the others run); `seed` is the given seed or `derive_seed(id)`."""
+    the others run); `seed` is the given seed or `derive_seed(id)`, None when the given one is
+    invalid (the line fails: a made-up seed would misreport it); `reference` is absolute,
+    resolved against the manifest's directory."""
 
     number: int
     id: str
     text: str
-    seed: int
+    seed: int | None
     voice: str | None = None
     reference: str | None = None
     model: str | None = None
@@ -108,14 +110,21 @@ def _line(path: Path, number: int, row: dict) -> Line:
                          "letters, digits, '_', '-' or '.', starting with a letter or digit")
     problems = []
     text = row.get("text")
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        problems.append("text is missing" if text is None else
+                        f"text must be a string, not {type(text).__name__} ({text!r})")
+        text = ""
+    elif not text.strip():
         problems.append("text is empty")
-        text = text if isinstance(text, str) else ""
-    seed = _typed(row, "seed", int, problems)
+        text = ""
+    seed = _seed(row, line_id, problems)
     options = _knobs(row, problems)
     strings = {k: _typed(row, k, str, problems) for k in ("voice", "reference", "model")}
-    return Line(number=number, id=line_id, text=text,
-                seed=derive_seed(line_id) if seed is None else seed, options=options,
+    if strings["voice"] and strings["reference"]:    # as `tts` refuses --voice with --reference
+        problems.append("give voice or reference, not both")
+    if strings["reference"]:    # relative to the manifest, so a run works from any directory
+        strings["reference"] = str((path.parent / strings["reference"]).resolve())
+    return Line(number=number, id=line_id, text=text, seed=seed, options=options,
                 error="; ".join(problems) or None, **strings)
 
 
@@ -134,6 +143,17 @@ def _knobs(row: dict, problems: list) -> dict:
         except InputError as e:
             problems.append(str(e).replace(knob.name, spelling, 1))
     return out
+
+
+def _seed(row: dict, line_id: str, problems: list) -> int | None:
+    """The given seed, checked against numpy's range; derive_seed(id) when none is given."""
+    if row.get("seed") is None:
+        return derive_seed(line_id)
+    try:
+        return parse(BY_NAME["seed"], row["seed"], "manifest")    # numpy's range, as everywhere
+    except InputError as e:
+        problems.append(str(e))
+        return None
 
 
 def _typed(row: dict, key: str, kind: type, problems: list):

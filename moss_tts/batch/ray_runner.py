@@ -10,6 +10,8 @@ files at the same paths as the driver.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections import deque
 from pathlib import Path
 
@@ -17,6 +19,9 @@ from ..errors import InputError
 from .work import LineRunner
 
 NAMESPACE = "moss-tts-batch"   # actors are named "worker-<n>" here (a test kills one by name)
+# seconds a cluster address gets to accept a connection: Ray itself retries a dead address
+# for minutes, printing only its own lines
+CONNECT_TIMEOUT_S = 30.0
 
 
 class LineActor:
@@ -49,7 +54,27 @@ def _connect(ray, address: str) -> None:
                          "start one with `ray start --head`, or pass --ray local") from None
 
 
+def check_address(address: str) -> None:
+    """A host:port that accepts no connection within CONNECT_TIMEOUT_S is one error, before
+    any work ("auto", "local" and other forms are Ray's to find)."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            return
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+    raise InputError(f"--ray {address}: no Ray cluster answers there ({why}); start one with "
+                     "`ray start --head`, or pass --ray local")
+
+
 def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int) -> None:
+    if address == "local":
+        # Ray's default for a new cluster, stated, so it does not warn on every run that it took
+        # the default (ray/_private/authentication/authentication_token_setup.py); Ray reads it
+        # when imported. A user's own RAY_AUTH_MODE wins.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         import ray
     except ImportError:

@@ -7,11 +7,16 @@ the results file, so a worker killed at any moment leaves no file behind.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
+import warnings
 
 from ..audio import DEFAULT_SAMPLE_FORMAT, container_of, encode_file
 from ..errors import MossTTSError
 
+# what may pass on another try; a dead worker is retried too (driver.Job.lost)
+TRANSIENT = (MemoryError, OSError)
 MAX_VOICES = 32  # encoded references kept per worker (a corpus usually has a few speakers)
 
 
@@ -24,11 +29,29 @@ class LineRunner:
         self.voices: dict[tuple, object] = {}
 
     def run(self, task: dict) -> dict:
-        """task (see driver.Job.add) → outcome: status, error, retry, duration, seconds, audio."""
+        """task (see driver.Job.add) → outcome: status, error, retry, scope, duration, seconds,
+        warnings, audio. scope "model": the model and codec failed to load together, so every
+        line of that pair would fail the same way."""
         start = time.perf_counter()
-        outcome = {"id": task["id"], "status": "failed", "audio": None, "duration": None}
+        outcome = {"id": task["id"], "status": "failed", "audio": None, "duration": None,
+                   "warnings": []}
         try:
             tts = self._model(task["model"], task["codec"])
+        except TRANSIENT as e:
+            outcome.update(error=f"{type(e).__name__}: {e}", retry=True)
+        except MossTTSError as e:
+            outcome.update(error=str(e), retry=False, scope="model")
+        except Exception as e:          # a file that breaks the loader breaks it every time
+            outcome.update(error=f"{type(e).__name__}: {e}", retry=False, scope="model")
+        else:
+            with captured_warnings() as messages:
+                self._synthesize(tts, task, outcome)
+            outcome["warnings"] = messages
+        outcome["seconds"] = time.perf_counter() - start
+        return outcome
+
+    def _synthesize(self, tts, task: dict, outcome: dict) -> None:
+        try:
             audio, sr = tts.synthesize(task["text"], reference=self._voice(tts, task),
                                        seed=task["seed"],
                                        **synthesis_options(task["options"], type(tts)))
@@ -36,12 +59,12 @@ class LineRunner:
                            audio=encode_file(audio, sr, container_of(task["id"] + task["suffix"],
                                                                    DEFAULT_SAMPLE_FORMAT),
                                              DEFAULT_SAMPLE_FORMAT))
-        except MossTTSError as e:       # the line's input or model is wrong: another try won't help
-            outcome.update(error=str(e), retry=False)
-        except Exception as e:          # anything else may be transient (memory, I/O): retried
+        except TRANSIENT as e:          # memory or I/O that another try may find free
             outcome.update(error=f"{type(e).__name__}: {e}", retry=True)
-        outcome["seconds"] = time.perf_counter() - start
-        return outcome
+        except MossTTSError as e:       # the line's input is wrong: another try won't help
+            outcome.update(error=str(e), retry=False)
+        except Exception as e:          # a deterministic failure on this input: the same again
+            outcome.update(error=f"{type(e).__name__}: {e}", retry=False)
 
     def _model(self, model: str, codec: str):
         key = (model, codec)
@@ -90,3 +113,34 @@ def synthesis_options(options: dict, tts_class) -> dict:
     from ..models.registry import family
 
     return synthesis_keywords(family(tts_class.FAMILY), options, "manifest")
+
+
+class _Collect(logging.Handler):
+    def __init__(self, messages: list):
+        super().__init__(logging.WARNING)
+        self.messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def captured_warnings():
+    """Collect what a line's synthesis warns (warnings.warn, or a moss_tts logger warning) as
+    a list of distinct messages, in order, instead of printing it: the driver records them
+    with the line's id and prints them once per line."""
+    found: list[str] = []
+    log = logging.getLogger("moss_tts")
+    handler, propagate = _Collect(found), log.propagate
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            messages: list[str] = []
+            yield messages
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+    found += [str(w.message) for w in caught]
+    messages.extend(dict.fromkeys(found))

@@ -22,6 +22,12 @@ FRAMES = 10         # stop_bias −50 never stops: every line is exactly FRAMES 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """A user cache of the test's own (model hashes land there), never the real one."""
+    monkeypatch.setenv("MOSS_TTS_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
 def batch_models(tmp_path_factory):
     """Two tiny Nano GGUFs (seeds 0 and 1) and the tiny stereo codec GGUF."""
@@ -57,15 +63,18 @@ def speech_rows(n, **extra):
             for i in range(n)]
 
 
-def batch_cli(manifest, out, models, *extra, popen=False, env=None):
-    """`python -m moss_tts batch` in a child process, run from this checkout."""
+def batch_cli(manifest, out, models, *extra, popen=False, env=None, replace_env=False,
+              timeout=None):
+    """`python -m moss_tts batch` in a child process, run from this checkout (`env` added to
+    this process's environment, or instead of it with replace_env)."""
     cmd = [sys.executable, "-m", "moss_tts", "batch", str(manifest), "--out", str(out),
            "--model", str(models["nano0"]), "--codec", str(models["codec"]), *map(str, extra)]
-    env = {**os.environ, "MOSS_TTS_THREADS": "1", **(env or {})}
+    env = {**({} if replace_env else os.environ), "MOSS_TTS_THREADS": "1", **(env or {})}
     if popen:   # its own process group, so a test can signal the driver and its workers at once
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def records(out):

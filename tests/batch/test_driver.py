@@ -182,3 +182,137 @@ def test_a_delay_model_runs_its_lines_with_its_own_options(tmp_path):
     assert np.array_equal(read(out / "sampled.wav", channels=1), quantize(sampled, "s16"))
     assert np.array_equal(read(out / "greedy.wav", channels=1), quantize(greedy, "s16"))
     assert not np.array_equal(sampled, greedy)   # guard: the line's options reach the model
+
+
+def test_a_codec_that_does_not_fit_the_model_stops_the_run_before_any_line(batch_models,
+                                                                          tmp_path):
+    """issue 22 #9: a model/codec mismatch failed every line one by one; now one error names
+    both flags and nothing is recorded (not even the line with bad input)."""
+    from converters.codec import convert as convert_codec
+    from fixtures.make_codec import make_tiny_v1_checkpoint
+
+    other = convert_codec(str(make_tiny_v1_checkpoint(tmp_path / "v1", seed=0)),
+                          tmp_path / "v1.gguf")
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(3) + [{"id": "bad", "text": ""}])
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"^--model \S+nano0\.gguf with --codec \S+v1\.gguf: "
+                                         r"mismatched codec"):
+        run_batch(manifest, out, model=str(batch_models["nano0"]), codec=str(other), threads=1,
+                  workers=2)
+    assert records(out) == [] and outputs(out) == {}
+
+
+def test_a_missing_model_or_codec_stops_the_run_naming_its_flag(batch_models, tmp_path):
+    """issue 22 #9: an unreachable --model failed each line; it is one error before any work
+    (the output directory is not even made)."""
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(2))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"^--model: \S+missing\.gguf: no such file"):
+        run_batch(manifest, out, model=str(tmp_path / "missing.gguf"),
+                  codec=str(batch_models["codec"]), threads=1)
+    with pytest.raises(InputError, match=r"^--codec: \S+gone\.gguf: no such file"):
+        run_batch(manifest, out, model=str(batch_models["nano0"]),
+                  codec=str(tmp_path / "gone.gguf"), threads=1)
+    assert not out.exists()
+    # lines that all name a model of their own do not need --model
+    own = write_jsonl(tmp_path / "own.jsonl", speech_rows(1, model=str(batch_models["nano1"])))
+    summary = run_batch(own, out, model=str(tmp_path / "missing.gguf"),
+                        codec=str(batch_models["codec"]), threads=1)
+    assert summary.made == 1
+
+
+def test_an_invalid_seed_is_recorded_as_that_failure_not_as_a_derived_seed(batch_models,
+                                                                          tmp_path):
+    """issue 22 #9: the record of a line with seed "soon" named derive_seed(id), and 1e30
+    was accepted."""
+    rows = [{"id": "huge", "text": "Hi.", "seed": 1e30}, {"id": "soon", "text": "Hi.",
+                                                          "seed": "soon"}]
+    out = tmp_path / "out"
+    summary = run(write_jsonl(tmp_path / "m.jsonl", rows), out, batch_models)
+    assert summary.made == 0
+    assert {r["id"]: (r["status"], r["seed"], r["error"], r["attempts"]) for r in records(out)} == {
+        "huge": ("failed", None, "seed 1e+30 is out of range: use 0 to 4294967295", 1),
+        "soon": ("failed", None, "seed 'soon' is not a valid int", 1)}
+
+
+def test_switching_the_format_leaves_one_file_per_id_and_keeps_what_it_cannot_replace(
+        batch_models, tmp_path):
+    """issue 22 #9: a rerun with another --format left <id>.wav beside <id>.flac."""
+    rows = speech_rows(2, seed=1)
+    out = tmp_path / "out"
+    run(write_jsonl(tmp_path / "m.jsonl", rows), out, batch_models)
+    rows[1]["text"] = ""            # this line now fails: its earlier file stays
+    summary = run(write_jsonl(tmp_path / "m.jsonl", rows), out, batch_models, fmt="flac")
+    assert summary.made == 1 and len(summary.failed) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["line000.flac", "line001.wav",
+                                                     "results.jsonl"]
+
+
+def test_only_a_crash_that_may_pass_is_retried(batch_models, monkeypatch):
+    """issue 22 #9: any exception but a MossTTSError was retried as a crash, though a
+    TypeError on the same input fails the same way every time."""
+    from moss_tts.batch.work import LineRunner
+
+    runner = LineRunner(threads=1)
+    model, codec = str(batch_models["nano0"]), str(batch_models["codec"])
+    task = {"id": "a", "text": "Hi.", "seed": 1, "voice": None, "reference": None,
+            "options": {}, "model": model, "codec": codec, "suffix": ".wav"}
+    try:
+        assert runner.run(task)["status"] == "ok"          # the model is loaded, and works
+        tts = runner.models[(model, codec)]
+        for error, retry in [(TypeError("TextInputSequence must be str"), False),
+                             (InputError("text is empty"), False),
+                             (MemoryError("Unable to allocate 27.2 GiB"), True)]:
+            def fail(*args, error=error, **kwargs):
+                raise error
+            monkeypatch.setattr(tts, "synthesize", fail)
+            outcome = runner.run(task)
+            assert (outcome["status"], outcome["retry"]) == ("failed", retry), error
+    finally:
+        runner.close()
+
+
+def test_each_lines_warnings_are_recorded_and_reported_with_its_id(batch_models, tmp_path):
+    """issue 22 #6/#9: Nano's budget warning reached stderr without a line id and never
+    reached results.jsonl."""
+    heard = []
+    rows = speech_rows(2) + [{"id": "empty", "text": ""}]
+    out = tmp_path / "out"
+    run(write_jsonl(tmp_path / "m.jsonl", rows), out, batch_models,
+        warn=lambda line_id, messages: heard.append((line_id, messages)))
+    by_id = {r["id"]: r["warnings"] for r in records(out)}
+    assert sorted(line_id for line_id, _ in heard) == ["line000", "line001"]
+    for line_id in ("line000", "line001"):
+        assert len(by_id[line_id]) == 1 and "used its whole frame budget" in by_id[line_id][0]
+        assert dict(heard)[line_id] == by_id[line_id]
+    assert by_id["empty"] == []
+
+
+def test_warnings_of_a_line_are_captured_once_each_in_order():
+    import logging
+    import warnings
+
+    from moss_tts.batch.work import captured_warnings
+
+    with captured_warnings() as messages:
+        for _ in range(3):
+            logging.getLogger("moss_tts.models.nano_tts").warning("chunk %d cut", 1)
+        warnings.warn("budget used", UserWarning)
+        warnings.warn("budget used", UserWarning)
+    assert messages == ["chunk 1 cut", "budget used"]
+
+
+def test_a_lines_own_model_that_does_not_load_fails_all_its_lines_after_one_try(batch_models,
+                                                                               tmp_path):
+    """issue 22 #9: a line's `model` that cannot load with --codec was loaded again for each of
+    its lines; after the first failure the others fail at once (no work: 0 s), and the lines
+    of --model still run."""
+    rows = [dict(row, model=str(batch_models["codec"])) for row in speech_rows(3)]
+    rows.append({"id": "good", "text": "Hi.", "max_frames": FRAMES})
+    out = tmp_path / "out"
+    summary = run(write_jsonl(tmp_path / "m.jsonl", rows), out, batch_models, workers=1)
+    assert summary.made == 1 and len(summary.failed) == 3
+    failed = [r for r in records(out) if r["status"] == "failed"]
+    assert all("a 'codec' GGUF, not a speech model" in r["error"] for r in failed)
+    assert sorted(r["seconds"] == 0.0 for r in failed) == [False, True, True]
+    assert all(r["attempts"] == 1 for r in failed)

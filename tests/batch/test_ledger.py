@@ -71,3 +71,28 @@ def test_an_output_directory_that_is_a_file_is_one_error(tmp_path):
     (tmp_path / "taken").write_text("a file")
     with pytest.raises(InputError, match="taken: cannot use as the output directory"):
         Ledger(tmp_path / "taken")
+
+
+def test_a_model_is_hashed_once_across_runs_until_its_size_or_mtime_changes(tmp_path):
+    """issue 22 #9: every run read the whole model again to hash it. A fresh process (a
+    rerun) must take the hash from the user cache while path, size and mtime are the same —
+    shown by rewriting the bytes behind an unchanged size and mtime — and hash again once
+    the mtime moves."""
+    import subprocess
+    import sys
+
+    def in_a_new_process():
+        return subprocess.run([sys.executable, "-c", "import sys; from moss_tts.batch.ledger "
+                               "import file_sha256; print(file_sha256(sys.argv[1]))", str(f)],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"GGUF" + bytes(range(256)) * 5000)
+    first = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert file_sha256(f) == first
+    stamp = f.stat().st_mtime_ns
+    f.write_bytes(b"GGUF" + bytes(reversed(range(256))) * 5000)     # same size
+    os.utime(f, ns=(stamp, stamp))
+    assert in_a_new_process() == first                               # not read again
+    os.utime(f, ns=(stamp + 10**9, stamp + 10**9))
+    assert in_a_new_process() == hashlib.sha256(f.read_bytes()).hexdigest() != first

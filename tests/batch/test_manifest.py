@@ -82,3 +82,56 @@ def test_content_problems_stay_on_their_line(tmp_path):
 def test_an_unreadable_manifest_is_one_error(tmp_path):
     with pytest.raises(InputError, match="cannot read the manifest"):
         read_manifest(tmp_path / "missing.jsonl")
+
+
+def test_text_that_is_not_a_string_is_named_so_not_called_empty(tmp_path):
+    """issue 22 #9: `"text": 5` said "text is empty"."""
+    rows = [{"id": "number", "text": 5}, {"id": "list", "text": ["Hi."]}, {"id": "none"}]
+    lines = {x.id: x for x in read_manifest(write_jsonl(tmp_path / "m.jsonl", rows))}
+    assert lines["number"].error == "text must be a string, not int (5)"
+    assert lines["list"].error == "text must be a string, not list (['Hi.'])"
+    assert lines["none"].error == "text is missing"
+
+
+@pytest.mark.parametrize("seed", [1e30, -1, 2**32, "4294967296"])
+def test_a_seed_outside_numpys_range_fails_its_line_with_no_seed_made_up(tmp_path, seed):
+    """issue 22 #9: `"seed": 1e30` was accepted; an invalid seed became derive_seed(id)."""
+    lines = read_manifest(write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "x",
+                                                              "seed": seed}]))
+    assert lines[0].error == f"seed {seed!r} is out of range: use 0 to 4294967295"
+    assert lines[0].seed is None
+
+
+def test_the_edges_of_the_seed_range_are_accepted(tmp_path):
+    rows = [{"id": "low", "text": "x", "seed": 0}, {"id": "high", "text": "x", "seed": 2**32 - 1}]
+    lines = read_manifest(write_jsonl(tmp_path / "m.jsonl", rows))
+    assert [(x.seed, x.error) for x in lines] == [(0, None), (2**32 - 1, None)]
+
+
+def test_an_unparsable_seed_is_not_replaced_by_a_derived_one(tmp_path):
+    """issue 22 #9: the record named derive_seed(id) for a line whose seed was "soon"."""
+    lines = read_manifest(write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "x",
+                                                              "seed": "soon"}]))
+    assert lines[0].seed is None and lines[0].error == "seed 'soon' is not a valid int"
+
+
+def test_voice_and_reference_together_fail_the_line_as_the_cli_refuses_them(tmp_path):
+    """issue 22 #9: both were accepted (and the voice silently won)."""
+    rows = [{"id": "both", "text": "x", "voice": "alice", "reference": "ref.wav"},
+            {"id": "voice", "text": "x", "voice": "alice"}]
+    lines = read_manifest(write_jsonl(tmp_path / "m.jsonl", rows))
+    assert lines[0].error == "give voice or reference, not both" and lines[1].error is None
+
+
+def test_a_relative_reference_is_the_manifests_neighbour_and_an_absolute_one_stays(
+        tmp_path, monkeypatch):
+    """issue 22 #9: a relative `reference` was resolved against the working directory."""
+    (tmp_path / "corpus").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    rows = [{"id": "rel", "text": "x", "reference": "refs/a.wav"},
+            {"id": "abs", "text": "x", "reference": "/data/b.wav"}]
+    lines = read_manifest(write_jsonl(tmp_path / "corpus" / "m.jsonl", rows))
+    assert lines[0].reference == str(tmp_path / "corpus" / "refs" / "a.wav")
+    assert lines[1].reference == "/data/b.wav"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from moss_tts.batch import run_batch
-from moss_tts.batch.ray_runner import NAMESPACE
+from moss_tts.batch.ray_runner import CONNECT_TIMEOUT_S, NAMESPACE
 
-from .conftest import no_partials, outputs, records, speech_rows, write_jsonl
+from .conftest import batch_cli, no_partials, outputs, records, speech_rows, write_jsonl
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e \".[batch]\")")
 
@@ -83,13 +83,13 @@ def test_ray_local_starts_a_private_cluster_for_the_run(batch_models, tmp_path):
 
 def test_a_killed_actor_is_replaced_and_the_outputs_equal_the_local_run(
         batch_models, voice_env, ray_cluster, tmp_path, monkeypatch):
-    # a stored voice from MOSS_TTS_VOICES and a reference relative to the cwd: actors have
-    # neither the driver's environment nor its cwd
+    # a stored voice from MOSS_TTS_VOICES and a reference relative to the manifest, run from
+    # another directory: actors have neither the driver's environment nor its cwd
     monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
-    monkeypatch.chdir(voice_env["ref"].parent)
+    monkeypatch.chdir("/")
     rows = speech_rows(12, max_frames=40)
     rows[1]["voice"] = "alice"
-    rows[2]["reference"] = voice_env["ref"].name
+    rows[2]["reference"] = os.path.relpath(voice_env["ref"], tmp_path)
     manifest = write_jsonl(tmp_path / "m.jsonl", rows)
     kw = {"model": str(batch_models["nano0"]), "codec": str(batch_models["codec"]), "threads": 1}
     local = tmp_path / "local"
@@ -110,3 +110,35 @@ def test_a_killed_actor_is_replaced_and_the_outputs_equal_the_local_run(
     assert sorted(r["id"] for r in recs) == [f"line{i:03d}" for i in range(12)]  # once each
     assert sum(r["attempts"] for r in recs) > 12          # the killed actor's unfinished lines
     assert outputs(out) == outputs(local) and no_partials(out)                   # same audio
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_before_any_work(batch_models,
+                                                                        tmp_path):
+    """issue 22 #9: `--ray 127.0.0.1:1` waited past 240 s printing only Ray's lines. The
+    subprocess limit only keeps a regression from hanging the suite."""
+    address = f"127.0.0.1:{free_port()}"       # closed: nothing listens there
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(1))
+    r = batch_cli(manifest, tmp_path / "out", batch_models, "--ray", address,
+                  timeout=CONNECT_TIMEOUT_S + 120)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--ray {address}: no Ray cluster answers there" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_local_does_not_print_rays_token_authentication_warning(batch_models, tmp_path):
+    """issue 22 #9: every `--ray local` run printed Ray's "Token authentication is enabled"
+    warning. Ray as a user has it: no RAY_AUTH_MODE, and a home of the test's own (Ray keeps
+    its token in ~/.ray)."""
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(1))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env["HOME"] = str(tmp_path / "home")
+    r = batch_cli(manifest, tmp_path / "out", batch_models, "--ray", "local", "--workers", 1,
+                  "--quiet", env=env, replace_env=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
