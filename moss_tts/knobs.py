@@ -115,6 +115,7 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
         raise InputError(f"{name} must be a number, got {_kind(value)}")
     if not math.isfinite(value):
         raise InputError(f"{name} must be a finite number, got {value}")
+    given = value
     if knob.kind is int:
         if not float(value).is_integer():
             raise InputError(f"{name} must be a whole number, got {value}")
@@ -122,9 +123,9 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
     if knob.field is None and (value < knob.low or (knob.low == 0 and knob.kind is float
                                                     and value == 0)):
         least = "above 0" if knob.kind is float and knob.low == 0 else f"at least {knob.low}"
-        raise InputError(f"{name} must be {least}, got {value}")
+        raise InputError(f"{name} must be {least}, got {given}")
     if knob.high is not None and value > knob.high:
-        raise InputError(f"{name} must be at most {knob.high:g}, got {value}")
+        raise InputError(f"{name} must be at most {int(knob.high)}, got {given}")
     return value
 
 

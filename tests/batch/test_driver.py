@@ -231,8 +231,8 @@ def test_an_invalid_seed_is_recorded_as_that_failure_not_as_a_derived_seed(batch
     summary = run(write_jsonl(tmp_path / "m.jsonl", rows), out, batch_models)
     assert summary.made == 0
     assert {r["id"]: (r["status"], r["seed"], r["error"], r["attempts"]) for r in records(out)} == {
-        "huge": ("failed", None, "seed 1e+30 is out of range: use 0 to 4294967295", 1),
-        "soon": ("failed", None, "seed 'soon' is not a valid int", 1)}
+        "huge": ("failed", None, "seed must be at most 4294967295, got 1e+30", 1),
+        "soon": ("failed", None, "seed must be a whole number, got 'soon'", 1)}
 
 
 def test_switching_the_format_leaves_one_file_per_id_and_keeps_what_it_cannot_replace(
