@@ -22,13 +22,15 @@ from .cli_args import at_most, check_output, port, positive_float, positive_int,
 from .errors import InputError, MossTTSError
 
 AUDIO_SUFFIXES = (".wav", ".flac")
-# --chunk-seconds: a chunk's memory grows with the square of its positions in the codec's fastest
-# stage (each stage's window mask is positions × (window + positions), built on the host). Peak
-# RSS of `decode` of 400 s on the tiny v1 codec (200 positions/s): 0.10 GB at 10 s (2,000
-# positions), 0.43 GB at 30 s (6,000), 1.5 GB at 60 s, 5.9 GB at 120 s; at 3600 s one mask was
-# 13.4 GiB. The bound keeps a chunk near 0.4 GB: 30 s on the tiny codec, 60 s on the 24 kHz
-# codec (100 positions/s), 15 s on Nano's (400/s). The speed gains end near 1,000 positions
-# (codec.py's default), so nothing is lost.
+# --chunk-seconds: a chunk's memory grows with its positions in the codec's fastest stage, linearly
+# (KV caches of window + chunk slots) and with their square (each stage's window mask, built on
+# the host, is positions × (window + positions)). Measured: peak RSS of `decode` of 400 s on the
+# tiny v1 codec (200 positions/s; masks dominate): 0.10 GB at 10 s, 0.43 GB at 30 s, 1.5 GB at
+# 60 s, 5.9 GB at 120 s, and at 3600 s one mask asked for 13.4 GiB. The 24 kHz codec's decoder
+# (upstream's default config, 100 positions/s; TowerState built and advanced one chunk, caches
+# dominate, ~17 MB per second of chunk): 0.35 GB at 10 s, 0.75 GB at 30 s, 1.44 GB at 60 s,
+# before its compute buffer. 6000 positions: 30 s on the tiny codec, 60 s on the 24 kHz one, 15 s
+# on Nano's (400/s). Speed gains end near 1,000 positions (codec.py's default): nothing is lost.
 MAX_CHUNK_POSITIONS = 6000
 MAX_CHUNK_SECONDS = 60.0   # the bound on the slowest codec (100 positions/s); argparse's check
 # fixtures/ ships with a checkout, not in the wheel (pyproject includes moss_tts and converters)
@@ -335,10 +337,11 @@ def _add_codec_commands(sub, common) -> None:
                        help="use only the first K codebooks (default: all)")
         p.add_argument("--chunk-seconds", type=at_most(MAX_CHUNK_SECONDS), default=None,
                        help="audio per graph run; results are identical for any value. Memory "
-                            "grows with its square (tiny test codec: 0.1 GB at 10 s, 0.4 GB at "
-                            f"30 s); at most {MAX_CHUNK_POSITIONS} positions of the codec's "
-                            "fastest stage: 60 s on the 24 kHz codec, 15 s on Nano's (default: "
-                            "the fastest, 2-10 s)")
+                            "grows with it, its masks with its square: the 24 kHz codec's decoder "
+                            "caches and masks take 0.35 GB at 10 s, 1.4 GB at 60 s (the tiny "
+                            "test codec: 0.1 and 1.5 GB). At most "
+                            f"{MAX_CHUNK_POSITIONS} positions of the codec's fastest stage: 60 s "
+                            "on the 24 kHz codec, 15 s on Nano's (default: the fastest, 2-10 s)")
         if name != "encode":
             _add_sample_format(p)
         _add_runtime_flags(p)

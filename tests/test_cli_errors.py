@@ -333,7 +333,7 @@ def test_chunk_seconds_past_the_bound_is_one_line_before_any_work(codec_gguf, tm
     err = one_line_error(r)
     assert "--chunk-seconds 45: this codec takes at most 30 s" in err and not out.exists()
     helptext = cli("decode", "--help").stdout
-    assert "grows with its square" in " ".join(helptext.split())
+    assert "its masks with its square" in " ".join(helptext.split())
 
 
 def test_a_chunk_this_machine_cannot_hold_is_one_line(codec_gguf, tmp_path, capsys, monkeypatch):
