@@ -59,8 +59,10 @@ def _connect(ray, address: str) -> None:
 def check_address(address: str) -> None:
     """A host:port where no gRPC server (Ray's GCS, or its client server for ray://) answers
     within CONNECT_TIMEOUT_S is one error, before any work ("auto", "local" and other forms
-    are Ray's to find)."""
-    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    are Ray's to find, but "auto" means RAY_ADDRESS when that is set)."""
+    target = (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
+    where = address if target == address else f"{address} (RAY_ADDRESS={target})"
+    host, sep, port = target.split("://", 1)[-1].rpartition(":")
     if not sep or not port.isdigit():
         return
     try:
@@ -73,7 +75,7 @@ def check_address(address: str) -> None:
     except OSError as e:
         why = e.strerror or str(e) or type(e).__name__
     if why:
-        raise InputError(f"--ray {address}: no Ray cluster answers there ({why}); start one "
+        raise InputError(f"--ray {where}: no Ray cluster answers there ({why}); start one "
                          "with `ray start --head`, or pass --ray local")
 
 

@@ -119,16 +119,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize("flag", ["address", "auto"])
 def test_an_address_where_no_cluster_answers_is_one_line_before_any_work(batch_models,
-                                                                        tmp_path):
-    """issue 22 #9: `--ray 127.0.0.1:1` waited past 240 s printing only Ray's lines. The
-    subprocess limit only keeps a regression from hanging the suite."""
+                                                                        tmp_path, flag):
+    """issue 22 #9: `--ray 127.0.0.1:1` waited past 240 s printing only Ray's lines (so did
+    `--ray auto` with RAY_ADDRESS there). The subprocess limit only keeps a regression from
+    hanging the suite."""
     address = f"127.0.0.1:{free_port()}"       # closed: nothing listens there
     manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(1))
-    r = batch_cli(manifest, tmp_path / "out", batch_models, "--ray", address,
+    given = address if flag == "address" else "auto"
+    r = batch_cli(manifest, tmp_path / "out", batch_models, "--ray", given,
+                  env={"RAY_ADDRESS": address} if flag == "auto" else None,
                   timeout=CONNECT_TIMEOUT_S + 120)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-    assert f"--ray {address}: no Ray cluster answers there" in r.stderr
+    where = address if flag == "address" else f"auto (RAY_ADDRESS={address})"
+    assert f"--ray {where}: no Ray cluster answers there" in r.stderr
     assert not (tmp_path / "out").exists()
 
 
