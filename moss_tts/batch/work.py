@@ -18,6 +18,7 @@ from ..errors import InputError, MossTTSError
 
 # what may pass on another try; a dead worker is retried too (driver.Job.lost)
 TRANSIENT = (MemoryError, OSError)
+MAX_WARNINGS = 10  # distinct warnings kept per line (one per text chunk could be thousands)
 MAX_VOICES = 32  # encoded references kept per worker (a corpus usually has a few speakers)
 # manifest option name → SamplingOptions field
 SAMPLING_FIELDS = {"temperature": "audio_temperature", "text_temperature": "text_temperature",
@@ -161,5 +162,7 @@ def captured_warnings():
     finally:
         log.removeHandler(handler)
         log.propagate = propagate
-    found += [str(w.message) for w in caught]
-    messages.extend(dict.fromkeys(found))
+    distinct = list(dict.fromkeys(found + [str(w.message) for w in caught]))
+    messages.extend(distinct[:MAX_WARNINGS])
+    if len(distinct) > MAX_WARNINGS:
+        messages.append(f"... and {len(distinct) - MAX_WARNINGS} more warnings")
