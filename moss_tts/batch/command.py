@@ -76,6 +76,7 @@ def _batch(args) -> int:
 def add_parser(sub, common) -> None:
     """Register `batch` on the CLI's subparsers (`common`: the flags every command takes)."""
     from ..models.registry import DEFAULT
+    from .ray_runner import CONNECT_TIMEOUT_S
 
     p = sub.add_parser("batch", help="synthesize a JSONL/CSV manifest into a directory, resumably",
                        parents=[common])
@@ -92,11 +93,12 @@ def add_parser(sub, common) -> None:
                    "cores / workers; 1 per Ray actor)")
     p.add_argument("--format", choices=["wav", "flac"], default="wav", help="audio file format")
     p.add_argument("--retries", type=int, default=2, help="extra attempts for a line that fails "
-                   "in a way another try may not (out of memory, I/O, a dead worker); a line "
-                   "whose input fails is never retried; default 2")
+                   "in a way another try may not repeat (out of memory, I/O, a dead worker); a "
+                   "line whose input fails is never retried; default 2")
     p.add_argument("--ray", metavar="auto|local|ADDRESS", default=None,
                    help="run on Ray actors: auto = the running cluster, local = a private one "
-                   "on this machine, or a cluster address")
+                   "on this machine, or a cluster address (one that does not answer within "
+                   f"{CONNECT_TIMEOUT_S:g} s is an error)")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
     p.set_defaults(func=_batch)
 

@@ -22,6 +22,8 @@ NAMESPACE = "moss-tts-batch"   # actors are named "worker-<n>" here (a test kill
 # seconds a cluster address gets to accept a connection: Ray itself retries a dead address
 # for minutes, printing only its own lines
 CONNECT_TIMEOUT_S = 30.0
+# the HTTP/2 client preface and an empty SETTINGS frame: what a gRPC client sends first
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 
 class LineActor:
@@ -55,18 +57,26 @@ def _connect(ray, address: str) -> None:
 
 
 def check_address(address: str) -> None:
-    """A host:port that accepts no connection within CONNECT_TIMEOUT_S is one error, before
-    any work ("auto", "local" and other forms are Ray's to find)."""
-    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    """A host:port where no gRPC server (Ray's GCS, or its client server for ray://) answers
+    within CONNECT_TIMEOUT_S is one error, before any work ("auto", "local" and other forms
+    are Ray's to find, but "auto" means RAY_ADDRESS when that is set)."""
+    target = (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
+    where = address if target == address else f"{address} (RAY_ADDRESS={target})"
+    host, sep, port = target.split("://", 1)[-1].rpartition(":")
     if not sep or not port.isdigit():
         return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
-            return
+        with socket.create_connection((host.strip("[]"), int(port)),
+                                      timeout=CONNECT_TIMEOUT_S) as s:
+            s.sendall(HTTP2_PREFACE)
+            frame = s.recv(9)
+        # an HTTP/2 server's first frame is its SETTINGS (RFC 9113 §3.4)
+        why = None if len(frame) == 9 and frame[3] == 0x4 else "not a gRPC server"
     except OSError as e:
         why = e.strerror or str(e) or type(e).__name__
-    raise InputError(f"--ray {address}: no Ray cluster answers there ({why}); start one with "
-                     "`ray start --head`, or pass --ray local")
+    if why:
+        raise InputError(f"--ray {where}: no Ray cluster answers there ({why}); start one "
+                         "with `ray start --head`, or pass --ray local")
 
 
 def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int) -> None:

@@ -17,6 +17,7 @@ from ..errors import MossTTSError
 
 # what may pass on another try; a dead worker is retried too (driver.Job.lost)
 TRANSIENT = (MemoryError, OSError)
+MAX_WARNINGS = 10  # distinct warnings kept per line (one per text chunk could be thousands)
 MAX_VOICES = 32  # encoded references kept per worker (a corpus usually has a few speakers)
 
 
@@ -142,5 +143,7 @@ def captured_warnings():
     finally:
         log.removeHandler(handler)
         log.propagate = propagate
-    found += [str(w.message) for w in caught]
-    messages.extend(dict.fromkeys(found))
+    distinct = list(dict.fromkeys(found + [str(w.message) for w in caught]))
+    messages.extend(distinct[:MAX_WARNINGS])
+    if len(distinct) > MAX_WARNINGS:
+        messages.append(f"... and {len(distinct) - MAX_WARNINGS} more warnings")

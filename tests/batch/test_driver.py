@@ -300,6 +300,10 @@ def test_warnings_of_a_line_are_captured_once_each_in_order():
         warnings.warn("budget used", UserWarning)
         warnings.warn("budget used", UserWarning)
     assert messages == ["chunk 1 cut", "budget used"]
+    with captured_warnings() as many:      # e.g. one per text chunk of a long line
+        for i in range(25):
+            warnings.warn(f"chunk {i} cut", UserWarning)
+    assert many == [f"chunk {i} cut" for i in range(10)] + ["... and 15 more warnings"]
 
 
 def test_a_lines_own_model_that_does_not_load_fails_all_its_lines_after_one_try(batch_models,

@@ -17,6 +17,7 @@ import pytest
 
 from moss_tts.batch import run_batch
 from moss_tts.batch.ray_runner import CONNECT_TIMEOUT_S, NAMESPACE
+from moss_tts.errors import InputError
 
 from .conftest import batch_cli, no_partials, outputs, records, speech_rows, write_jsonl
 
@@ -118,17 +119,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize("flag", ["address", "auto"])
 def test_an_address_where_no_cluster_answers_is_one_line_before_any_work(batch_models,
-                                                                        tmp_path):
-    """issue 22 #9: `--ray 127.0.0.1:1` waited past 240 s printing only Ray's lines. The
-    subprocess limit only keeps a regression from hanging the suite."""
+                                                                        tmp_path, flag):
+    """issue 22 #9: `--ray 127.0.0.1:1` waited past 240 s printing only Ray's lines (so did
+    `--ray auto` with RAY_ADDRESS there). The subprocess limit only keeps a regression from
+    hanging the suite."""
     address = f"127.0.0.1:{free_port()}"       # closed: nothing listens there
     manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(1))
-    r = batch_cli(manifest, tmp_path / "out", batch_models, "--ray", address,
+    given = address if flag == "address" else "auto"
+    r = batch_cli(manifest, tmp_path / "out", batch_models, "--ray", given,
+                  env={"RAY_ADDRESS": address} if flag == "auto" else None,
                   timeout=CONNECT_TIMEOUT_S + 120)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-    assert f"--ray {address}: no Ray cluster answers there" in r.stderr
+    where = address if flag == "address" else f"auto (RAY_ADDRESS={address})"
+    assert f"--ray {where}: no Ray cluster answers there" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_address_that_answers_but_is_not_ray_is_one_error_too(batch_models, tmp_path):
+    """issue 22 #9: a port that accepts connections but is no Ray cluster (here: a server
+    that greets in plain text) kept Ray retrying; it is the same one error."""
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+
+    def greet():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    thread = threading.Thread(target=greet, daemon=True)
+    thread.start()
+    manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(1))
+    with server, pytest.raises(InputError, match=rf"--ray {address}: no Ray cluster answers "
+                                                 r"there \(not a gRPC server\)"):
+        run_batch(manifest, tmp_path / "out", model=str(batch_models["nano0"]),
+                  codec=str(batch_models["codec"]), ray=address)
+    thread.join()
 
 
 def test_ray_local_does_not_print_rays_token_authentication_warning(batch_models, tmp_path):
