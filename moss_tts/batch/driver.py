@@ -153,7 +153,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_batch(manifest, out_dir, *, model: str, codec: str, workers: int | None = None,
+def run_batch(manifest, out_dir, *, model: str, codec: str | None = None, workers: int | None = None,
               threads: int | None = None, fmt: str = "wav", retries: int = 2,
               ray: str | None = None, chunk: int = 4, progress=None, warn=None) -> Summary:
     """Synthesize every line of `manifest` into `out_dir`/<id>.<fmt>, resuming a previous run.
@@ -168,11 +168,14 @@ def run_batch(manifest, out_dir, *, model: str, codec: str, workers: int | None 
     if retries < 0 or any(n is not None and n < 1 for n in (workers, threads)):
         raise InputError("--retries must be ≥ 0, --workers and --threads ≥ 1")
     lines = read_manifest(manifest)
+    models = _ModelFiles(model)
+    if codec is None:       # the default model's family's codec, as `tts` and `serve` choose
+        from ..models.registry import family_of_model
+        codec = family_of_model(models.default_path()).default_codec
     try:
         codec_path = str(Path(resolve_gguf(codec, "codec")).resolve())
     except MossTTSError as e:
         raise InputError(f"--codec: {e}") from None
-    models = _ModelFiles(model)
     default_path = models.default_path() if any(not x.model for x in lines) else None
     if ray:
         from .ray_runner import check_address
