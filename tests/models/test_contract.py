@@ -15,6 +15,7 @@ from fixtures.make_codec import make_tiny_v2_checkpoint
 from moss_tts.batch.work import LineRunner
 from moss_tts.codec import Codec
 from moss_tts.errors import BudgetWarning, InputError
+from moss_tts.live import live_chunks
 from moss_tts.models.delay_tts import DelayTTS
 from moss_tts.models.local_tts import LocalTTS
 from moss_tts.models.local_v15_tts import LocalV15TTS
@@ -271,6 +272,14 @@ def test_f6a_no_audio_is_an_error_saying_why(loaded, files, nano_tts, local_v15_
                 list(tts.stream(TEXT, seed=1))
     finally:
         quiet[1].close()
+
+
+def test_f6a_live_mode_with_no_text_is_an_error(loaded):
+    tts = loaded("realtime")
+    with pytest.raises(InputError, match=r"no text arrived \(stdin was empty\)"):
+        list(live_chunks(tts.session(seed=1), iter(()), tts.channels))
+    # guard: with text the same route speaks
+    assert sum(len(c) for c in live_chunks(tts.session(seed=1), iter([TEXT]), 1)) > 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)
