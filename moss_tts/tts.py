@@ -206,6 +206,13 @@ class CodecTTS(NativeResource):
                 check_text(fields[field], field)
         return check_text(text, "text")
 
+    def _bounded(self, kwargs: dict, keyword: str) -> dict:
+        """A research call's budget (`keyword`: the model's own name for it) within the
+        family's limit, checked before the model reserves its cache for it."""
+        if keyword in kwargs:
+            kwargs[keyword] = whole_number(kwargs[keyword], keyword, 1, self.BUDGET.limit)
+        return kwargs
+
     # -- references -------------------------------------------------------------------------
     def _reference(self, value, what: str) -> Reference | None:
         """Any reference form (`as_reference`) as this model's Reference; codes made by another

@@ -137,7 +137,7 @@ class LocalV15TTS(Qwen3TTS):
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
         self._need_open()
-        return self.model.generate(rows, **kwargs)
+        return self.model.generate(rows, **self._bounded(kwargs, "max_frames"))
 
     def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
         """Text → (samples float32 [n, 2], sample_rate); options as `stream`. Nothing waits

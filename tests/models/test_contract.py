@@ -314,6 +314,11 @@ def test_f6c_each_family_declares_its_budget_and_it_is_bounded_before_any_work(l
         with pytest.raises(InputError, match=rf"^{budget.keyword} must be a whole number in "
                                              rf"\[1, {budget.limit}\]"):
             tts.stream(TEXT, **{budget.keyword: value})   # refused at the call: nothing ran
+    # the research route too, under the model's own name for the budget
+    name = {"delay": "max_new_rows", "local": "max_new_frames"}.get(family, "max_frames")
+    rows = np.zeros((3, tts.config.n_vq + 1), np.int64)
+    with pytest.raises(InputError, match=rf"^{name} must be a whole number in \[1, "):
+        tts.generate(rows, **{name: budget.limit + 1})
     if family == "realtime":
         with pytest.raises(InputError, match=r"^max_frames must be a whole number in"):
             tts.session(max_frames=budget.limit + 1)
