@@ -276,7 +276,7 @@ class NanoTTS(CodecTTS):
                 if reference is None and frames:
                     prompt_text = continuation_prompt_text(chunk)
                     prompt = Reference(np.array(frames, dtype=np.int32))
-                if i + 1 < len(chunks):
+                if i + 1 < len(chunks) and frames:   # a pause after silence is not speech
                     yield np.zeros((pause_samples(chunk, self.sample_rate), self.channels),
                                    dtype=np.float32)
         finally:

@@ -261,6 +261,8 @@ def test_f6a_no_audio_is_an_error_saying_why(loaded, files, nano_tts, local_v15_
     with pytest.raises(InputError, match=r"no audio was made: the frame budget "
                                          r"\(max_new_rows=2\) ran out .* raise max_new_rows"):
         loaded("delay").synthesize(TEXT, max_new_rows=2)
+    with pytest.raises(InputError, match="no audio was made: the model ended"):
+        nano_tts(0, 50.0).synthesize(TEXT, max_text_tokens=5)    # no pauses for silent chunks
     quiet = [nano_tts(0, 50.0),              # its model stops at once
              LocalV15TTS.load(local_v15_files(-20.0)[3], codec=v2_codec, threads=THREADS)]
     try:
