@@ -24,7 +24,7 @@ def __getattr__(name):
     if name == "read_audio":     # (samples, sample_rate) of a WAV/FLAC file, e.g. a reference
         from .audio import read_audio
         return read_audio
-    if name == "load_voice":     # a stored voice's (codes, info): its codes are a reference
+    if name == "load_voice":     # a stored voice as (Reference, info): any family takes it
         from .voices import load_voice
         return load_voice
     raise AttributeError(f"module 'moss_tts' has no attribute {name!r}")

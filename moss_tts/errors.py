@@ -30,6 +30,11 @@ class InputError(MossTTSError):
     """User input (text, audio, codes, options) is unusable."""
 
 
+class BudgetWarning(UserWarning):
+    """Speech was cut at its frame budget before the model ended it: emitted once per
+    `synthesize`/`stream` call (however many text chunks were cut), naming the knob to raise.
+    The CLI, `batch` and the server catch it by this class."""
+
 
 def whole_number(value, name: str, low: int, high: int | None = None) -> int:
     """`value` as an int in [low, high] (an integral float such as 44100.0 is fine); anything

@@ -1,8 +1,13 @@
-"""The protocol every TTS family offers (the CLI and the server use only this): its output
-format, references encoded once and reused, and speech as a whole or as it is made."""
+"""The protocol every TTS family offers (the CLI and the server use only this), and the family
+contract the base owns so every family behaves the same (design §6): references in every form
+with the codec check, text validation, the closed state, frame budgets checked before memory is
+reserved, one budget warning per utterance, and no audio as an error, never 0 samples."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -10,15 +15,13 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .audio import as_sample_rate, as_samples, trim_reference
-from .errors import InputError, ModelFileError
+from .errors import BudgetWarning, InputError, ModelFileError, whole_number
 from .ggml.backend import NativeResource, released_on_error
+from .reference import Reference, as_reference, codec_info, codec_problem, pcm_as_float
+from .voices import load_voice
 
-
-@dataclass(frozen=True)
-class Reference:
-    """A voice: the codec codes [frames, n_vq] of reference speech."""
-
-    codes: np.ndarray
+__all__ = ["TTS", "CodecTTS", "Reference", "FrameBudget", "BudgetCut", "BudgetMeter",
+           "check_text", "family_stream"]
 
 
 @runtime_checkable
@@ -40,14 +43,110 @@ class TTS(Protocol):
         `synthesize` for the same options and seed."""
 
 
+def check_text(value, what: str = "text") -> str:
+    """`value` as a str of valid Unicode, or one InputError naming `what`: bytes are not decoded
+    here (which encoding?), a lone surrogate (JSON's "\\ud800", or argv bytes Python could not
+    decode) has no UTF-8 form the tokenizers could take, and a NUL is never text."""
+    if isinstance(value, (bytes, bytearray)):
+        raise InputError(f"{what} must be a str, got {type(value).__name__}: decode it first, "
+                         f"e.g. {what}.decode('utf-8')")
+    if not isinstance(value, str):
+        raise InputError(f"{what} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what} is not valid Unicode: a lone surrogate "
+                         f"{value[e.start]!r} at character {e.start} (undecodable bytes?); "
+                         "pass UTF-8 text") from None
+    if "\0" in value:
+        raise InputError(f"{what} holds a NUL character at character {value.index(chr(0))}; "
+                         "remove it")
+    return value
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """A family's frame budget: the `stream` keyword, its default, the largest value the family
+    can use (checked before any memory is reserved), its unit, and whether it bounds each text
+    chunk (True) or the whole request."""
+
+    keyword: str
+    default: int
+    limit: int
+    unit: str = "frames"
+    per_chunk: bool = False
+
+    def check(self, value) -> int:
+        return whole_number(value, self.keyword, 1, self.limit)
+
+
+@dataclass(frozen=True)
+class BudgetCut:
+    """Yielded by a family's raw `stream` when a text chunk used its whole frame budget before
+    the model ended it (`budget`: that chunk's budget, `chunks`: the chunks in the request);
+    `family_stream` counts these and never passes them on."""
+
+    budget: int
+    chunks: int = 1
+
+
+class BudgetMeter:
+    """A model's frames (or rows) passed through and counted: `cuts()` says whether they ended
+    at the budget rather than where the model stopped (`stopped(last)`: the last one is the
+    model's own end, e.g. an end row that the model yields before returning)."""
+
+    def __init__(self, items, budget: int, stopped=lambda last: False):
+        self.items, self.budget, self.stopped = items, budget, stopped
+        self.count, self.last = 0, None
+
+    def __iter__(self):
+        for item in self.items:
+            self.count, self.last = self.count + 1, item
+            yield item
+
+    def cuts(self, chunks: int = 1) -> list[BudgetCut]:
+        """[BudgetCut] if the whole budget was used and the last item is not a stop, else []."""
+        cut = self.count >= self.budget and not self.stopped(self.last)
+        return [BudgetCut(self.budget, chunks)] if cut else []
+
+
+def family_stream(stream):
+    """The contract around a family's `stream(self, text, **keywords)` (decorate it with this):
+    before anything runs, the object is open, the keywords are the family's, the text and the
+    text prompt fields are clean Unicode, `reference=` / `prompt=` take every form and fit this
+    model's codec, and the budget is within its limit; then the audio chunks pass through, a
+    `BudgetWarning` is emitted once if any chunk was cut, and no audio at all is an InputError."""
+    signature = inspect.signature(stream)
+
+    @functools.wraps(stream)
+    def checked(self, text, **kw):
+        self._need_open()
+        try:
+            signature.bind(self, text, **kw)
+        except TypeError as e:
+            raise InputError(f"{type(self).__name__}.stream: {e}") from None
+        text = self._texts(text, kw)
+        for field in ("reference", "prompt"):
+            if field in kw:
+                kw[field] = self._reference(kw[field], field)
+        budget = self.BUDGET
+        kw[budget.keyword] = budget.check(kw.get(budget.keyword, budget.default))
+        return self._delivered(stream(self, text, **kw), kw[budget.keyword])
+
+    return checked
+
+
 class CodecTTS(NativeResource):
     """What every family's TTS object shares around its `stream`: `synthesize` as the
-    concatenated stream, the codec check, and closing the model and the codec it owns."""
+    concatenated stream, the family contract (`family_stream`), the codec check, and closing
+    the model and the codec it owns."""
 
     CODEC_NAME = "codec"      # what `_need_codec` asks for, e.g. "the MOSS-Audio-Tokenizer GGUF"
     FAMILY = NAME = ""        # the GGUF kind ("nano") and the name people know ("MOSS-TTS-Nano")
     OPTIONS: type = object    # the family's sampling dataclass: its defaults are the only ones
     PROMPT_FIELDS: tuple[str, ...] = ()   # prompt keywords of `stream` (instruction, language, ...)
+    TEXT_FIELDS: tuple[str, ...] = ()     # those of them that are text (checked by check_text)
+    BUDGET: FrameBudget       # each family declares its own: keyword, default, limit, unit
     CHANNELS = 1              # of the audio `stream` yields
     model = codec = None
 
@@ -64,10 +163,104 @@ class CodecTTS(NativeResource):
 
     def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
         """Text → (samples float32 [n, channels], sample_rate). Same options as `stream`."""
-        parts = list(self.stream(text, **kwargs))
-        audio = np.concatenate(parts) if parts else np.zeros((0, self.channels), np.float32)
-        return audio, self.sample_rate
+        self._need_open()
+        return np.concatenate(list(self.stream(text, **kwargs))), self.sample_rate
 
+    def _delivered(self, chunks, budget: int) -> Iterator[np.ndarray]:
+        """The audio of a raw stream: BudgetCut markers counted (one warning at the end), and
+        a stream that made no audio an InputError saying why."""
+        cuts, samples = [], 0
+        try:
+            for chunk in chunks:
+                if isinstance(chunk, BudgetCut):
+                    cuts.append(chunk)
+                    continue
+                samples += len(chunk)
+                yield chunk
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        if cuts and samples:    # no audio at all is the error below, which says why
+            warnings.warn(BudgetWarning(self._cut_message(cuts)), stacklevel=2)
+        if samples == 0:
+            b = self.BUDGET
+            why = (f"the frame budget ({b.keyword}={budget}) ran out before the first audio "
+                   f"frame: raise {b.keyword}") if cuts else \
+                "the model ended the speech before its first audio frame: try another seed " \
+                "or a longer text"
+            raise InputError(f"no audio was made: {why}")
+
+    def _cut_message(self, cuts: list[BudgetCut]) -> str:
+        b, most = self.BUDGET, max(c.budget for c in cuts)
+        seconds = most * self._need_codec().downsample_rate / self.codec.sample_rate
+        return (f"{len(cuts)} of {cuts[0].chunks} text chunk(s) used the whole frame budget "
+                f"({most} {b.unit}, {seconds:.1f} s) before the model ended it: the audio is "
+                f"cut — raise {b.keyword}")
+
+    def _texts(self, text, fields: dict) -> str:
+        """The text, and every text prompt field given (prompt_text, TEXT_FIELDS), checked as
+        clean Unicode (`check_text`), so no tokenizer sees a bad string; the text is returned."""
+        for field in ("prompt_text",) + self.TEXT_FIELDS:
+            if fields.get(field) is not None:
+                check_text(fields[field], field)
+        return check_text(text, "text")
+
+    def _bounded(self, kwargs: dict, keyword: str) -> dict:
+        """A research call's budget (`keyword`: the model's own name for it) within the
+        family's limit, checked before the model reserves its cache for it."""
+        if keyword in kwargs:
+            kwargs[keyword] = whole_number(kwargs[keyword], keyword, 1, self.BUDGET.limit)
+        return kwargs
+
+    # -- references -------------------------------------------------------------------------
+    def _reference(self, value, what: str) -> Reference | None:
+        """Any reference form (`as_reference`) as this model's Reference; codes made by another
+        codec are refused by name, never used as noise."""
+        self._need_open()
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], Reference):
+            value = value[0]                     # a loaded voice: (Reference, info)
+        if isinstance(value, Reference):         # the codec first: whatever the codes' shape
+            self._check_voice_codec(value, what)
+        width = None if self.codec is None else self.codec.n_quantizers
+        return as_reference(value, what, n_vq=self.config.n_vq, max_width=width,
+                            encode=self.encode_reference)
+
+    def _check_voice_codec(self, ref: Reference, what: str) -> None:
+        problem = None if ref.codec is None or self.codec is None \
+            else codec_problem(ref.codec, self.codec)
+        if ref.name and problem is None and ref.codes.shape[1] < self.config.n_vq:
+            problem = (f"it has {ref.codes.shape[1]} codebooks, the model needs "
+                       f"{self.config.n_vq}")
+        if problem and ref.name:
+            raise InputError(f"voice {ref.name!r} does not fit this model: {problem} — add it "
+                             f"again with `python -m moss_tts voice add {ref.name} REF.wav "
+                             "--codec CODEC --force` using this model's codec")
+        if problem:
+            raise InputError(f"{what} does not fit this model: {problem} — encode the speech "
+                             "again with this model's encode_reference")
+
+    def voice(self, name: str, *, root=None) -> Reference:
+        """A stored voice (`voice add`, or an upload to the server) as this model's reference;
+        a voice made with another codec is refused by name."""
+        self._need_codec()
+        return self._reference(load_voice(name, root=root)[0], "voice")
+
+    def _encoded(self, codes: np.ndarray) -> Reference:
+        """Codes [n_vq, frames] from this model's codec → a Reference that records the codec."""
+        return Reference(np.ascontiguousarray(codes.T), codec_info(self.codec))
+
+    def _reference_audio(self, samples, sample_rate, max_seconds) -> tuple[np.ndarray, int]:
+        """Reference speech as float32 [n, channels] at a checked rate (integer PCM scaled to
+        [-1, 1)), cut to its first max_seconds with a warning (None keeps it all: a
+        continuation prompt must match its text)."""
+        self._need_open()
+        x = as_samples(pcm_as_float(samples), what="reference audio")
+        sample_rate = as_sample_rate(sample_rate)
+        return (x if max_seconds is None else trim_reference(x, sample_rate, max_seconds),
+                sample_rate)
+
+    # -- codec and lifetime -----------------------------------------------------------------
     @classmethod
     def _with_codec(cls, model, codec, backend):
         """cls(model, codec), loading `codec` when it is a path; a codec that fails to load or to
@@ -97,31 +290,13 @@ class CodecTTS(NativeResource):
             raise ModelFileError("mismatched codec: " + "; ".join(problems) +
                                  f" — pass {self.CODEC_NAME}")
 
-    @staticmethod
-    def _reference_audio(samples, sample_rate, max_seconds) -> tuple[np.ndarray, int]:
-        """Reference speech as float32 [n, channels] at a checked rate, cut to its first
-        max_seconds with a warning (None keeps it all: a continuation prompt must match its
-        text)."""
-        x, sample_rate = as_samples(samples, what="reference audio"), as_sample_rate(sample_rate)
-        return (x if max_seconds is None else trim_reference(x, sample_rate, max_seconds),
-                sample_rate)
-
-    def voice(self, name: str, *, root=None) -> Reference:
-        """A stored voice (`voice add`, or an upload to the server) as this model's reference;
-        a voice made with another codec is refused by name, never used as noise."""
-        from .voices import codec_problem, load_voice
-
-        codes, info = load_voice(name, root=root)
-        problem = codec_problem(info, self._need_codec())
-        if problem is None and codes.shape[1] < self.config.n_vq:
-            problem = f"it has {codes.shape[1]} codebooks, the model needs {self.config.n_vq}"
-        if problem:
-            raise InputError(f"voice {name!r} does not fit this model: {problem} — add it again "
-                             f"with `python -m moss_tts voice add {name} REF.wav --codec CODEC "
-                             "--force` using this model's codec")
-        return Reference(codes[:, : self.config.n_vq])
+    def _need_open(self) -> None:
+        if self.model is None:
+            name = type(self).__name__
+            raise InputError(f"this {name} is closed; load it again with {name}.load(...)")
 
     def _need_codec(self):
+        self._need_open()
         if self.codec is None:
             raise InputError(f"no codec loaded: pass codec=... ({self.CODEC_NAME})")
         return self.codec

@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import InputError
 from .fileio import atomic_output
+from .reference import Reference, codec_info, codec_problem  # noqa: F401 (what voices record)
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")   # matched whole (check_name)
 SUFFIX = ".voice.npz"  # codes and info in one file, so one rename stores a voice whole
@@ -57,26 +58,15 @@ def add_voice(name: str, codes: np.ndarray, info: dict, *, root: Path | None = N
     return path
 
 
-def codec_info(codec) -> dict:
-    """What a voice records of the codec that made its codes: codes of one codec mean nothing
-    to a model that decodes with another."""
-    return {"variant": codec.config.variant, "sample_rate": codec.sample_rate,
-            "codebook_size": codec.config.codebook_size}
+def load_voice(name: str, *, root: Path | None = None) -> tuple[Reference, dict]:
+    """A stored voice as (Reference, info): the Reference carries all its codes [frames, the
+    codec's codebooks] and the codec that made them, so any model can refuse a voice of another
+    codec by name (`tts.voice(name)` is this, fitted to the model)."""
+    codes, info = _stored(name, root)   # info holds codec_info's keys (older voices: none)
+    return Reference(codes, info if "variant" in info else None, name), info
 
 
-def codec_problem(info: dict, codec) -> str | None:
-    """Why a stored voice's codes do not fit `codec`, or None. Voices stored before the codec
-    was recorded (no `variant`) are taken as they are."""
-    if "variant" not in info:
-        return None
-    want = codec_info(codec)
-    if all(info.get(k) == v for k, v in want.items()):
-        return None
-    return (f"it was encoded with the {info['variant']} codec ({info.get('sample_rate')} Hz), "
-            f"this model uses the {want['variant']} codec ({want['sample_rate']} Hz)")
-
-
-def load_voice(name: str, *, root: Path | None = None) -> tuple[np.ndarray, dict]:
+def _stored(name: str, root: Path | None) -> tuple[np.ndarray, dict]:
     path, legacy = _paths(name, root)
     try:
         if path.exists():
@@ -100,7 +90,7 @@ def list_voices(root: Path | None = None) -> list[dict]:
     out = []
     for name in sorted(names):
         try:
-            info = load_voice(name, root=root)[1]
+            info = _stored(name, root)[1]
         except InputError:  # a bad file name or a damaged file: list it, without details
             info = {}
         out.append({"name": name, **info})

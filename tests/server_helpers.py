@@ -94,8 +94,11 @@ class StubTTS:
     sample_rate, channels, OPTIONS = SR, 2, SamplingOptions
     config = SimpleNamespace(n_vq=2)
     codec = SimpleNamespace(config=SimpleNamespace(variant="stub", codebook_size=4),
-                            sample_rate=SR)
-    voice, _need_codec = CodecTTS.voice, CodecTTS._need_codec   # stored voices as every model
+                            sample_rate=SR, n_quantizers=2)
+    model = "stub"      # open: CodecTTS's checks below see a loaded model
+    # stored voices as every model
+    voice, _need_codec, _need_open = CodecTTS.voice, CodecTTS._need_codec, CodecTTS._need_open
+    _reference = CodecTTS._reference
 
     def __init__(self, chunk_frames=32, encode_seconds=0.0):
         self.chunk = np.full((chunk_frames, 2), 0.25, np.float32)

@@ -278,7 +278,7 @@ def test_concurrent_uploads_and_reference_speech_give_single_threaded_codes(serv
     try:
         for n in refs:
             assert results[("up", n)][0] == 201 and results[("speak", n)][2] == alone[n]
-            assert np.array_equal(load_voice(n, root=server.voices_root)[0], want_codes[n])
+            assert np.array_equal(load_voice(n, root=server.voices_root)[0].codes, want_codes[n])
             with_voice = call(server.url, "/v1/audio/speech", SPEECH | NATIVE_PCM | {"voice": n})[2]
             assert with_voice == alone[n]   # stored codes == the single-threaded encode
     finally:

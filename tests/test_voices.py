@@ -29,6 +29,7 @@ WRITER = textwrap.dedent("""
         add_voice("v", np.full((5 + writer, 4), tag, np.int32), {"tag": tag}, root=root,
                   overwrite=True)
         codes, info = load_voice("v", root=root)
+        codes = codes.codes
         mixed += int(codes[0, 0] != info["tag"] or codes.shape[0] != info["frames"])
     print("MIXED", mixed)
 """)
@@ -42,7 +43,8 @@ def test_concurrent_overwrites_keep_codes_and_info_together(tmp_path):
     for p, (out, err) in zip(procs, results):
         assert p.returncode == 0, f"a writer crashed: {err.strip().splitlines()[-1:]}"
         assert out.split() == ["MIXED", "0"], out
-    codes, info = load_voice("v", root=tmp_path)
+    voice, info = load_voice("v", root=tmp_path)
+    codes = voice.codes
     assert info["tag"] in (100000 + ITERATIONS - 1, 200000 + ITERATIONS - 1)
     assert (codes == info["tag"]).all() and codes.shape[0] == info["frames"]
     assert [p.name for p in tmp_path.iterdir()] == ["v.voice.npz"]   # no temp file left
@@ -52,7 +54,8 @@ def test_round_trip_list_and_remove(tmp_path):
     codes = np.arange(12, dtype=np.int32).reshape(3, 4)
     add_voice("alice", codes, {"source": "a.wav"}, root=tmp_path)
     got, info = load_voice("alice", root=tmp_path)
-    np.testing.assert_array_equal(got, codes)
+    np.testing.assert_array_equal(got.codes, codes)
+    assert got.name == "alice" and got.codec is None     # stored without its codec
     assert info == {"source": "a.wav", "frames": 3, "n_vq": 4}
     assert list_voices(tmp_path) == [{"name": "alice", **info}]
     with pytest.raises(InputError, match="exists"):
@@ -67,8 +70,8 @@ def test_voices_stored_as_npy_and_json_still_load_and_are_replaced_whole(tmp_pat
     # the layout before one-file voices: NAME.npy (codes) + NAME.json (info)
     np.save(tmp_path / "old.npy", np.ones((2, 3), np.int32))
     (tmp_path / "old.json").write_text(json.dumps({"frames": 2, "n_vq": 3, "source": "x"}))
-    codes, info = load_voice("old", root=tmp_path)
-    assert codes.shape == (2, 3) and info["source"] == "x"
+    voice, info = load_voice("old", root=tmp_path)
+    assert voice.codes.shape == (2, 3) and info["source"] == "x"
     assert [v["name"] for v in list_voices(tmp_path)] == ["old"]
     with pytest.raises(InputError, match="exists"):
         add_voice("old", np.zeros((4, 3), np.int32), {}, root=tmp_path)

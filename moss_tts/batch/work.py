@@ -77,9 +77,8 @@ class LineRunner:
         return self.models[key]
 
     def _voice(self, tts, task: dict):
-        """The line's voice (a stored voice or a reference file), encoded once per model."""
-        from ..models.nano_tts import Reference
-
+        """The line's voice (a stored voice or a reference file), encoded once per model; a
+        stored voice made with another codec is refused by name (`tts.voice`), as in `tts`."""
         if task.get("voice"):
             key = (id(tts), "voice", task["voice"])
         elif task.get("reference"):
@@ -90,9 +89,7 @@ class LineRunner:
             if len(self.voices) >= MAX_VOICES:
                 self.voices.pop(next(iter(self.voices)))
             if key[1] == "voice":
-                from ..voices import load_voice
-                codes = load_voice(key[2], root=task["voices_dir"])[0]
-                self.voices[key] = Reference(codes[:, : tts.config.n_vq])
+                self.voices[key] = tts.voice(key[2], root=task["voices_dir"])
             else:
                 from ..audio import REFERENCE_MAX_SECONDS, read_audio
                 self.voices[key] = tts.encode_reference(

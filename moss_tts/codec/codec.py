@@ -228,6 +228,7 @@ class Codec(NativeResource):
 
     # -- helpers ----------------------------------------------------------------------------------
     def check_codes(self, codes, n_quantizers: int | None = None) -> np.ndarray:
+        self._need_open()
         c = np.asarray(codes)
         if c.dtype.kind not in "iu":
             raise InputError(f"codes must be integers, got dtype {c.dtype}")

@@ -16,7 +16,7 @@ from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
 from ..text.script import CJK_OR_HANGUL
-from ..tts import Reference
+from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_published import is_published_dir, load_published
 from .qwen3_tts import Qwen3TTS
@@ -60,6 +60,10 @@ class DelayTTS(Qwen3TTS):
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
     TOKENIZER_KEY = TOKENIZER_KEY
     PROMPT_FIELDS = FIELDS
+    TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
+    # new rows of one request: the backbone's 40960 positions (upstream's Qwen3 context) hold
+    # the prompt and the rows, 54 min of speech at 12.5 rows/s; no more can be used
+    BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, 40960, "rows")
     DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
 
     @staticmethod
@@ -87,9 +91,8 @@ class DelayTTS(Qwen3TTS):
         codec = self._need_codec()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
         x = resample(to_channels(x, 1), sample_rate, codec.sample_rate)
-        codes = codec.encode(loudness_normalize(x), codec.sample_rate,
-                             n_quantizers=self.config.n_vq)
-        return Reference(np.ascontiguousarray(codes.T))
+        return self._encoded(codec.encode(loudness_normalize(x), codec.sample_rate,
+                                          n_quantizers=self.config.n_vq))
 
     def plan(self, text: str, *, reference: Reference | None = None,
              prompt: Reference | None = None, prompt_text: str | None = None,
@@ -98,6 +101,9 @@ class DelayTTS(Qwen3TTS):
         ambient_sound, language; `seconds` sets `tokens`, the duration in codec frames). With
         `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
         text: give the transcript as `prompt_text` (as for Nano), or both in `text`."""
+        text = self._texts(text, dict(fields, prompt_text=prompt_text))
+        reference = self._reference(reference, "reference")
+        prompt = self._reference(prompt, "prompt")
         if prompt_text is not None:
             if prompt is None:
                 raise InputError("prompt_text is the transcript of the prompt audio: give "
@@ -115,12 +121,15 @@ class DelayTTS(Qwen3TTS):
     def forward(self, rows):
         """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits
         [n_vq, S, audio_rows]) — the research step, as `DelayModel.forward`."""
+        self._need_open()
         return self.model.forward(rows)
 
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_rows)."""
-        return self.model.generate(rows, **kwargs)
+        self._need_open()
+        return self.model.generate(rows, **self._bounded(kwargs, "max_new_rows"))
 
+    @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,
                prompt: Reference | None = None, prompt_text: str | None = None,
                options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
@@ -141,9 +150,12 @@ class DelayTTS(Qwen3TTS):
             pending = [f for f in map(frames.push, staircase) if f is not None]
         else:
             pending = []
-        generated = (row[1:] for row in self.model.iter_rows(
-            rows, options=options, seed=seed, max_new_rows=max_new_rows))
+        made = BudgetMeter(self.model.iter_rows(rows, options=options, seed=seed,
+                                                max_new_rows=max_new_rows), max_new_rows,
+                           lambda row: row[0] == self.config.im_end_token_id)
+        generated = (row[1:] for row in made)
         yield from self._decode(pending, (frames.push(codes) for codes in generated), skip)
+        yield from made.cuts()
 
     def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:
         """Frames (None: not complete yet) through codec streams, one per audio segment; the

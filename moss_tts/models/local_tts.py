@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalSamplingOptions
-from ..tts import Reference
+from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay_tts import DelayTTS
 from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
 
@@ -52,6 +52,9 @@ class LocalTTS(DelayTTS):
 
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer", LocalSamplingOptions
     DELAYED = False
+    # frames of one request: the Qwen3-1.7B backbone's 40960 positions (upstream's context)
+    # hold the prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
+    BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames")
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
@@ -66,17 +69,21 @@ class LocalTTS(DelayTTS):
 
     def forward(self, rows, **kwargs) -> np.ndarray:
         """rows [S, 1 + n_vq] → the backbone's hidden states [S, H] (`LocalModel.forward`)."""
+        self._need_open()
         return self.model.forward(rows, **kwargs)
 
     def depth_logits(self, hidden_row, row):
         """Per-channel logits of one frame, `row` teacher-forced (`LocalModel.depth_logits`)."""
+        self._need_open()
         return self.model.depth_logits(hidden_row, row)
 
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_frames,
         n_vq_for_inference)."""
-        return self.model.generate(rows, **kwargs)
+        self._need_open()
+        return self.model.generate(rows, **self._bounded(kwargs, "max_new_frames"))
 
+    @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,
                prompt: Reference | None = None,
                options: LocalSamplingOptions = LocalSamplingOptions(), seed: int | None = None,
@@ -98,13 +105,16 @@ class LocalTTS(DelayTTS):
             raise InputError(f"chunk_frames must be a whole number ≥ 0 (0 = adaptive), got "
                              f"{chunk_frames}")
         rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
-        frames = (row[1:1 + n] for row in self.model.iter_rows(
-            rows, options=options, seed=seed, max_new_frames=max_frames,
-            n_vq_for_inference=n))
+        made = BudgetMeter(self.model.iter_rows(rows, options=options, seed=seed,
+                                                max_new_frames=max_frames,
+                                                n_vq_for_inference=n), max_frames,
+                           lambda row: row[0] == self.config.audio_end_token_id)
+        frames = (row[1:1 + n] for row in made)
         with codec.stream_decoder(n_quantizers=n) as decoder:
             if prompt is not None and len(prompt.codes):
                 decoder.push(np.asarray(prompt.codes)[:, :n].T)   # primes the causal state
             yield from self._chunks(decoder, frames, int(chunk_frames))
+        yield from made.cuts()
 
     def _chunks(self, decoder, frames, chunk_frames: int, clock=time.monotonic):
         pending, made, started = [], 0.0, None

@@ -14,10 +14,11 @@ import numpy as np
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
 from ..errors import InputError, whole_number
 from ..sampling import LocalV15SamplingOptions
+from ..text.delay_prompts import FIELDS
 from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
-from ..tts import Reference
+from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
-from .nano_tts import as_voice, check_text, continuation_prompt_text
+from .nano_tts import continuation_prompt_text
 from .qwen3_tts import Qwen3TTS
 
 FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§4.7)
@@ -77,6 +78,10 @@ class LocalV15TTS(Qwen3TTS):
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer-v1.5", LocalV15SamplingOptions
     CHANNELS = 2                      # the 48 kHz stereo codec v2
     MODEL, TOKENIZER_KEY = LocalV15Model, TOKENIZER_KEY
+    TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
+    # frames of one request: the Qwen3-4B backbone's 40960 positions (its context) hold the
+    # prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
+    BUDGET = FrameBudget("max_frames", MAX_FRAMES, 40960, "frames")
 
     @staticmethod
     def prompt_ids(c) -> LocalV15PromptIds:
@@ -93,13 +98,8 @@ class LocalV15TTS(Qwen3TTS):
         codec = self._need_codec()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
         x = resample(to_channels(x, 2), sample_rate, codec.sample_rate)
-        codes = codec.encode(loudness_normalize(x), codec.sample_rate,
-                             n_quantizers=self.config.n_vq)
-        return Reference(np.ascontiguousarray(codes.T))
-
-    def _as_voice(self, value, what: str) -> Reference | None:
-        width = None if self.codec is None else self.codec.n_quantizers
-        return as_voice(value, self.config.n_vq, self.encode_reference, what, max_width=width)
+        return self._encoded(codec.encode(loudness_normalize(x), codec.sample_rate,
+                                          n_quantizers=self.config.n_vq))
 
     def plan(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
              seconds: float | None = None, **fields) -> np.ndarray:
@@ -108,32 +108,36 @@ class LocalV15TTS(Qwen3TTS):
         `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
         text: give the transcript as `prompt_text` (joined by a space unless it is CJK) or
         write both into `text`."""
-        text = check_text(text)
+        text = self._texts(text, dict(fields, prompt_text=prompt_text))
         if prompt_text is not None:
             if prompt is None:
                 raise InputError("prompt_text is the transcript of a continuation prompt: give "
                                  "prompt= (its audio or codes) too")
-            text = continuation_prompt_text(check_text(prompt_text, "prompt_text")) + text
+            text = continuation_prompt_text(prompt_text) + text
         if seconds is not None:
             if fields.get("tokens") is not None or not seconds > 0:
                 raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
             fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
-        reference, prompt = self._as_voice(reference, "reference"), self._as_voice(prompt, "prompt")
+        reference = self._reference(reference, "reference")
+        prompt = self._reference(prompt, "prompt")
         return build_prompt_rows(self.tokenizer, self.ids, text,
                                  references=None if reference is None else [reference.codes],
                                  prompt_codes=None if prompt is None else prompt.codes, **fields)
 
     def forward(self, rows) -> np.ndarray:
         """rows [S, 1 + n_vq] → backbone hidden [S, H] (`LocalV15Model.forward`)."""
+        self._need_open()
         return self.model.forward(rows)
 
     def depth_logits(self, hidden_row, codes=()):
         """(continue/stop logits [2], audio logits per channel) — `LocalV15Model.depth_logits`."""
+        self._need_open()
         return self.model.depth_logits(hidden_row, codes)
 
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
-        return self.model.generate(rows, **kwargs)
+        self._need_open()
+        return self.model.generate(rows, **self._bounded(kwargs, "max_frames"))
 
     def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
         """Text → (samples float32 [n, 2], sample_rate); options as `stream`. Nothing waits
@@ -143,6 +147,7 @@ class LocalV15TTS(Qwen3TTS):
         kwargs.setdefault("chunk_frames", MAX_CHUNK_FRAMES)
         return super().synthesize(text, **kwargs)
 
+    @family_stream
     def stream(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
                options: LocalV15SamplingOptions = LocalV15SamplingOptions(),
                seed: int | None = None, max_frames: int = MAX_FRAMES, chunk_frames: int = 0,
@@ -154,10 +159,10 @@ class LocalV15TTS(Qwen3TTS):
         before the first frame."""
         codec = self._need_codec()
         chunk_frames = whole_number(chunk_frames, "chunk_frames", 0)
-        prompt = self._as_voice(prompt, "prompt")
         rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
                          **fields)
-        frames = self.model.iter_frames(rows, options=options, seed=seed, max_frames=max_frames)
+        frames = BudgetMeter(self.model.iter_frames(rows, options=options, seed=seed,
+                                                    max_frames=max_frames), max_frames)
         return self._decode(codec, frames, prompt, ChunkLadder(codec.config.frame_rate,
                                                                fixed=chunk_frames))
 
@@ -174,3 +179,4 @@ class LocalV15TTS(Qwen3TTS):
                     ladder.pushed()
             if pending:
                 yield decoder.push(np.array(pending).T)
+        yield from frames.cuts()

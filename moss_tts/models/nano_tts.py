@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,7 +23,7 @@ from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_sam
                     prepare_texts, split_into_chunks)
 from ..text.chunking import contains_cjk
 from ..text.prompts import check_mode
-from ..tts import CodecTTS, Reference
+from ..tts import BudgetCut, CodecTTS, FrameBudget, Reference, check_text, family_stream
 from .nano import KIND, TOKENIZER_KEY, NanoModel
 
 logger = logging.getLogger(__name__)
@@ -42,9 +41,16 @@ MAX_TEXT_TOKENS = 250
 STATE_ROWS_STEP = 256
 
 
-def frame_budget(n_text_tokens: int, cap: int = MAX_FRAMES) -> int:
+def frame_budget(n_text_tokens: int, cap: float = MAX_FRAMES) -> int:
     """Frames a chunk may use: scales with its text, never above `cap`."""
     return int(min(cap, max(MIN_FRAMES, math.ceil(FRAMES_PER_TOKEN * n_text_tokens) + 50)))
+
+
+# max_frames caps each chunk's budget, which its text already bounds: the longest chunk
+# (MAX_TEXT_TOKENS) may use 1550 frames (124 s), so a larger max_frames could never be used
+# and would only size generation states for nothing
+BUDGET = FrameBudget("max_frames", MAX_FRAMES, frame_budget(MAX_TEXT_TOKENS, math.inf),
+                     "frames", per_chunk=True)
 
 
 def check_seed(seed) -> int | None:
@@ -57,45 +63,6 @@ def check_options(options) -> SamplingOptions:
         hint = " — build one with SamplingOptions(**options)" if isinstance(options, dict) else ""
         raise InputError(f"options must be a SamplingOptions, got {type(options).__name__}{hint}")
     return options
-
-
-def check_text(text, what: str = "text") -> str:
-    if isinstance(text, (bytes, bytearray)):
-        raise InputError(f"{what} must be a str, got {type(text).__name__}: decode it first, "
-                         f"e.g. {what}.decode('utf-8')")
-    if not isinstance(text, str):
-        raise InputError(f"{what} must be a str, got {type(text).__name__}")
-    return text
-
-
-def as_voice(value, n_vq: int, encode, what: str, *, max_width: int | None = None
-             ) -> Reference | None:
-    """A voice from what users hold: a Reference, its codes [frames, n_vq], or (samples,
-    sample_rate) of speech, which `encode` turns into codes. Codes up to `max_width` wide (a
-    stored voice keeps all of its codec's codebooks) give their first n_vq."""
-    if value is None or isinstance(value, Reference):
-        return value
-    if isinstance(value, tuple):
-        if len(value) != 2:
-            raise InputError(f"{what}: a tuple must be (samples, sample_rate), got {len(value)} "
-                             "items")
-        return encode(*value)
-    if isinstance(value, (str, bytes, os.PathLike)):
-        raise InputError(f"{what} cannot be a {type(value).__name__}: pass (samples, sample_rate) "
-                         "(moss_tts.read_audio(path) gives them) or a voice's codes")
-    try:
-        codes = np.asarray(value)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{what}: not a Reference, codes or (samples, sample_rate): {e}") from None
-    if codes.dtype.kind == "f":
-        raise InputError(f"{what}: a float array looks like audio; pass (samples, sample_rate)")
-    widths = range(n_vq, max(n_vq, max_width or n_vq) + 1)
-    if codes.dtype.kind not in "iu" or codes.ndim != 2 or codes.shape[1] not in widths:
-        flip = " (Codec.encode gives [n_q, frames]: transpose it)" \
-            if codes.ndim == 2 and codes.shape[0] in widths else ""
-        raise InputError(f"{what}: codes must be integers of shape [frames, {n_vq}], got "
-                         f"{codes.dtype} {list(codes.shape)}{flip}")
-    return Reference(np.ascontiguousarray(codes[:, :n_vq]))
 
 
 def continuation_prompt_text(chunk: str) -> str:
@@ -115,6 +82,7 @@ class NanoTTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer-Nano GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Nano", SamplingOptions
+    TEXT_FIELDS, BUDGET = (), BUDGET
     CHANNELS = 2
     _idle_state = None  # the last utterance's generation state, kept for the next
 
@@ -149,14 +117,9 @@ class NanoTTS(CodecTTS):
         """Reference speech → its first n_vq codebooks, [frames, n_vq] (mono is duplicated).
         Audio past max_seconds is cut with a warning (None keeps it all: a continuation prompt
         must match its text)."""
-        self._need_open()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
-        codes = self._need_codec().encode(x, sample_rate, n_quantizers=self.config.n_vq)
-        return Reference(np.ascontiguousarray(codes.T))
-
-    def _as_voice(self, value, what: str) -> Reference | None:
-        width = None if self.codec is None else self.codec.n_quantizers
-        return as_voice(value, self.config.n_vq, self.encode_reference, what, max_width=width)
+        return self._encoded(self._need_codec().encode(x, sample_rate,
+                                                       n_quantizers=self.config.n_vq))
 
     # -- generation -----------------------------------------------------------------------------
     def iter_frames(self, rows: np.ndarray, *, options: SamplingOptions = SamplingOptions(),
@@ -164,8 +127,7 @@ class NanoTTS(CodecTTS):
         """Frames [n_vq] generated after prompt rows, until the model stops (nano.md §4.1)."""
         self._need_open()
         options, seed = check_options(options), check_seed(seed)
-        max_frames = whole_number(max_frames, "max_frames", 1)
-        return self._frames(rows, options, seed, max_frames)
+        return self._frames(rows, options, seed, self.BUDGET.check(max_frames))
 
     def _frames(self, rows, options, seed, max_frames) -> Iterator[np.ndarray]:
         cfg, m = self.config, self.model
@@ -216,6 +178,7 @@ class NanoTTS(CodecTTS):
 
     def generate(self, rows: np.ndarray, **kwargs) -> np.ndarray:
         """Prompt rows → generated codes [frames, n_vq]."""
+        self._need_open()
         frames = list(self.iter_frames(rows, **kwargs))
         return np.array(frames, dtype=np.int32).reshape(len(frames), self.config.n_vq)
 
@@ -223,6 +186,7 @@ class NanoTTS(CodecTTS):
                    max_text_tokens: int = 75) -> tuple[list[str], str | None]:
         """(chunks, prompt text): the request's text normalized and cut into utterances of at
         most max_text_tokens tokens (upstream's voice-clone rules, used in every mode here)."""
+        self._need_open()
         text = check_text(text)
         if prompt_text is not None:
             prompt_text = check_text(prompt_text, "prompt_text")
@@ -238,6 +202,9 @@ class NanoTTS(CodecTTS):
                     prompt_text: str | None = None, prompt: Reference | None = None) -> np.ndarray:
         """One utterance's prompt rows [L, n_vq + 1]: voice clone with a reference, else
         continuation (of the prompt audio and its text, when given)."""
+        self._need_open()
+        reference = self._reference(reference, "reference")
+        prompt = self._reference(prompt, "prompt")
         mode = "voice_clone" if reference is not None else "continuation"
         return build_rows(self.tokenizer, chunk, mode=mode, ids=self.ids,
                           reference_codes=None if reference is None else reference.codes,
@@ -249,14 +216,15 @@ class NanoTTS(CodecTTS):
              max_text_tokens: int = 75) -> list[tuple[str, np.ndarray | None]]:
         """The utterances of a request: (chunk text, prompt rows). A continuation chunk after
         the first is prompted by the chunk before it as generated, so its rows are None here."""
-        self._need_open()
-        reference, prompt = self._as_voice(reference, "reference"), self._as_voice(prompt, "prompt")
+        reference = self._reference(reference, "reference")
+        prompt = self._reference(prompt, "prompt")
         chunks, prompt_text = self.split_text(text, prompt_text=prompt_text, normalize=normalize,
                                               max_text_tokens=max_text_tokens)
         return [(chunk, self.prompt_rows(chunk, reference=reference, prompt_text=prompt_text,
                                          prompt=prompt) if reference is not None or i == 0 else None)
                 for i, chunk in enumerate(chunks)]
 
+    @family_stream
     def stream(self, text: str, *, reference=None, prompt_text: str | None = None, prompt=None,
                options: SamplingOptions = SamplingOptions(), seed: int | None = None,
                max_frames: int = MAX_FRAMES, normalize: bool = True,
@@ -271,11 +239,8 @@ class NanoTTS(CodecTTS):
         continuation prompt, the codec stream first decodes the prompt (discarded), so the
         output continues it seamlessly. Arguments are checked before the first chunk is made.
         """
-        self._need_open()
         codec = self._need_codec()
         options, seed = check_options(options), check_seed(seed)
-        max_frames = whole_number(max_frames, "max_frames", 1)
-        reference, prompt = self._as_voice(reference, "reference"), self._as_voice(prompt, "prompt")
         chunks, prompt_text = self.split_text(text, prompt_text=prompt_text, normalize=normalize,
                                               max_text_tokens=max_text_tokens)
         check_mode("voice_clone" if reference is not None else "continuation",
@@ -307,26 +272,16 @@ class NanoTTS(CodecTTS):
                     frames.append(codes)
                     yield decoder.push(codes[:, None])
                 if len(frames) == budget:
-                    self._warn_cut(i, len(chunks), budget, codec)
+                    yield BudgetCut(budget, len(chunks))
                 if reference is None and frames:
                     prompt_text = continuation_prompt_text(chunk)
                     prompt = Reference(np.array(frames, dtype=np.int32))
-                if i + 1 < len(chunks):
+                if i + 1 < len(chunks) and frames:   # a pause after silence is not speech
                     yield np.zeros((pause_samples(chunk, self.sample_rate), self.channels),
                                    dtype=np.float32)
         finally:
             if decoder is not None:
                 decoder.close()
-
-    def _warn_cut(self, index: int, n_chunks: int, budget: int, codec: Codec) -> None:
-        seconds = budget * codec.downsample_rate / codec.sample_rate
-        logger.warning("text chunk %d of %d used its whole frame budget (%d frames, %.1f s) "
-                       "before the model ended it: its audio is cut; raise max_frames or lower "
-                       "max_text_tokens", index + 1, n_chunks, budget, seconds)
-
-    def _need_open(self) -> None:
-        if self.model is None:
-            raise InputError("this NanoTTS is closed; load it again with NanoTTS.load(...)")
 
     def close(self) -> None:
         if self._idle_state is not None:

@@ -9,17 +9,18 @@ Audio leaves through the codec's exact streaming decoder one frame (80 ms) at a 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, resample, to_channels
 from ..codec import Codec
-from ..errors import InputError
+from ..errors import BudgetWarning, InputError, whole_number
 from ..ggml.backend import NativeResource, released_on_error
 from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
-from ..tts import Reference
+from ..tts import BudgetMeter, FrameBudget, Reference, check_text, family_stream
 from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 
@@ -89,6 +90,9 @@ class RealtimeTTS(Qwen3TTS):
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Realtime", RealtimeSamplingOptions
     MODEL, TOKENIZER_KEY = RealtimeModel, TOKENIZER_KEY
+    # frames of one request (of one turn, live): the model card's 32K-token context (~40 min)
+    # holds the prompt and the frames; no more can be used
+    BUDGET = FrameBudget("max_frames", MAX_FRAMES, 32768, "frames")
 
     @staticmethod
     def prompt_ids(c) -> prompts.RealtimePromptIds:
@@ -103,49 +107,59 @@ class RealtimeTTS(Qwen3TTS):
         codec = self._need_codec()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
         x = resample(to_channels(x, 1), sample_rate, codec.sample_rate)
-        codes = codec.encode(x, codec.sample_rate, n_quantizers=self.config.rvq)
-        return Reference(np.ascontiguousarray(codes.T))
+        return self._encoded(codec.encode(x, codec.sample_rate, n_quantizers=self.config.rvq))
 
     def plan(self, text: str, *, reference: Reference | None = None):
         """(prompt rows [S, 1 + rvq] ending on the lead rows, the text ids fed afterwards)."""
+        text = self._texts(text, {})
+        reference = self._reference(reference, "reference")
         return prompts.build_generation_rows(self.tokenizer, self.ids, text,
                                              voice=None if reference is None else reference.codes)
 
     def forward(self, rows) -> np.ndarray:
         """rows [S, 1 + rvq] → backbone hidden states [S, H] (research API)."""
+        self._need_open()
         return self.model.forward(rows)
 
     def local_logits(self, hidden_row, codes) -> np.ndarray:
         """hidden [H], a frame's codes [rvq] → teacher-forced logits [rvq, audio_vocab_size]."""
+        self._need_open()
         return self.model.local_logits(hidden_row, codes)
 
     def generate(self, rows, text_ids=(), **kwargs) -> np.ndarray:
         """Prompt rows and the text ids to come → frames [N, rvq] (options, seed, max_frames)."""
-        return self.model.generate(rows, text_ids, **kwargs)
+        self._need_open()
+        return self.model.generate(rows, text_ids, **self._bounded(kwargs, "max_frames"))
 
+    @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,
                options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
                seed: int | None = None, max_frames: int = MAX_FRAMES) -> Iterator[np.ndarray]:
         """Offline as upstream's inferencer (the whole text tokenized at once): audio chunks
         [hop, 1], one per frame, until EOS or the first frame the codec cannot take."""
         rows, text_ids = self.plan(text, reference=reference)
-        frames = self.model.iter_frames(rows, text_ids, options=options, seed=seed,
-                                        max_frames=max_frames)
+        frames = BudgetMeter(self.model.iter_frames(rows, text_ids, options=options, seed=seed,
+                                                    max_frames=max_frames), max_frames)
         with self._frame_audio() as audio:
             for frame in frames:
                 chunk = audio.push(frame)
                 if audio.ended:
                     return
                 yield chunk[:, None]
+        yield from frames.cuts()
 
     def session(self, voice: Reference | None = None,
                 options: RealtimeSamplingOptions | None = None, seed: int | None = None, *,
                 max_frames: int = MAX_FRAMES, max_rows: int = SESSION_ROWS) -> "LiveSession":
         """A live conversation: `push_text` deltas, `end_text`, `drain`, `new_turn`, `close`.
-        max_frames caps each turn; max_rows the whole conversation's backbone rows."""
+        max_frames caps each turn; max_rows the whole conversation's backbone rows (both checked
+        against the budget's limit before the session's cache is reserved)."""
         self._need_codec()
-        return LiveSession(self, voice, options or RealtimeSamplingOptions(), seed,
-                           max_frames=max_frames, max_rows=max_rows)
+        max_frames = self.BUDGET.check(max_frames)
+        max_rows = whole_number(max_rows, "max_rows", 1, self.BUDGET.limit)
+        return LiveSession(self, self._reference(voice, "voice"),
+                           options or RealtimeSamplingOptions(), seed, max_frames=max_frames,
+                           max_rows=max_rows)
 
     def _frame_audio(self) -> FrameAudio:
         return FrameAudio(self._need_codec(), self.config.codebook_size, self.config.rvq)
@@ -193,7 +207,7 @@ class LiveSession(NativeResource):
         self._need_text()
         if not isinstance(delta, str):
             raise InputError(f"push_text takes text (str), got {type(delta).__name__}")
-        for ch in delta:
+        for ch in check_text(delta, "push_text's text"):
             segments, self._buffer = split_segments(self._buffer + ch)
             for segment in segments:
                 self._pending += self.tts.tokenizer.encode(segment)
@@ -232,6 +246,9 @@ class LiveSession(NativeResource):
         (training layout), then a user turn when user text or audio (codes from
         `tts.encode_reference`) is given. A turn still speaking is cut where it is (barge-in)."""
         self._need_open()
+        if user_text is not None:
+            check_text(user_text, "user_text")
+        user_audio = self.tts._reference(user_audio, "user_audio")
         if self._opened:     # the EOS row only closes a turn that spoke until EOS
             head = prompts.eos_row(self.ids) if self._prefilled and self._stream.finished \
                 else None
@@ -314,6 +331,10 @@ class LiveSession(NativeResource):
             chunk = self._frame(self._stream.step(self.ids.text_pad))
             if chunk.size:
                 yield chunk
+        if self._prefilled and not self._stream.finished:   # one warning per turn, as offline
+            warnings.warn(BudgetWarning(
+                f"this turn used its whole frame budget ({self.max_frames} frames) before the "
+                "model ended it: the audio is cut — raise max_frames"), stacklevel=2)
 
     @property
     def _done(self) -> bool:

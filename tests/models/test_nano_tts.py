@@ -7,6 +7,7 @@ stereo codec; everything through the real converters and loaders."""
 import itertools
 import logging
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from fixtures.compare import assert_close, assert_differs
 from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.reference import nano as ref
 from moss_tts.audio import REFERENCE_MAX_SECONDS
-from moss_tts.errors import InputError, ModelFileError
+from moss_tts.errors import BudgetWarning, InputError, ModelFileError
 from moss_tts.models.nano_tts import MAX_FRAMES, MIN_FRAMES, NanoTTS, Reference, frame_budget
 from moss_tts.sampling import SamplingOptions
 from moss_tts.text import pause_samples
@@ -114,8 +115,8 @@ def test_stop_bias_plus_50_generates_no_frame(nano_tts, nano_reference, mode):
     assert tts.generate(rows, options=GREEDY, max_frames=10).shape == (0, N_VQ)
     assert tts.generate(rows, seed=0, max_frames=10).shape == (0, N_VQ)  # sampled
     assert len(ref.generate_greedy(*nano_reference(*STOPS_AT_ONCE), rows, 10)) == 0
-    audio, sr = tts.synthesize(TEXT, seed=0, **request(mode))
-    assert audio.shape == (0, 2) and audio.dtype == np.float32 and sr == SAMPLE_RATE
+    with pytest.raises(InputError, match="no audio was made: the model ended the speech"):
+        tts.synthesize(TEXT, seed=0, **request(mode))     # never 0 samples (issue 22 #6)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -286,17 +287,17 @@ def test_continuation_chunks_are_prompted_by_the_chunk_before(nano_tts, mode):
     assert any(a.shape != b.shape or (a != b).any() for a, b in zip(carried[1:], independent[1:]))
 
 
-def test_a_cut_at_the_frame_budget_is_a_warning(nano_tts, caplog):
+def test_a_cut_at_the_frame_budget_is_one_warning_per_call(nano_tts):
     chunks = len(nano_tts(*NEVER_STOPS).plan(LONG_TEXT, max_text_tokens=20))
-    with caplog.at_level(logging.WARNING, logger="moss_tts.models.nano_tts"):
+    with pytest.warns(BudgetWarning) as seen:
         nano_tts(*NEVER_STOPS).synthesize(LONG_TEXT, seed=0, max_frames=6, max_text_tokens=20)
-    cuts = [r for r in caplog.records if "frame budget" in r.getMessage()]
-    assert len(cuts) == chunks > 1 and all(r.levelno == logging.WARNING for r in cuts)
-    assert "chunk 1 of" in cuts[0].getMessage() and "6 frames" in cuts[0].getMessage()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="moss_tts.models.nano_tts"):
-        nano_tts(*STOPS_AT_ONCE).synthesize(LONG_TEXT, seed=0, max_frames=6)
-    assert not [r for r in caplog.records if "frame budget" in r.getMessage()]
+    cuts = [w for w in seen if issubclass(w.category, BudgetWarning)]
+    assert len(cuts) == 1 and chunks > 1
+    assert str(cuts[0].message).startswith(f"{chunks} of {chunks} text chunk(s)")
+    assert "(6 frames" in str(cuts[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)     # a model that stops is not cut
+        nano_tts(*PARITY).synthesize(TEXT, seed=0)
 
 
 HUGE_TEXT_CHARS = 100_000
@@ -515,7 +516,7 @@ def test_a_reference_may_be_audio_codes_or_a_stored_voice(nano_tts, tmp_path):
     stored = tts.codec.encode(clip(), SAMPLE_RATE).T            # [frames, 8]: as `voice add`
     assert stored.shape[1] == tts.codec.n_quantizers > N_VQ
     add_voice("alice", stored, {"source": "test"}, root=tmp_path)
-    codes, _ = moss_tts.load_voice("alice", root=tmp_path)
+    codes = moss_tts.load_voice("alice", root=tmp_path)[0].codes
     got, _ = tts.synthesize(TEXT, reference=codes, seed=0, max_frames=4)
     np.testing.assert_array_equal(got, want)
     other, _ = tts.synthesize(TEXT, reference=seeded_codes(len(codes), seed=9), seed=0,

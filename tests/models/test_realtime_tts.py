@@ -302,8 +302,10 @@ def test_session_bad_input(realtime_tts):
     for call in (lambda: s.push_text("x"), s.end_text, s.drain, s.new_turn):
         with pytest.raises(InputError, match="session is closed"):
             call()
-    with pytest.raises(InputError, match="max_frames and max_rows"):
+    with pytest.raises(InputError, match=r"max_frames must be a whole number in \[1, "):
         tts.session(max_frames=0)
+    with pytest.raises(InputError, match=r"max_rows must be a whole number in \[1, "):
+        tts.session(max_rows=0)
 
 
 def test_offline_bad_input(realtime_tts, realtime_files, codec_gguf):

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 import moss_tts
-from moss_tts.errors import ModelFileError
+from moss_tts.errors import InputError, ModelFileError
 from moss_tts.load import load_tts, tts_class
 from moss_tts.models import nano_tts as nano_tts_module
 from moss_tts.models.delay_tts import DelayTTS
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.sampling import DelaySamplingOptions, SamplingOptions
-from moss_tts.tts import TTS, CodecTTS, Reference
+from moss_tts.tts import TTS, CodecTTS, Reference, family_stream
 
 from .conftest import THREADS
 
@@ -32,11 +32,11 @@ def test_one_reference_type_for_every_family(nano_tts):
     assert type(ref) is Reference
 
 
-def test_nano_synthesize_with_no_audio_is_empty_stereo(nano_tts, monkeypatch):
+def test_a_stream_with_no_audio_is_an_error_never_0_samples(nano_tts, monkeypatch):
     tts = nano_tts()
-    monkeypatch.setattr(NanoTTS, "stream", lambda self, text, **kw: iter(()))
-    audio, sr = tts.synthesize("Hi.")
-    assert audio.shape == (0, 2) and sr == tts.sample_rate
+    monkeypatch.setattr(NanoTTS, "stream", family_stream(lambda self, text, **kw: iter(())))
+    with pytest.raises(InputError, match="no audio was made: the model ended the speech"):
+        tts.synthesize("Hi.")
 
 
 def test_load_tts_picks_the_family_from_the_gguf_kind(nano_files, codec_gguf, delay_files):
