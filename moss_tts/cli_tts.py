@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import os
 import sys
 from pathlib import Path
 
@@ -149,8 +150,8 @@ def _check_tts_flags(args) -> None:
 
 
 def _read_text(args) -> str:
-    if args.text is not None:
-        return args.text
+    if args.text is not None:   # argv bytes that are not UTF-8 arrive as lone surrogates
+        return _utf8(os.fsencode(args.text), "--text")
     if args.text_file == "-":   # the usual name for stdin; read even a terminal, to Ctrl-D
         if sys.stdin is None:
             raise InputError("--text-file -: stdin is closed; pass a file name or --text")

@@ -9,6 +9,7 @@ checks them); which families take a knob is read from their options classes and 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -52,8 +53,8 @@ KNOBS = (
          field="audio_repetition_penalty"),
     Knob("text_top_k", int, "text top-k, 0 = off", field="text_top_k"),
     Knob("text_top_p", float, "text top-p", field="text_top_p"),
-    Knob("greedy", bool, "greedy decoding as upstream's (argmax, no sampling processors); "
-         "takes no sampling knob"),
+    Knob("greedy", bool, "greedy decoding as upstream's greedy (argmax; the repetition penalty "
+         "stays where upstream keeps it); takes no sampling knob"),
     Knob("seed", int, "random seed, 0 or more (default: unseeded; batch: from the line's id)",
          keyword="seed", low=0, high=SEED_LIMIT - 1),
     Knob("max_frames", int, "cap of generated frames", keyword="max_frames",
@@ -195,15 +196,18 @@ def renamed(error: InputError, surface: str) -> InputError:
 
 def family_defaults(knob: Knob, families) -> str:
     """'Nano 0.8, Delay 1.7, ...': each family's default for a knob, read from its options
-    class or its frame budget (help text never repeats a number)."""
+    class or its `stream` signature (help text never repeats a number)."""
     out = []
     for f in families_taking(knob, families):
         if knob.field:
             value = getattr(f.options_class()(), knob.field)
-        elif knob.keyword in ("max_frames", "max_new_rows"):
-            budget = f.tts_class().BUDGET
-            value = f"{budget.default}{' per text chunk' if budget.per_chunk else ''}"
         else:
-            continue
+            cls = f.tts_class()
+            param = inspect.signature(cls.stream).parameters.get(knob.keyword)
+            if param is None or param.default in (None, inspect.Parameter.empty):
+                continue
+            value = param.default
+            if knob.keyword == cls.BUDGET.keyword and cls.BUDGET.per_chunk:
+                value = f"{value} per text chunk"
         out.append(f"{f.short} {value}")
     return ", ".join(out)

@@ -83,6 +83,7 @@ class NanoTTS(CodecTTS):
     CODEC_NAME = "the MOSS-Audio-Tokenizer-Nano GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Nano", SamplingOptions
     TEXT_FIELDS, BUDGET = (), BUDGET
+    MAX_TEXT_TOKENS = MAX_TEXT_TOKENS     # the most `max_text_tokens` takes (knobs.py reads it)
     CHANNELS = 2
     _idle_state = None  # the last utterance's generation state, kept for the next
 
