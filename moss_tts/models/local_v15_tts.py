@@ -78,6 +78,7 @@ class LocalV15TTS(Qwen3TTS):
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer-v1.5", LocalV15SamplingOptions
     CHANNELS = 2                      # the 48 kHz stereo codec v2
     MODEL, TOKENIZER_KEY = LocalV15Model, TOKENIZER_KEY
+    PROMPT_FIELDS = FIELDS            # upstream's user-message fields, as Delay's
     TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
     # frames of one request: the Qwen3-4B backbone's 40960 positions (its context) hold the
     # prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
