@@ -73,10 +73,9 @@ def as_reference(value, what: str, *, n_vq: int, max_width: int | None,
     info)), its codes [frames, n_vq] (up to `max_width` wide: a stored voice keeps all of its
     codec's codebooks; the first n_vq are used), or (samples, sample_rate) of speech, which
     `encode` turns into codes. The codec identity is kept; the caller checks it."""
+    value = unwrapped(value)
     if value is None:
         return None
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], Reference):
-        value = value[0]                     # a loaded voice: (Reference, info)
     if isinstance(value, Reference):
         codes = check_codes(value.codes, what, n_vq, max_width)
         return value if codes is value.codes else Reference(codes, value.codec, value.name)
@@ -90,6 +89,13 @@ def as_reference(value, what: str, *, n_vq: int, max_width: int | None,
                          "(moss_tts.read_audio(path) gives them), a voice's codes, or "
                          "tts.voice(name) for a stored voice")
     return Reference(check_codes(value, what, n_vq, max_width))
+
+
+def unwrapped(value):
+    """A loaded voice (`load_voice`'s (Reference, info)) as its Reference; else `value`."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], Reference):
+        return value[0]
+    return value
 
 
 def check_codes(value, what: str, n_vq: int, max_width: int | None) -> np.ndarray:

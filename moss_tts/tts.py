@@ -17,7 +17,8 @@ import numpy as np
 from .audio import as_sample_rate, as_samples, trim_reference
 from .errors import BudgetWarning, InputError, ModelFileError, whole_number
 from .ggml.backend import NativeResource, released_on_error
-from .reference import Reference, as_reference, codec_info, codec_problem, pcm_as_float
+from .reference import (Reference, as_reference, codec_info, codec_problem, pcm_as_float,
+                        unwrapped)
 from .voices import load_voice
 
 __all__ = ["TTS", "CodecTTS", "Reference", "FrameBudget", "BudgetCut", "BudgetMeter",
@@ -218,8 +219,7 @@ class CodecTTS(NativeResource):
         """Any reference form (`as_reference`) as this model's Reference; codes made by another
         codec are refused by name, never used as noise."""
         self._need_open()
-        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], Reference):
-            value = value[0]                     # a loaded voice: (Reference, info)
+        value = unwrapped(value)
         if isinstance(value, Reference):         # the codec first: whatever the codes' shape
             self._check_voice_codec(value, what)
         width = None if self.codec is None else self.codec.n_quantizers
@@ -227,6 +227,8 @@ class CodecTTS(NativeResource):
                             encode=self.encode_reference)
 
     def _check_voice_codec(self, ref: Reference, what: str) -> None:
+        """A Reference made by another codec (or a stored voice with too few codebooks) is
+        refused by the voice's name and the fix."""
         problem = None if ref.codec is None or self.codec is None \
             else codec_problem(ref.codec, self.codec)
         if ref.name and problem is None and ref.codes.shape[1] < self.config.n_vq:
