@@ -12,6 +12,7 @@ import logging
 import os
 import platform
 import sys
+import warnings
 from contextlib import contextmanager
 
 
@@ -519,6 +520,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _report_warnings(quiet: bool) -> None:
+    """What the library warns a user about (a frame budget that cut the audio) is one
+    "warning:" line on stderr each time, or nothing with --quiet; other warnings as Python
+    shows them."""
+    from .errors import BudgetWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, BudgetWarning):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    warnings.simplefilter("ignore" if quiet else "always", BudgetWarning)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -527,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    _report_warnings(quiet=getattr(args, "quiet", False))
     try:
         return args.func(args)
     except MossTTSError as e:

@@ -61,13 +61,13 @@ KNOBS = (
          limit=lambda cls: cls.BUDGET.limit, aliases=("max_new_frames",)),
     Knob("max_new_rows", int, "cap of generated rows (frames plus the staircase)",
          keyword="max_new_rows", limit=lambda cls: cls.BUDGET.limit),
-    Knob("max_text_tokens", int, "text tokens per chunk of a long text",
+    Knob("voice_clone_max_text_tokens", int, "text tokens per chunk of a long text",
          keyword="max_text_tokens", limit=lambda cls: cls.MAX_TEXT_TOKENS,
-         aliases=("voice_clone_max_text_tokens",)),
+         aliases=("max_text_tokens",)),
     Knob("language", str, "the language of the text (e.g. en, zh)", keyword="language",
          high=MAX_PROMPT_CHARS),
-    Knob("instruction", str, "a style instruction for the voice (the server also takes "
-         "OpenAI's `instructions`)", keyword="instruction", high=MAX_PROMPT_CHARS),
+    Knob("instruction", str, "a style instruction for the voice", keyword="instruction",
+         high=MAX_PROMPT_CHARS, aliases=("instructions",)),    # OpenAI's speech field
     Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens"),
     Knob("seconds", float, "the duration in seconds (or tokens)", keyword="seconds", low=0),
     Knob("n_vq", int, "codebooks to generate and decode (variable bitrate; default all)",
@@ -78,10 +78,13 @@ SPELLINGS = {alias: k for k in KNOBS for alias in (k.name, *k.aliases)}   # ever
 SAMPLING = tuple(k for k in KNOBS if k.field)
 
 
-def spelled(knob: Knob, surface: str) -> str:
-    """How `surface` ("cli", "request", "manifest") names a knob in an error."""
-    return knob.flag if surface == "cli" else repr(knob.name) if surface == "request" \
-        else knob.name
+def spelled(knob: Knob, surface: str, given_as: dict | None = None) -> str:
+    """How `surface` ("cli", "request", "manifest") names a knob in an error: as the user
+    spelled it where `given_as` (knob name → spelling) says, else by its name."""
+    if surface == "cli":
+        return knob.flag
+    name = (given_as or {}).get(knob.name, knob.name)
+    return repr(name) if surface == "request" else name
 
 
 def takes(family, knob: Knob) -> bool:
@@ -113,7 +116,8 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
             raise InputError(f"{name} must be at most {knob.high:g} characters, got {len(value)}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{name} must be a number, got {_kind(value)}")
+        raise InputError(f"{name} must be {'an integer' if knob.kind is int else 'a number'}, "
+                         f"got {_kind(value)}")
     if not math.isfinite(value):
         raise InputError(f"{name} must be a finite number, got {value}")
     given = value
@@ -121,13 +125,31 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
         if not float(value).is_integer():
             raise InputError(f"{name} must be a whole number, got {value}")
         value = int(value)
-    if knob.field is None and (value < knob.low or (knob.low == 0 and knob.kind is float
-                                                    and value == 0)):
+    if knob.field:
+        return _within_some_family(knob, value, surface)
+    if value < knob.low or (knob.low == 0 and knob.kind is float and value == 0):
         least = "above 0" if knob.kind is float and knob.low == 0 else f"at least {knob.low}"
         raise InputError(f"{name} must be {least}, got {given}")
     if knob.high is not None and value > knob.high:
         raise InputError(f"{name} must be at most {int(knob.high)}, got {given}")
     return value
+
+
+def _within_some_family(knob: Knob, value, surface: str):
+    """A sampling value some family's options class takes (each family's own check runs again
+    once the family is known: a temperature of 0 is greedy for Delay, an error for Nano)."""
+    from .models.registry import FAMILIES
+
+    first = None
+    for family in FAMILIES:
+        options_class = family.options_class()
+        if knob.field in {f.name for f in dataclasses.fields(options_class)}:
+            try:
+                options_class(**{knob.field: value})
+                return value
+            except InputError as e:
+                first = first or e
+    raise renamed(first, surface)
 
 
 def _from_text(knob: Knob, text: str, name: str):
@@ -147,28 +169,29 @@ def _kind(value) -> str:
             list: "a list", dict: "an object", type(None): "null"}.get(type(value), "a value")
 
 
-def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str, ...] = ()
-                       ) -> dict:
+def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str, ...] = (),
+                       given_as: dict | None = None) -> dict:
     """Knob values a user gave (knob name → value parsed by `parse`) → the family's `stream`
     keywords: `options` (its options class over its defaults, or its greedy variant) and each
     keyword knob checked against the family's own limit. A knob the family does not take is
     an InputError naming it in the surface's spelling, except the `lenient` ones, dropped
-    (the server's OpenAI `instructions`, which clients send to any model)."""
+    (the server's OpenAI `instructions`, which clients send to any model). `given_as`: how
+    the user spelled each knob (an alias), for the errors."""
     cls, options_class = family.tts_class(), family.options_class()
     knobs = {BY_NAME[name]: value for name, value in given.items() if value is not None}
     unused = [k for k in knobs if not takes(family, k) and k.name not in lenient]
     if unused:
-        raise InputError(f"{spelled(unused[0], surface)} is not a {family.name} option: leave "
-                         "it out, or use a model of a family that takes it")
+        raise InputError(f"{spelled(unused[0], surface, given_as)} is not a {family.name} "
+                         "option: leave it out, or use a model of a family that takes it")
     knobs = {k: v for k, v in knobs.items() if takes(family, k)}
     sampling = {k: v for k, v in knobs.items() if k.field}
     if knobs.get(BY_NAME["greedy"]) and sampling:
         raise InputError(f"{spelled(BY_NAME['greedy'], surface)} takes no sampling knob: leave "
-                         f"out {spelled(next(iter(sampling)), surface)} (or greedy)")
+                         f"out {spelled(next(iter(sampling)), surface, given_as)} (or greedy)")
     try:
         options = options_class(**{k.field: v for k, v in sampling.items()})
     except InputError as e:
-        raise renamed(e, surface) from None
+        raise renamed(e, surface, given_as) from None
     if knobs.get(BY_NAME["greedy"]):
         options = options.greedy()
     words = {"options": options}
@@ -176,13 +199,13 @@ def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str,
         if knob.keyword is None:
             continue
         if knob.limit is not None and value > knob.limit(cls):
-            raise InputError(f"{spelled(knob, surface)} must be at most {knob.limit(cls)} for "
-                             f"{family.name}, got {value}")
+            raise InputError(f"{spelled(knob, surface, given_as)} must be at most "
+                             f"{knob.limit(cls)} for {family.name}, got {value}")
         words[knob.keyword] = value
     return words
 
 
-def renamed(error: InputError, surface: str) -> InputError:
+def renamed(error: InputError, surface: str, given_as: dict | None = None) -> InputError:
     """An InputError raised by the API (naming an options field or `stream` keyword first)
     spelled as `surface` names that knob, so a CLI user reads `--n-vq`, not
     `n_vq_for_inference`."""
@@ -190,7 +213,7 @@ def renamed(error: InputError, surface: str) -> InputError:
     for knob in KNOBS:
         for api in {knob.field, knob.keyword} - {None}:
             if message.startswith(api + " ") or message.startswith(api + ":"):
-                return InputError(spelled(knob, surface) + message[len(api):])
+                return InputError(spelled(knob, surface, given_as) + message[len(api):])
     return error
 
 

@@ -192,7 +192,7 @@ class ServedModel:
         to any model: a family without a style prompt ignores it."""
         try:
             return synthesis_keywords(self.family, req.knobs, "request",
-                                      lenient=("instruction",))
+                                      lenient=("instruction",), given_as=req.given_as)
         except InputError as e:
             raise RequestError(400, first_line(e)) from None
 

@@ -49,6 +49,7 @@ class LiveConfig:
     voice: str | None
     reference_audio: str | None
     knobs: dict               # knob name → value (a live turn's max_frames caps each turn)
+    given_as: dict            # knob name → the field that gave it
 
 
 def parse_config(raw: str) -> LiveConfig:
@@ -59,7 +60,7 @@ def parse_config(raw: str) -> LiveConfig:
                                 "messages come after it")
     _string(body, "format", None, ("pcm",))
     return LiveConfig(model=_string(body, "model"), voice=_string(body, "voice"),
-                      reference_audio=_string(body, "reference_audio"), knobs=knob_fields(body))
+                      reference_audio=_string(body, "reference_audio"), **knob_fields(body))
 
 
 def parse_message(raw: str) -> tuple[str, str | None]:

@@ -44,6 +44,7 @@ class SpeechRequest:
     voice: str | None
     reference_audio: str | None      # base64, decoded by the model worker
     knobs: dict                      # knob name → value, for the knobs the request gave
+    given_as: dict                   # knob name → the field that gave it (an alias: errors say it)
 
 
 def check_content_type(headers) -> None:
@@ -149,14 +150,15 @@ def parse_speech(raw: bytes) -> SpeechRequest:
         text=text, response_format=fmt, stream_format=stream_format, speed=speed,
         pcm_layout=_string(body, "pcm_layout", "openai", ("openai", "native")),
         voice=_string(body, "voice"), reference_audio=_string(body, "reference_audio"),
-        knobs=knob_fields(body))
+        **knob_fields(body))
 
 
 def knob_fields(body: dict) -> dict:
-    """The knobs a request gave (by any of their spellings) → knob name → value, each of its
-    type and within the bounds every family shares (a family's own are checked when the model
-    is known); a knob given twice (`instructions` and `instruction`) is refused."""
-    out = {}
+    """The knobs a request gave (by any of their spellings) → {"knobs": knob name → value,
+    "given_as": knob name → spelling}, each value of its type and within the bounds every
+    family shares (a family's own are checked when the model is known); a knob given twice
+    (`instructions` and `instruction`) is refused."""
+    out, given_as = {}, {}
     for spelling, knob in SPELLINGS.items():
         if body.get(spelling) is None:
             continue
@@ -169,8 +171,8 @@ def knob_fields(body: dict) -> dict:
             raise RequestError(400, str(e).replace(repr(knob.name), repr(spelling), 1)) from None
         if knob.kind is str:
             value = value.strip() or None      # an empty instruction means none
-        out[knob.name] = value
-    return {k: v for k, v in out.items() if v is not None}
+        out[knob.name], given_as[knob.name] = value, spelling
+    return {"knobs": {k: v for k, v in out.items() if v is not None}, "given_as": given_as}
 
 
 def parse_voice(raw: bytes) -> tuple[str, str, str | None]:

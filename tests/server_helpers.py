@@ -92,6 +92,7 @@ class StubTTS:
     'fail-late' raise before / after the first audio, 'bug' raises a non-package error."""
 
     sample_rate, channels, OPTIONS = SR, 2, SamplingOptions
+    FAMILY = "nano"     # the registry row whose knobs a request may give it
     config = SimpleNamespace(n_vq=2)
     codec = SimpleNamespace(config=SimpleNamespace(variant="stub", codebook_size=4),
                             sample_rate=SR, n_quantizers=2)

@@ -109,11 +109,15 @@ def test_bad_input_is_one_line_and_writes_nothing(models, tmp_path, case):
     assert not out.exists() and not (tmp_path / "o.mp3").exists()
 
 
-def test_a_cut_at_the_frame_budget_shows_on_stderr(models, tmp_path):
-    """The tiny model never stops (stop_bias -50): --max-frames cuts every chunk, and says so."""
+def test_a_cut_at_the_frame_budget_shows_on_stderr_once_and_quiet_silences_it(models, tmp_path):
+    """The tiny model never stops (stop_bias -50): --max-frames cuts every chunk, and says so in
+    one warning line; --quiet silences it (issue 22 #6)."""
     env = {"MOSS_TTS_CACHE": str(tmp_path / "cache")}
-    r = cli("tts-nano", "--model", models["tts_dir"], "--codec", models["codec"], "--greedy",
-            "--text", "Hello there.", "--max-frames", 4, "--quiet", "-o", tmp_path / "a.wav",
-            env=env)
+    args = ("tts-nano", "--model", models["tts_dir"], "--codec", models["codec"], "--greedy",
+            "--text", "Hello there. How are you today?", "--max-frames", 4)
+    r = cli(*args, "-o", tmp_path / "a.wav", env=env)
     assert r.returncode == 0, r.stderr
+    assert r.stderr.count(b"warning:") == 1, r.stderr
     assert b"frame budget (4 frames" in r.stderr and b"audio is cut" in r.stderr
+    r = cli(*args, "--quiet", "-o", tmp_path / "b.wav", env=env)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr

@@ -155,7 +155,7 @@ def test_each_model_runs_on_its_own_worker_thread():
 
 def test_sampling_defaults_come_from_the_familys_dataclass():
     class DelayStub(StubTTS):
-        OPTIONS = DelaySamplingOptions
+        FAMILY, OPTIONS = "delay", DelaySamplingOptions
 
     served = ServedModel("d", DelayStub(), 1, "test-worker")
     try:

@@ -60,9 +60,10 @@ def _model_type(config: dict) -> str | None:
 
 # config.json → family: structure first, since MossTTSLocal (1.7B) says `moss_tts_delay` like
 # Delay and differs by its local_* fields, and Local v1.5 says `moss_tts_local` or carries a
-# gpt2_config (docs/upstream-notes.md, P26)
+# gpt2_config (docs/upstream-notes.md, P26) — as Nano does, which says `moss_tts_nano`
 def _is_local_v15(c: dict) -> bool:
-    return "gpt2_config" in c or _model_type(c) == "moss_tts_local"
+    return _model_type(c) == "moss_tts_local" or (
+        "gpt2_config" in c and _model_type(c) != "moss_tts_nano")
 
 
 def _is_local(c: dict) -> bool:

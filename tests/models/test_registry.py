@@ -35,7 +35,7 @@ def test_a_rows_keywords_are_what_its_stream_takes(row):
 
 
 def test_exactly_one_row_detects_each_config():
-    configs = {"nano": {"model_type": "moss_tts_nano"},
+    configs = {"nano": {"model_type": "moss_tts_nano", "gpt2_config": {}},   # as Nano's own
                "delay": {"model_type": "moss_tts_delay"},
                "local": {"model_type": "moss_tts_delay", "local_num_layers": 1},
                "local-v15": {"model_type": "moss_tts_delay", "gpt2_config": {},
