@@ -127,12 +127,14 @@ def _reference(args, tts):
 
 
 def _prompt(args, tts) -> dict:
-    """Continuation: the prompt audio encoded whole (it must match its transcript)."""
+    """Continuation: the prompt audio encoded whole (it must match its transcript), and the
+    transcript (`_check_tts_flags` made sure both or neither are given)."""
     from .audio import read_audio
 
     if args.prompt_audio is None:
         return {}
-    return {"prompt": tts.encode_reference(*read_audio(args.prompt_audio), max_seconds=None)}
+    return {"prompt": tts.encode_reference(*read_audio(args.prompt_audio), max_seconds=None),
+            "prompt_text": args.prompt_text}
 
 
 def _check_tts_flags(args) -> None:

@@ -152,12 +152,14 @@ def test_a_flag_of_another_family_is_one_line_naming_flag_and_family(models, tmp
     assert not out.exists()
 
 
-def test_tts_nano_refuses_a_delay_model_and_delay_needs_its_codec(models, tmp_path, capsys):
+def test_tts_nano_refuses_a_delay_model_and_delay_takes_its_familys_codec(models, tmp_path,
+                                                                         capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")      # the default codec is a repo id: no network
     out = tmp_path / "o.wav"
     err = in_process(capsys, "tts-nano", "--model", models["delay"], "--text", "hi", "-o", out)
     assert "a MOSS-TTS (Delay) model" in err and "python -m moss_tts tts" in err
     err = in_process(capsys, "tts", "--model", models["delay"], "--text", "hi", "-o", out)
-    assert "--codec is required for MOSS-TTS (Delay)" in err
+    assert "--codec OpenMOSS-Team/MOSS-Audio-Tokenizer: not in the local Hugging Face" in err
     err = in_process(capsys, "tts", "--model", models["delay"], "--codec", models["nano_codec"],
                      "--text", "hi", "-o", out)
     assert "mismatched codec" in err
@@ -168,6 +170,6 @@ def test_help_shows_each_familys_default_from_its_dataclass(capsys):
     with pytest.raises(SystemExit):
         main(["tts", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert ("(family default: nano 0.8, delay 1.7, local 1.0, local-v15 1.7, realtime 0.8)"
+    assert ("(default: Nano 0.8, Delay 1.7, Local 1.0, Local v1.5 1.7, Realtime 0.8)"
             in text)                                                      # --temperature
-    assert "(family default: delay 50, local 50, local-v15 50)" in text   # --text-top-k
+    assert "(default: Delay 50, Local 50, Local v1.5 50)" in text         # --text-top-k

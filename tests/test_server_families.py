@@ -17,7 +17,7 @@ from converters.delay import convert as convert_delay
 from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import SAMPLE_RATE as DELAY_SR, make_tiny_delay_checkpoint
 from moss_tts.cli_tts import load_models
-from moss_tts.errors import InputError
+from moss_tts.errors import InputError, MossTTSError
 from moss_tts.models.delay_tts import DelayTTS
 from moss_tts.sampling import DelaySamplingOptions, SamplingOptions
 from moss_tts.server import ServedModel, create_app
@@ -139,7 +139,7 @@ def test_a_field_the_family_does_not_take_is_400(server):
     s, _ = server
     status, _, body = call(s.url, "/v1/audio/speech", {"model": "moss-tts-delay", "input": "hi",
                                                        "max_new_frames": 5})
-    assert status == 400 and b"'max_new_frames' is not an option of model" in body
+    assert status == 400 and b"'max_new_frames' is not a MOSS-TTS (Delay) option" in body
 
 
 def test_each_model_runs_on_its_own_worker_thread():
@@ -169,12 +169,14 @@ def test_sampling_defaults_come_from_the_familys_dataclass():
         served.worker.close()
 
 
-def test_serve_loading_pairs_codecs_with_models_in_order(files):
+def test_serve_loading_pairs_codecs_with_models_in_order(files, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")     # the default codec is a repo id: no network
     args = SimpleNamespace(model=[str(files.nano)], codec=[str(files.nano_codec), "x.gguf"],
                            backend="cpu", threads=1)
     with pytest.raises(InputError, match="2 --codec for 1 --model"):
         load_models(args)
-    args.codec = None                        # a Delay model has no default codec
+    args.codec = None                        # a Delay model's default codec is the 24 kHz one
     args.model = [str(files.delay)]
-    with pytest.raises(InputError, match="--codec is required for MOSS-TTS \\(Delay\\)"):
+    with pytest.raises(MossTTSError, match="--codec OpenMOSS-Team/MOSS-Audio-Tokenizer: not in "
+                                           "the local Hugging Face cache"):
         load_models(args)

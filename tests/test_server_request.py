@@ -62,10 +62,10 @@ def test_a_body_within_the_limit_with_an_unknown_field_is_400_not_200(server):
 
 def test_parse_speech_defaults_follow_openai():
     req = parse_speech(b'{"input": "hi", "model": "tts-1", "voice": "alloy"}')
-    assert (req.response_format, req.stream_format, req.pcm_layout, req.speed, req.seed) == \
-        ("mp3", None, "openai", 1.0, None)
+    assert (req.response_format, req.stream_format, req.pcm_layout, req.speed, req.knobs) == \
+        ("mp3", None, "openai", 1.0, {})
     assert parse_speech(b'{"input": "hi", "stream_format": "sse"}').response_format == "pcm"
-    assert parse_speech(b'{"input": "hi", "seed": 4294967295}').seed == 2**32 - 1
+    assert parse_speech(b'{"input": "hi", "seed": 4294967295}').knobs == {"seed": 2**32 - 1}
 
 
 def test_parse_voice_rejects_non_string_names_instead_of_stringifying_them():
