@@ -73,8 +73,9 @@ def test_a_knob_of_another_family_is_refused_by_its_spelling():
 def test_voice_clone_max_text_tokens_is_bounded_before_the_model_loads():
     """Finding 10: 251 was refused only after the model loaded; the bound is Nano's own."""
     limit = BY_KIND["nano"].tts_class().MAX_TEXT_TOKENS
-    with pytest.raises(InputError, match=f"^--max-text-tokens must be at most {limit}"):
-        synthesis_keywords(BY_KIND["nano"], {"max_text_tokens": limit + 1}, "cli")
+    with pytest.raises(InputError, match=f"^--voice-clone-max-text-tokens must be at most "
+                                         f"{limit}"):
+        synthesis_keywords(BY_KIND["nano"], {"voice_clone_max_text_tokens": limit + 1}, "cli")
 
 
 @pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
