@@ -101,3 +101,129 @@ def test_a_long_prompt_prefills_in_bounded_masks_and_generates_as_one_shot(
                         lambda self, feed, n_rows, **kw: one_shot(self, feed, n_rows, **kw,
                                                                   max_rows=n_rows))
     np.testing.assert_array_equal(got, model.generate(rows, options=greedy, max_new_rows=4))
+
+
+# -- long text in sentence chunks -----------------------------------------------------------------
+LONG = " ".join(f"This is sentence number {i} of a rather long text." for i in range(24))
+SHORT = "Hello there, this is short."
+# small frame budgets keep the tiny models quick; a fixed codec push keeps runs bit-identical
+BUDGETS = {"delay": {"max_new_rows": 30}, "local": {"max_frames": 10, "chunk_frames": 4},
+           "local_v15": {"max_frames": 10, "chunk_frames": 4}}
+
+
+@pytest.fixture(scope="module")
+def family_tts(delay_files, local_files, local_v15_files, tmp_path_factory):
+    """family → its TTS on the tiny checkpoint (the biases of its own TTS tests: each speaks)
+    with the tiny codec of its rate."""
+    from fixtures.make_codec import make_tiny_v1_checkpoint, make_tiny_v2_checkpoint
+    from converters.codec import convert as convert_codec
+    from moss_tts.models.delay_tts import DelayTTS
+    from moss_tts.models.local_tts import LocalTTS
+    from moss_tts.models.local_v15_tts import LocalV15TTS
+
+    root = tmp_path_factory.mktemp("long_text_codecs")
+    v1 = convert_codec(str(make_tiny_v1_checkpoint(root / "v1", seed=0)), root / "v1.gguf")
+    v2 = convert_codec(str(make_tiny_v2_checkpoint(root / "v2", seed=0)), root / "v2.gguf")
+    made = {"delay": DelayTTS.load(delay_files(4.0)[3], codec=v1, threads=1),
+            "local": LocalTTS.load(local_files(1, speech=True)[3], codec=v1, threads=1),
+            "local_v15": LocalV15TTS.load(local_v15_files(6.0)[3], codec=v2, threads=1)}
+    yield made
+    for tts in made.values():
+        tts.close()
+
+
+def greedy(family):
+    from moss_tts.sampling import (DelaySamplingOptions, LocalSamplingOptions,
+                                   LocalV15SamplingOptions)
+
+    return {"delay": DelaySamplingOptions(text_temperature=0, audio_temperature=0),
+            "local": LocalSamplingOptions(text_temperature=0, audio_temperature=0),
+            "local_v15": LocalV15SamplingOptions(do_sample=False)}[family]
+
+
+def spied(tts, monkeypatch):
+    """Record each `plan` call (its text and keywords) and each utterance's generation (its
+    seed and generated rows or frames), by wrapping the TTS's plan and the model's generator."""
+    plans, runs = [], []
+    plan = tts.plan
+    name = "iter_frames" if hasattr(tts.model, "iter_frames") else "iter_rows"
+    generate = getattr(tts.model, name)
+
+    def planning(text, **kw):
+        rows = plan(text, **kw)
+        plans.append((text, kw, len(rows)))
+        return rows
+
+    def generating(rows, **kw):
+        made = []
+        runs.append((kw.get("seed"), made))
+        for item in generate(rows, **kw):
+            made.append(item)
+            yield item
+
+    monkeypatch.setattr(tts, "plan", planning)
+    monkeypatch.setattr(tts.model, name, generating)
+    return plans, runs
+
+
+@pytest.mark.parametrize("family", ["delay", "local", "local_v15"])
+def test_a_one_chunk_text_is_one_utterance_exactly_as_before(family, family_tts, monkeypatch):
+    """A text that fits one chunk is planned once, unchanged, with the caller's seed and
+    prompt, and generates exactly the rows `generate(plan(text))` gives (greedy)."""
+    tts, options = family_tts[family], greedy(family)
+    plans, runs = spied(tts, monkeypatch)
+    audio, _ = tts.synthesize(SHORT, options=options, seed=5, **BUDGETS[family])
+    assert [p[0] for p in plans] == [SHORT] and [r[0] for r in runs] == [5]
+    monkeypatch.undo()
+    budget = {"delay": {"max_new_rows": 30}, "local": {"max_new_frames": 10},
+              "local_v15": {"max_frames": 10}}[family]
+    want = tts.generate(tts.plan(SHORT), options=options, seed=5, **budget)
+    # Local v1.5's generator yields codes, its `generate` rows of slot + codes
+    np.testing.assert_array_equal(np.array(runs[0][1]),
+                                  want[:, 1:] if family == "local_v15" else want)
+    assert len(audio) > 0
+
+
+@pytest.mark.parametrize("family", ["delay", "local", "local_v15"])
+def test_long_text_is_spoken_in_sentence_chunks_each_continuing_the_last(
+        family, family_tts, monkeypatch):
+    """Each sentence chunk is its own prompt, bounded in length; chunk i samples from
+    seed + i and continues chunk i − 1 (its text and the frames it generated)."""
+    from moss_tts.models.long_text import MAX_CHUNK_TOKENS, split_long_text
+
+    tts = family_tts[family]
+    chunks = split_long_text(LONG, tts.tokenizer)
+    assert len(chunks) >= 3
+    template = len(tts.plan(chunks[0])) - len(tts.tokenizer.encode(chunks[0]))
+    plans, runs = spied(tts, monkeypatch)
+    audio, _ = tts.synthesize(LONG, options=greedy(family), seed=5, **BUDGETS[family])
+    assert [p[0] for p in plans] == chunks
+    assert [r[0] for r in runs] == [5 + i for i in range(len(chunks))]
+    assert plans[0][1]["prompt"] is None
+    for i in range(1, len(chunks)):
+        text, kw, n_rows = plans[i]
+        assert kw["prompt_text"] == chunks[i - 1]
+        made = np.array(runs[i - 1][1])
+        if family == "delay":     # rows on the staircase: the frames are de-delayed codes
+            assert len(kw["prompt"].codes) > 0
+        else:
+            np.testing.assert_array_equal(kw["prompt"].codes, made[:, 1:] if family == "local"
+                                          else made)
+        # the template, two chunks' text (this one and the transcript) and the frames carried
+        assert n_rows <= template + 2 * MAX_CHUNK_TOKENS + len(made) + tts.config.n_vq + 2
+    assert len(audio) > 0
+
+
+def test_chunks_grow_linearly_with_the_text_and_keep_their_token_budget(family_tts):
+    from moss_tts.models.long_text import MAX_CHUNK_TOKENS, split_long_text
+
+    tok = family_tts["delay"].tokenizer
+    one = split_long_text(LONG, tok)
+    ten = split_long_text(" ".join([LONG] * 10), tok)
+    assert 9 * len(one) <= len(ten) <= 11 * len(one)
+    assert max(len(tok.encode(c)) for c in ten) <= MAX_CHUNK_TOKENS
+    assert all(c[-1] == "." for c in ten)        # cut at sentence ends
+    cjk = "今天天气很好。我们去公园散步吧！" * 40
+    pieces = split_long_text(cjk, tok)
+    assert len(pieces) > 1 and "".join(pieces) == cjk     # CJK chunks join without spaces
+    assert all(p[-1] in "。！" for p in pieces)
