@@ -140,8 +140,9 @@ class DelayTTS(Qwen3TTS):
                                    max_new_rows=max_new_rows, normalize=normalize,
                                    frames=frames, **fields)
 
-        return speak(split_long_text(text, self.tokenizer), say, sample_rate=self.sample_rate,
-                     channels=self.channels, prompt=prompt, prompt_text=prompt_text, seed=seed)
+        chunks = split_long_text(text, self.tokenizer, fields=fields)
+        return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
+                     prompt=prompt, prompt_text=prompt_text, seed=seed)
 
     def _utterance(self, text: str, *, reference, prompt, prompt_text, options, seed,
                    max_new_rows: int, normalize: bool, frames: list,

@@ -109,8 +109,9 @@ class LocalTTS(DelayTTS):
                                    options=options, seed=seed, max_new_frames=max_frames,
                                    n_vq_for_inference=n)
 
-        return speak(split_long_text(text, self.tokenizer), say, sample_rate=self.sample_rate,
-                     channels=self.channels, prompt=prompt, prompt_text=prompt_text, seed=seed)
+        chunks = split_long_text(text, self.tokenizer, fields=fields)
+        return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
+                     prompt=prompt, prompt_text=prompt_text, seed=seed)
 
     def _utterance(self, codec, rows, prompt, n: int, chunk_frames: int, frames: list,
                    **generation) -> Iterator[np.ndarray]:

@@ -158,7 +158,7 @@ class LocalV15TTS(Qwen3TTS):
         codec = self._need_codec()
         chunk_frames = whole_number(chunk_frames, "chunk_frames", 0)
         prompt = self._as_voice(prompt, "prompt")
-        chunks = split_long_text(text, self.tokenizer)
+        chunks = split_long_text(text, self.tokenizer, fields=fields)
 
         def frames_of(chunk, prompt, prompt_text, seed):
             rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,

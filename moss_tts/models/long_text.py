@@ -5,6 +5,7 @@ Nano's continuation), and upstream's pause between chunks (nano.md §5.5)."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -22,10 +23,16 @@ MAX_CHUNK_TOKENS = 200
 Say = Callable[[str, "Reference | None", "str | None", "int | None", list], Iterator[np.ndarray]]
 
 
-def split_long_text(text, tokenizer, max_tokens: int = MAX_CHUNK_TOKENS) -> list[str]:
+def split_long_text(text, tokenizer, max_tokens: int = MAX_CHUNK_TOKENS, *,
+                    fields: dict | None = None) -> list[str]:
     """Sentence chunks of at most max_tokens tokens; a text that fits one chunk comes back
-    unchanged as [text], so it is spoken exactly as without chunking. What is not a non-empty
-    str also comes back as [text]: the family's own check names what is wrong with it."""
+    unchanged as [text], so it is spoken exactly as without chunking. A text given a duration
+    (`tokens` or `seconds` among the prompt `fields`) also stays whole: upstream's duration is
+    the whole utterance's. What is not a non-empty str comes back as [text] too: the family's
+    own check names what is wrong with it."""
+    fields = fields or {}
+    if fields.get("tokens") is not None or fields.get("seconds") is not None:
+        return [text]
     if not isinstance(text, str) or not text.strip():
         return [text]
     return split_into_chunks(text, tokenizer, max_tokens)
@@ -44,6 +51,10 @@ def speak(chunks: list[str], say: Say, *, sample_rate: int, channels: int,
                        frames)
         if i + 1 == len(chunks):
             return
+        # an utterance builds and frees dozens of graphs whose Python wrappers are reference
+        # cycles (graph ↔ tensors ↔ allocator); collected here, at a chunk's end, the peak RSS
+        # stays flat over hundreds of chunks (tiny Local, 400 chunks: 182 MB, 262 MB without)
+        gc.collect()
         if frames:   # a chunk that made no frame leaves the previous prompt in place
             prompt, prompt_text = Reference(np.array(frames, dtype=np.int64)), chunk
         yield np.zeros((pause_samples(chunk, sample_rate), channels), dtype=np.float32)

@@ -227,3 +227,14 @@ def test_chunks_grow_linearly_with_the_text_and_keep_their_token_budget(family_t
     pieces = split_long_text(cjk, tok)
     assert len(pieces) > 1 and "".join(pieces) == cjk     # CJK chunks join without spaces
     assert all(p[-1] in "。！" for p in pieces)
+
+
+def test_a_text_given_a_duration_stays_one_utterance(family_tts):
+    """Upstream's `tokens` (or `seconds`) is the whole utterance's duration, so such a text is
+    not cut (the prefill chunks still bound its memory)."""
+    from moss_tts.models.long_text import split_long_text
+
+    tok = family_tts["delay"].tokenizer
+    assert len(split_long_text(LONG, tok)) > 1
+    assert split_long_text(LONG, tok, fields={"tokens": 50}) == [LONG]
+    assert split_long_text(LONG, tok, fields={"seconds": 4.0, "tokens": None}) == [LONG]
