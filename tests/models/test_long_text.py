@@ -8,8 +8,10 @@ import pytest
 
 from fixtures.compare import assert_differs
 from moss_tts.models import delay, local, realtime
+from moss_tts.models.delay_state import de_delay
 from moss_tts.nn.kv_cache import KVCache
 from moss_tts.nn.session import PREFILL_ROWS, concat_rows
+from moss_tts.text.chunking import pause_samples
 
 PROMPT = 45
 SMALL_CHUNK = 7      # 45 rows = six chunks of 7 and one of 3: several chunks and a ragged end
@@ -196,22 +198,28 @@ def test_long_text_is_spoken_in_sentence_chunks_each_continuing_the_last(
     assert len(chunks) >= 3
     template = len(tts.plan(chunks[0])) - len(tts.tokenizer.encode(chunks[0]))
     plans, runs = spied(tts, monkeypatch)
-    audio, _ = tts.synthesize(LONG, options=greedy(family), seed=5, **BUDGETS[family])
+    out = list(tts.stream(LONG, options=greedy(family), seed=5, **BUDGETS[family]))
     assert [p[0] for p in plans] == chunks
+    # upstream's pause after every chunk but the last (the codec's audio is never all zero)
+    assert [len(a) for a in out if len(a) and not a.any()] == \
+        [pause_samples(c, tts.sample_rate) for c in chunks[:-1]]
     assert [r[0] for r in runs] == [5 + i for i in range(len(chunks))]
     assert plans[0][1]["prompt"] is None
     for i in range(1, len(chunks)):
         text, kw, n_rows = plans[i]
         assert kw["prompt_text"] == chunks[i - 1]
         made = np.array(runs[i - 1][1])
+        assert len(kw["prompt"].codes) > 0
         if family == "delay":     # rows on the staircase: the frames are de-delayed codes
-            assert len(kw["prompt"].codes) > 0
+            if i == 1:            # (chunk 0 has no prompt staircase ahead of its rows)
+                codes = de_delay(made[:, 1:])
+                codes = codes[~(codes == tts.config.audio_pad_code).any(axis=1)]
+                np.testing.assert_array_equal(kw["prompt"].codes, codes)
         else:
-            np.testing.assert_array_equal(kw["prompt"].codes, made[:, 1:] if family == "local"
-                                          else made)
+            np.testing.assert_array_equal(kw["prompt"].codes,
+                                          made[:, 1:] if family == "local" else made)
         # the template, two chunks' text (this one and the transcript) and the frames carried
         assert n_rows <= template + 2 * MAX_CHUNK_TOKENS + len(made) + tts.config.n_vq + 2
-    assert len(audio) > 0
 
 
 def test_chunks_grow_linearly_with_the_text_and_keep_their_token_budget(family_tts):
@@ -238,3 +246,12 @@ def test_a_text_given_a_duration_stays_one_utterance(family_tts):
     assert len(split_long_text(LONG, tok)) > 1
     assert split_long_text(LONG, tok, fields={"tokens": 50}) == [LONG]
     assert split_long_text(LONG, tok, fields={"seconds": 4.0, "tokens": None}) == [LONG]
+
+
+def test_realtime_prompts_stay_bounded_whatever_the_text(realtime_tts):
+    """Realtime speaks one utterance, its text fed one token per frame after a bounded prompt
+    (the system block and a 12-token lead): ten times the text, the same prompt rows."""
+    tts = realtime_tts()
+    rows, text_ids = tts.plan(LONG)
+    rows10, text_ids10 = tts.plan(" ".join([LONG] * 10))
+    assert len(rows10) == len(rows) and len(text_ids10) > 9 * len(text_ids)
