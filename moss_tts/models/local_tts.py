@@ -105,15 +105,15 @@ class LocalTTS(DelayTTS):
         def say(chunk, prompt, prompt_text, seed, frames):
             rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,
                              normalize=normalize, **fields)
-            return self._utterance(codec, rows, prompt, n, int(chunk_frames), frames,
-                                   options=options, seed=seed, max_new_frames=max_frames,
-                                   n_vq_for_inference=n)
+            return self._rows_audio(codec, rows, prompt, n, int(chunk_frames), frames,
+                                    options=options, seed=seed, max_new_frames=max_frames,
+                                    n_vq_for_inference=n)
 
         chunks = split_long_text(text, self.tokenizer, fields=fields)
         return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
                      prompt=prompt, prompt_text=prompt_text, seed=seed)
 
-    def _utterance(self, codec, rows, prompt, n: int, chunk_frames: int, frames: list,
+    def _rows_audio(self, codec, rows, prompt, n: int, chunk_frames: int, frames: list,
                    **generation) -> Iterator[np.ndarray]:
         """One prompt's audio (what `stream` does for a text of one chunk); every generated
         row's codes [n_vq] go to `frames` (channels past n are upstream's zeros, P9)."""

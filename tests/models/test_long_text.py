@@ -255,3 +255,12 @@ def test_realtime_prompts_stay_bounded_whatever_the_text(realtime_tts):
     rows, text_ids = tts.plan(LONG)
     rows10, text_ids10 = tts.plan(" ".join([LONG] * 10))
     assert len(rows10) == len(rows) and len(text_ids10) > 9 * len(text_ids)
+
+
+def test_prefill_refuses_a_chunk_of_no_rows(delay_model):
+    from moss_tts.errors import InputError
+
+    model = delay_model()
+    rows = random_rows(model, model.config.n_vq, model.config.audio_vocab_size, n=3)
+    with model.make_session(3) as session, pytest.raises(InputError, match="max_rows"):
+        session.prefill(delay.row_feed(rows), 3, variant=False, max_rows=0)
