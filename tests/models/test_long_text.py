@@ -19,7 +19,7 @@ SMALL_CHUNK = 7      # 45 rows = six chunks of 7 and one of 3: several chunks an
 GUARD_ATOL = 1e-4
 
 
-def random_rows(model, n_codes: int, code_top: int, n=PROMPT, seed=0):
+def random_rows(n_codes: int, code_top: int, n=PROMPT, seed=0):
     """Valid rows [n, 1 + n_codes]: text ids below the tiny vocabularies' 200, codes in range."""
     rng = np.random.default_rng(seed)
     return np.hstack([rng.integers(0, 200, (n, 1)), rng.integers(0, code_top, (n, n_codes))])
@@ -31,14 +31,14 @@ def family_sessions(delay_model, local_model, local_v15_model, realtime_model):
     d, lo, v15, rt = delay_model(), local_model(), local_v15_model(), realtime_model()
     return {
         "delay": (d, d.make_session, delay.row_feed, False,
-                  random_rows(d, d.config.n_vq, d.config.audio_vocab_size)),
+                  random_rows(d.config.n_vq, d.config.audio_vocab_size)),
         "local": (lo, lambda c: lo.make_state(c), lambda r: local.row_feed(r, lo.config.n_vq),
                   (lo.config.n_vq, False),
-                  random_rows(lo, lo.config.n_vq, lo.config.audio_vocab_size)),
+                  random_rows(lo.config.n_vq, lo.config.audio_vocab_size)),
         "local_v15": (v15, lambda c: v15.make_state(c), v15.check_rows, False,
-                      random_rows(v15, v15.config.n_vq, v15.config.audio_vocab_size)),
+                      random_rows(v15.config.n_vq, v15.config.audio_vocab_size)),
         "realtime": (rt, rt.make_backbone, realtime.row_feed, False,
-                     random_rows(rt, rt.config.rvq, rt.config.codebook_size)),
+                     random_rows(rt.config.rvq, rt.config.codebook_size)),
     }
 
 
@@ -81,7 +81,7 @@ def test_a_long_prompt_prefills_in_bounded_masks_and_generates_as_one_shot(
     it equals generation after a one-shot prefill of the same rows."""
     model = delay_model()
     n = 2 * PREFILL_ROWS + 5
-    rows = random_rows(model, model.config.n_vq, model.config.audio_vocab_size, n=n, seed=4)
+    rows = random_rows(model.config.n_vq, model.config.audio_vocab_size, n=n, seed=4)
     greedy = delay.DelaySamplingOptions(text_temperature=0, audio_temperature=0)
     shapes = []
     mask = KVCache.mask
@@ -261,6 +261,6 @@ def test_prefill_refuses_a_chunk_of_no_rows(delay_model):
     from moss_tts.errors import InputError
 
     model = delay_model()
-    rows = random_rows(model, model.config.n_vq, model.config.audio_vocab_size, n=3)
+    rows = random_rows(model.config.n_vq, model.config.audio_vocab_size, n=3)
     with model.make_session(3) as session, pytest.raises(InputError, match="max_rows"):
         session.prefill(delay.row_feed(rows), 3, variant=False, max_rows=0)
