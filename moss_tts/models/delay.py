@@ -17,7 +17,7 @@ from ..ggml import F16, I32, GGMLType, Graph, TensorStore, Weights, ops
 from ..ggml.graph import Tensor
 from ..ggml.repack import types as repack_types
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession
+from ..nn.session import DecodeSession, concat_rows
 from ..sampling import DelaySamplingOptions, choose_rows, seen_per_head, seen_pooled
 from . import qwen3, spec
 from .delay_state import (DelayIds, DelayState, advance, audio_channels, forced_text,
@@ -215,9 +215,9 @@ def step_run(session: DecodeSession, rows: np.ndarray, state: DelayState,
     text logits −inf outside the ids the row after `state` may take when those are few."""
     ids = few_text_ids(state, cfg)
     if ids is None:
-        out = session.run(row_feed(rows), len(rows), variant=True)
+        out = session.prefill(row_feed(rows), len(rows), variant=True)[-1]
         return out["text_logits"][0], out["audio_logits"][0]
-    out = session.run(row_feed(rows) | {"text_ids": ids}, len(rows), variant="few")
+    out = session.prefill(row_feed(rows), len(rows), variant="few", extra={"text_ids": ids})[-1]
     text = np.full(cfg.vocab_size, -np.inf, dtype=np.float32)
     text[ids] = out["text_logits"][0]
     return text, out["audio_logits"][0]
@@ -294,7 +294,7 @@ class DelayModel:
         [n_vq, S, audio_rows]) with the audio pad column at −inf, as upstream's forward."""
         rows = check_rows(rows, self.config)
         with self.make_session(len(rows)) as session:
-            out = session.run(row_feed(rows), len(rows), variant=False)
+            out = concat_rows(session.prefill(row_feed(rows), len(rows), variant=False))
         audio = np.ascontiguousarray(out["audio_logits"].transpose(1, 0, 2))
         audio[:, :, self.config.audio_pad_code] = -np.inf
         return out["hidden"], out["text_logits"], audio

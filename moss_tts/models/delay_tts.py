@@ -19,6 +19,7 @@ from ..text.script import CJK_OR_HANGUL
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_published import is_published_dir, load_published
+from .long_text import speak, split_long_text
 from .qwen3_tts import Qwen3TTS
 
 
@@ -63,7 +64,7 @@ class DelayTTS(Qwen3TTS):
     TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
     # new rows of one request: the backbone's 40960 positions (upstream's Qwen3 context) hold
     # the prompt and the rows, 54 min of speech at 12.5 rows/s; no more can be used
-    BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, 40960, "rows")
+    BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, 40960, "rows", per_chunk=True)
     DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
 
     @staticmethod
@@ -139,22 +140,46 @@ class DelayTTS(Qwen3TTS):
         segment (upstream decodes each segment on its own, §2.8): the next starts a new codec
         stream. A continuation's prompt frames go through the codec first (their audio is
         dropped, as upstream cuts it), so the output continues the prompt audio (`prompt_text`:
-        its transcript, see `plan`)."""
+        its transcript, see `plan`). Long text is cut at sentence boundaries
+        (models/long_text.py): each chunk an utterance of at most max_new_rows rows that
+        continues the chunk before it, seed + i for chunk i."""
+        def say(chunk, prompt, prompt_text, seed, frames):
+            return self._utterance(chunk, reference=reference, prompt=prompt,
+                                   prompt_text=prompt_text, options=options, seed=seed,
+                                   max_new_rows=max_new_rows, normalize=normalize,
+                                   frames=frames, **fields)
+
+        chunks = split_long_text(text, self.tokenizer, fields=fields)
+        return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
+                     prompt=prompt, prompt_text=prompt_text, seed=seed)
+
+    def _utterance(self, text: str, *, reference, prompt, prompt_text, options, seed,
+                   max_new_rows: int, normalize: bool, frames: list,
+                   **fields) -> Iterator[np.ndarray]:
+        """One prompt's audio (what `stream` does for a text of one chunk); the complete
+        generated frames without a pad code go to `frames`."""
         rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
                          normalize=normalize, **fields)
-        frames = FrameAssembler(self.config.n_vq)
+        assembler, pad = FrameAssembler(self.config.n_vq), self.config.audio_pad_code
         skip = 0
         if prompt is not None:   # the prompt's (cut) staircase: its last rows start the buffer
             skip = len(prompt.codes)
             staircase = rows[len(rows) - skip:, 1:]
-            pending = [f for f in map(frames.push, staircase) if f is not None]
+            pending = [f for f in map(assembler.push, staircase) if f is not None]
         else:
             pending = []
         made = BudgetMeter(self.model.iter_rows(rows, options=options, seed=seed,
                                                 max_new_rows=max_new_rows), max_new_rows,
                            lambda row: row[0] == self.config.im_end_token_id)
-        generated = (row[1:] for row in made)
-        yield from self._decode(pending, (frames.push(codes) for codes in generated), skip)
+
+        def generated():
+            for row in made:
+                frame = assembler.push(row[1:])
+                if frame is not None and not (frame == pad).any():
+                    frames.append(frame)
+                yield frame
+
+        yield from self._decode(pending, generated(), skip)
         yield from made.cuts()
 
     def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:

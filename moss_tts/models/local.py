@@ -21,7 +21,7 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, mlp, rms_norm
-from ..nn.session import DecodeSession, SessionsOwner
+from ..nn.session import DecodeSession, SessionsOwner, concat_rows
 from ..sampling import LocalSamplingOptions, check_finite, choose_rows, seen_per_head
 from . import qwen3, spec
 from .delay import check_ids, check_rows
@@ -266,7 +266,8 @@ class LocalModel:
         rows = check_rows(rows, self.config)
         n = check_n_vq(n_vq_for_inference, self.config)
         with self.make_state(len(rows)) as state:
-            return state.backbone.run(row_feed(rows, n), len(rows), variant=(n, False))["hidden"]
+            outs = state.backbone.prefill(row_feed(rows, n), len(rows), variant=(n, False))
+        return concat_rows(outs)["hidden"]
 
     def depth_logits(self, hidden_row, row) -> tuple[np.ndarray, np.ndarray]:
         """The frame's per-channel logits with `row` [1..1 + n_vq] teacher-forced: hidden_row
@@ -333,7 +334,8 @@ class LocalModel:
         with self.make_state(len(rows) + max_new_frames) as state:
             feed = rows
             for _ in range(max_new_frames):
-                h = state.backbone.run(row_feed(feed, n), len(feed), variant=(n, True))["hidden"]
+                h = state.backbone.prefill(row_feed(feed, n), len(feed),
+                                           variant=(n, True))[-1]["hidden"]
                 row = self.frame(state, h[0], n, lambda c, logits: choose(
                     logits, c, seen, cfg, options, rng))
                 seen |= seen_per_head(row[None, 1:], cfg.audio_rows)

@@ -18,6 +18,7 @@ from ..sampling import LocalSamplingOptions
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay_tts import DelayTTS
 from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
+from .long_text import speak, split_long_text
 
 # upstream's adaptive ladder (streaming.py, §4.7): the first chunk, then frames per chunk by
 # how far generation leads playback (seconds of audio made minus seconds since the first chunk)
@@ -54,7 +55,7 @@ class LocalTTS(DelayTTS):
     DELAYED = False
     # frames of one request: the Qwen3-1.7B backbone's 40960 positions (upstream's context)
     # hold the prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
-    BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames")
+    BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames", per_chunk=True)
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
@@ -95,25 +96,47 @@ class LocalTTS(DelayTTS):
         the clock, so two runs may chunk differently and agree to f32 kernel order only), else
         that many frames each (bit-identical runs). With `prompt` (continuation) the prompt's
         frames prime the codec and their audio is dropped, so the output continues the prompt
-        audio. n_vq_for_inference < n_vq generates and decodes that many codebooks (upstream's
-        processor would decode its zero-filled channels as code 0; decoding the first n is
-        the codec's variable-bitrate route)."""
+        audio. Long text is cut at sentence boundaries (models/long_text.py): each chunk an
+        utterance of at most max_frames frames continuing the chunk before it (`prompt_text`:
+        the prompt audio's transcript, as Delay's). n_vq_for_inference < n_vq generates and
+        decodes that many codebooks (upstream's processor would decode its zero-filled channels
+        as code 0; decoding the first n is the codec's variable-bitrate route)."""
         codec = self._need_codec()
         n = check_n_vq(n_vq_for_inference, self.config)
         if isinstance(chunk_frames, bool) or not float(chunk_frames).is_integer() \
                 or chunk_frames < 0:
             raise InputError(f"chunk_frames must be a whole number ≥ 0 (0 = adaptive), got "
                              f"{chunk_frames}")
-        rows = self.plan(text, reference=reference, prompt=prompt, normalize=normalize, **fields)
-        made = BudgetMeter(self.model.iter_rows(rows, options=options, seed=seed,
-                                                max_new_frames=max_frames,
-                                                n_vq_for_inference=n), max_frames,
+        prompt_text = fields.pop("prompt_text", None)
+
+        def say(chunk, prompt, prompt_text, seed, frames):
+            rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,
+                             normalize=normalize, **fields)
+            return self._rows_audio(codec, rows, prompt, n, int(chunk_frames), frames,
+                                    options=options, seed=seed, max_new_frames=max_frames,
+                                    n_vq_for_inference=n)
+
+        chunks = split_long_text(text, self.tokenizer, fields=fields)
+        return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
+                     prompt=prompt, prompt_text=prompt_text, seed=seed)
+
+    def _rows_audio(self, codec, rows, prompt, n: int, chunk_frames: int, frames: list,
+                   **generation) -> Iterator[np.ndarray]:
+        """One prompt's audio (what `stream` does for a text of one chunk); every generated
+        row's codes [n_vq] go to `frames` (channels past n are upstream's zeros, P9)."""
+        made = BudgetMeter(self.model.iter_rows(rows, **generation),
+                           generation["max_new_frames"],
                            lambda row: row[0] == self.config.audio_end_token_id)
-        frames = (row[1:1 + n] for row in made)
+
+        def generated():
+            for row in made:
+                frames.append(row[1:])
+                yield row[1:1 + n]
+
         with codec.stream_decoder(n_quantizers=n) as decoder:
             if prompt is not None and len(prompt.codes):
                 decoder.push(np.asarray(prompt.codes)[:, :n].T)   # primes the causal state
-            yield from self._chunks(decoder, frames, int(chunk_frames))
+            yield from self._chunks(decoder, generated(), chunk_frames)
         yield from made.cuts()
 
     def _chunks(self, decoder, frames, chunk_frames: int, clock=time.monotonic):

@@ -18,7 +18,7 @@ from ..ggml import F16, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
-from ..nn.session import DecodeSession, SessionsOwner
+from ..nn.session import DecodeSession, SessionsOwner, concat_rows
 from ..sampling import LocalV15SamplingOptions, check_finite, choose_rows, sample_audio_code
 from . import gpt2, qwen3, spec
 from .nano import row_inputs
@@ -204,7 +204,7 @@ class LocalV15Model:
     def prefill(self, state: GenerationState, rows) -> np.ndarray:
         """Rows appended after what the state holds → the hidden state of the last row [D]."""
         feed = self.check_rows(rows)
-        return state.backbone.run(feed, len(rows), variant=True)["hidden"][0]
+        return state.backbone.prefill(feed, len(rows), variant=True)[-1]["hidden"][0]
 
     def depth_position(self, state: GenerationState, p: int, value) -> dict[str, np.ndarray]:
         """Local position p of the current frame: value is the backbone hidden (p = 0, which
@@ -243,7 +243,8 @@ class LocalV15Model:
         """rows [S, 1 + n_vq] → the post-norm backbone hidden state of every row [S, D]."""
         feed = self.check_rows(rows)
         with self.make_state(len(rows)) as state:
-            return state.backbone.run(feed, len(rows), variant=False)["hidden"]
+            outs = state.backbone.prefill(feed, len(rows), variant=False)
+        return concat_rows(outs)["hidden"]
 
     def depth_logits(self, hidden_row, codes=()) -> tuple[np.ndarray, np.ndarray]:
         """Teacher-forced local block: hidden_row [D] and a frame's codes [k ≤ n_vq] →

@@ -18,6 +18,7 @@ from ..text.delay_prompts import FIELDS
 from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
+from .long_text import speak, split_long_text
 from .nano_tts import continuation_prompt_text
 from .qwen3_tts import Qwen3TTS
 
@@ -82,7 +83,7 @@ class LocalV15TTS(Qwen3TTS):
     TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
     # frames of one request: the Qwen3-4B backbone's 40960 positions (its context) hold the
     # prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
-    BUDGET = FrameBudget("max_frames", MAX_FRAMES, 40960, "frames")
+    BUDGET = FrameBudget("max_frames", MAX_FRAMES, 40960, "frames", per_chunk=True)
 
     @staticmethod
     def prompt_ids(c) -> LocalV15PromptIds:
@@ -156,23 +157,42 @@ class LocalV15TTS(Qwen3TTS):
         """Audio chunks [m, 2] as frames are generated. `chunk_frames` 0 is upstream's adaptive
         ladder (4 frames first, then by how far generation leads playback), else a fixed push
         size. A continuation's prompt codes go through the codec first (their audio dropped,
-        as upstream trims it), so the output continues the prompt audio. Arguments are checked
+        as upstream trims it), so the output continues the prompt audio. Long text is cut at
+        sentence boundaries (models/long_text.py): each chunk an utterance of at most max_frames
+        frames continuing the chunk before it, seed + i for chunk i. Arguments are checked
         before the first frame."""
         codec = self._need_codec()
         chunk_frames = whole_number(chunk_frames, "chunk_frames", 0)
-        rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
-                         **fields)
-        frames = BudgetMeter(self.model.iter_frames(rows, options=options, seed=seed,
-                                                    max_frames=max_frames), max_frames)
-        return self._decode(codec, frames, prompt, ChunkLadder(codec.config.frame_rate,
-                                                               fixed=chunk_frames))
+        chunks = split_long_text(text, self.tokenizer, fields=fields)
 
-    def _decode(self, codec, frames, prompt, ladder: ChunkLadder) -> Iterator[np.ndarray]:
+        def frames_of(chunk, prompt, prompt_text, seed):
+            rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,
+                             **fields)
+            return BudgetMeter(self.model.iter_frames(rows, options=options, seed=seed,
+                                                      max_frames=max_frames), max_frames)
+
+        # the first chunk's generator is made now: every argument is checked here, before any
+        # frame (iter_frames checks before it returns its generator)
+        first = [frames_of(chunks[0], prompt, prompt_text, seed)]
+
+        def say(chunk, prompt, prompt_text, seed, frames):
+            made = first.pop() if first else frames_of(chunk, prompt, prompt_text, seed)
+            yield from self._decode(codec, made, prompt, frames,
+                                    ChunkLadder(codec.config.frame_rate, fixed=chunk_frames))
+            yield from made.cuts()
+
+        return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
+                     prompt=prompt, prompt_text=prompt_text, seed=seed)
+
+    def _decode(self, codec, generated, prompt, frames: list,
+                ladder: ChunkLadder) -> Iterator[np.ndarray]:
+        """One prompt's audio; its generated frames also go to `frames`."""
         with codec.stream_decoder(n_quantizers=self.config.n_vq) as decoder:
             if prompt is not None:
                 decoder.push(prompt.codes.T)
             pending = []
-            for codes in frames:
+            for codes in generated:
+                frames.append(codes)
                 pending.append(codes)
                 if ladder.ready(len(pending)):
                     yield decoder.push(np.array(pending).T)

@@ -21,7 +21,7 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession, SessionsOwner, bucket
+from ..nn.session import DecodeSession, SessionsOwner, bucket, concat_rows
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
                         greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
@@ -255,7 +255,7 @@ class FrameStream(SessionsOwner):
         """Append rows (a prompt, or text rows of a lead arriving token by token) → the last
         row's hidden state [H]."""
         rows = check_rows(rows, self.model.config)
-        return self.backbone.run(row_feed(rows), len(rows), variant=True)["hidden"][0]
+        return self.backbone.prefill(row_feed(rows), len(rows), variant=True)[-1]["hidden"][0]
 
     def start(self, rows) -> np.ndarray:
         """Append rows ending on the lead's BOS row → the turn's first frame, unpenalized."""
@@ -332,7 +332,8 @@ class RealtimeModel(NativeResource):
         """rows [S, 1 + rvq] → the backbone's post-norm hidden states [S, H]."""
         rows = check_rows(rows, self.config)
         with self.make_backbone(len(rows)) as session:
-            return session.run(row_feed(rows), len(rows), variant=False)["hidden"]
+            outs = session.prefill(row_feed(rows), len(rows), variant=False)
+        return concat_rows(outs)["hidden"]
 
     def local_logits(self, hidden_row, codes) -> np.ndarray:
         """Teacher-forced local pass: hidden [H] and a frame's codes [rvq] → logits

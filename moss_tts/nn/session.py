@@ -17,6 +17,10 @@ from .kv_cache import CacheView, KVCache
 # Slot counts are multiples of this: the rows of an f16 mask, and what the allocator places
 # after them, stay 64-byte aligned. It is also the smallest bucket a step attends over.
 SLOT_ALIGN = 32
+# Rows per prefill graph (llama.cpp's default n_ubatch): a longer prompt is appended in chunks
+# of this many rows, so its mask [n_slots, rows] and attention grow with the prompt, not its
+# square (design §3); prompts up to this size run in one graph, as before
+PREFILL_ROWS = 512
 
 # build(graph, n_rows, cache view, variant): declare the graph's own inputs, its layers over
 # `kv`, and its outputs (the session builds and runs it)
@@ -31,6 +35,12 @@ def bucket(n_filled: int, capacity: int) -> int:
     while n < n_filled:
         n *= 2
     return min(n, capacity)
+
+
+def concat_rows(outs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The outputs of prefill chunks that return every row, joined along the row axis (each
+    output's first axis is its rows, as `Graph.run` returns them)."""
+    return {name: np.concatenate([out[name] for out in outs]) for name in outs[0]}
 
 
 class DecodeSession(NativeResource):
@@ -97,6 +107,21 @@ class DecodeSession(NativeResource):
                 g.close()
         self.position += n_rows
         return out
+
+    def prefill(self, rows_feed: dict, n_rows: int, *, variant=None, extra: dict | None = None,
+                max_rows: int = PREFILL_ROWS) -> list[dict[str, np.ndarray]]:
+        """Append n_rows rows in chunks of at most max_rows (each `rows_feed` array is sliced
+        along its first axis, `extra` goes to every chunk) → each chunk's outputs, in order.
+        Every chunk attends over the cache the chunks before it filled, so this equals one
+        `run` of all the rows."""
+        if max_rows < 1:
+            raise InputError(f"{self.name}: max_rows must be at least 1, got {max_rows}")
+        outs = []
+        for start in range(0, n_rows, max_rows):
+            stop = min(n_rows, start + max_rows)
+            feed = {name: value[start:stop] for name, value in rows_feed.items()}
+            outs.append(self.run(feed | (extra or {}), stop - start, variant=variant))
+        return outs
 
     def reset(self) -> None:
         """Empty the cache for a new sequence; built graphs stay valid (same cache)."""
