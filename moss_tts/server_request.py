@@ -44,7 +44,7 @@ class SpeechRequest:
     voice: str | None
     reference_audio: str | None      # base64, decoded by the model worker
     knobs: dict                      # knob name → value, for the knobs the request gave
-    given_as: dict                   # knob name → the field that gave it (an alias: errors say it)
+    given_as: dict                   # knob name → the field that gave it (errors say that)
 
 
 def check_content_type(headers) -> None:

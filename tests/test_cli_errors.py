@@ -363,3 +363,14 @@ def test_a_chunk_this_machine_cannot_hold_is_one_line(codec_gguf, tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith("error: --chunk-seconds 20: not enough free memory") and \
         err.count("\n") == 1 and not out.exists()
+
+
+def test_text_from_argv_that_is_not_utf8_is_one_line_naming_text(pair, tmp_path):
+    """issue 22 #3: `--text $'\\xff\\xfe'` said "text is empty" (Nano dropped the bytes)."""
+    nano, codec = pair
+    out = tmp_path / "o.wav"
+    r = subprocess.run([sys.executable.encode(), b"-m", b"moss_tts", b"tts-nano", b"--model",
+                        str(nano).encode(), b"--codec", str(codec).encode(), b"--text",
+                        b"\xff\xfe", b"-o", str(out).encode()], capture_output=True, text=True)
+    assert one_line_error(r).startswith("error: --text: not UTF-8 text (byte 0: b'\\xff')")
+    assert not out.exists()

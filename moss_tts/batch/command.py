@@ -83,7 +83,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("manifest", help=".jsonl or .csv: id, text, optional voice, reference, seed, "
                    "model and sampling options per line")
     p.add_argument("--out", "-o", required=True, help="output directory (<id>.wav + results.jsonl)")
-    p.add_argument("--model", default=DEFAULT.default_model, help="default model GGUF or repo id for "
+    p.add_argument("--model", default=DEFAULT.default_model,
+                   help="default model GGUF or repo id for "
                    "lines without `model`")
     p.add_argument("--codec", default=None, help="codec GGUF or repo id (default: the "
                    "model's family's, as `tts --help` lists)")

@@ -153,7 +153,8 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_batch(manifest, out_dir, *, model: str, codec: str | None = None, workers: int | None = None,
+def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
+              workers: int | None = None,
               threads: int | None = None, fmt: str = "wav", retries: int = 2,
               ray: str | None = None, chunk: int = 4, progress=None, warn=None) -> Summary:
     """Synthesize every line of `manifest` into `out_dir`/<id>.<fmt>, resuming a previous run.
