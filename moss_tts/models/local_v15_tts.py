@@ -200,4 +200,3 @@ class LocalV15TTS(Qwen3TTS):
                     ladder.pushed()
             if pending:
                 yield decoder.push(np.array(pending).T)
-        yield from frames.cuts()

@@ -47,10 +47,15 @@ def speak(chunks: list[str], say: Say, *, sample_rate: int, channels: int,
     seed + i, as Nano's chunks do, so a one-chunk text sees exactly the caller's seed."""
     for i, chunk in enumerate(chunks):
         frames: list[np.ndarray] = []
+        spoke = False
         for part in say(chunk, prompt, prompt_text, seed if i == 0 or seed is None else seed + i,
                         frames):
             # a chunk cut by its budget is counted among all the chunks (one warning per call)
-            yield BudgetCut(part.budget, len(chunks)) if isinstance(part, BudgetCut) else part
+            if isinstance(part, BudgetCut):
+                yield BudgetCut(part.budget, len(chunks))
+                continue
+            spoke = spoke or len(part) > 0
+            yield part
         if i + 1 == len(chunks):
             return
         # an utterance builds and frees dozens of graphs whose Python wrappers are reference
@@ -59,4 +64,5 @@ def speak(chunks: list[str], say: Say, *, sample_rate: int, channels: int,
         gc.collect()
         if frames:   # a chunk that made no frame leaves the previous prompt in place
             prompt, prompt_text = Reference(np.array(frames, dtype=np.int64)), chunk
-        yield np.zeros((pause_samples(chunk, sample_rate), channels), dtype=np.float32)
+        if spoke:    # no pause after a silent chunk: silence alone is no audio (as Nano's)
+            yield np.zeros((pause_samples(chunk, sample_rate), channels), dtype=np.float32)

@@ -313,7 +313,7 @@ def test_f6c_each_family_declares_its_budget_and_it_is_bounded_before_any_work(l
     budget = cls.BUDGET
     signature = inspect.signature(cls.stream).parameters
     assert signature[budget.keyword].default == budget.default <= budget.limit
-    assert budget.per_chunk == (family == "nano")
+    assert budget.per_chunk == (family != "realtime")    # the families that cut long text
     for value in (budget.limit + 1, 10**9, 0, 2.5):
         with pytest.raises(InputError, match=rf"^{budget.keyword} must be a whole number in "
                                              rf"\[1, {budget.limit}\]"):

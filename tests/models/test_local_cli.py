@@ -68,8 +68,9 @@ def test_n_vq_flag_reaches_the_model(files, tmp_path):
     assert full.shape != want.shape or not np.allclose(full, want, atol=1e-5)
     r = cli("tts", "--model", files.model, "--codec", files.codec, "--text", TEXT, "--n-vq", 9,
             "-o", tmp_path / "bad.wav")
-    assert r.returncode != 0 and "n_vq_for_inference must be a whole number in 1..4" in \
-        r.stderr.decode()
+    # issue 22 #10: the error names the flag, not the API parameter n_vq_for_inference
+    assert r.returncode == 1 and r.stderr.decode() == \
+        "error: --n-vq must be a whole number in 1..4, got 9\n"
 
 
 @pytest.mark.parametrize("flag", [["--max-new-rows", "5"],
