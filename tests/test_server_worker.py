@@ -66,6 +66,33 @@ def test_worker_runs_one_job_at_a_time_and_refuses_past_depth():
         worker.close()
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_jobs_slot_is_free_when_its_outcome_is_seen(fails):
+    """A client that has its answer and asks again at once finds the line free. A done-callback
+    runs the moment the outcome is set, on the worker's thread: the strictest "at once"."""
+    worker = ModelWorker(object(), depth=0)
+    gate, asked, again = threading.Event(), threading.Event(), []
+
+    def job(model):
+        gate.wait(10)        # the callback below is attached while the job runs
+        if fails:
+            raise ValueError("the job failed")
+        return "first"
+
+    def ask_again(future):
+        again.append(worker.submit(lambda model: "again"))
+        asked.set()
+    try:
+        first = worker.submit(job)
+        first.add_done_callback(ask_again)
+        gate.set()
+        assert asked.wait(10)
+        assert again[0] is not None, "the line was still full after the first job's outcome"
+        assert again[0].result(10) == "again"
+    finally:
+        worker.close()
+
+
 def test_the_model_refuses_any_thread_but_its_worker():
     tts = StubTTS()
     worker = ModelWorker(tts, depth=1)
