@@ -66,15 +66,23 @@ class ModelWorker:
     def _run(self) -> None:
         while (item := self._jobs.get()) is not None:
             job, future, frees_slot = item
+            ran, result, error = False, None, None
             try:
                 if future.set_running_or_notify_cancel():   # False: cancelled while waiting
+                    ran = True
                     try:
-                        future.set_result(job(self.model))
+                        result = job(self.model)
                     except BaseException as e:  # delivered to the awaiting request
-                        future.set_exception(e)
+                        error = e
             finally:
+                # the slot comes back before the result is seen: a client that has its answer
+                # and asks again at once finds the line as free as it left it
                 if frees_slot:
                     self._slots.release()
+            if ran and error is not None:
+                future.set_exception(error)
+            elif ran:
+                future.set_result(result)
 
     def close(self) -> None:
         self._jobs.put(None)

@@ -1,5 +1,5 @@
 """Shared by the server tests and bench/serve_soak.py: uvicorn on loopback, a JSON client, the
-tiny Nano and Realtime models behind it, and a stub model for the speed-dependent cases."""
+tiny Nano and Realtime models behind it, and a stub model that a test holds and releases."""
 
 import base64
 import io
@@ -87,9 +87,17 @@ def tiny_realtime_files(d):
             convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf"))
 
 
+# How long a held stub waits for its test to let it go: only a broken test gets this far.
+HOLD_GUARD_SECONDS = 60
+
+
 class StubTTS:
-    """Generation by the text: 'endless' never stops, 'slow' takes a second, 'fail-early' /
-    'fail-late' raise before / after the first audio, 'bug' raises a non-package error."""
+    """Generation by the text: 'held' waits until the test sets `release`, then gives three
+    chunks; 'endless' gives chunks until it is stopped (paced at 2 ms a chunk, so one that is
+    never stopped ends after minutes, not out of memory); 'fail-early' / 'fail-late' raise
+    before / after the first audio, 'bug' raises a non-package error; anything else gives three
+    chunks. `started` is set when the first generation begins, `texts` lists what was spoken;
+    with `hold_encode` a reference encode sets `encoding` and waits for `release` too."""
 
     sample_rate, channels, OPTIONS = SR, 2, SamplingOptions
     FAMILY = "nano"     # the registry row whose knobs a request may give it
@@ -101,22 +109,33 @@ class StubTTS:
     voice, _need_codec, _need_open = CodecTTS.voice, CodecTTS._need_codec, CodecTTS._need_open
     _reference = CodecTTS._reference
 
-    def __init__(self, chunk_frames=32, encode_seconds=0.0):
+    def __init__(self, chunk_frames=32, hold_encode=False):
         self.chunk = np.full((chunk_frames, 2), 0.25, np.float32)
-        self.encode_seconds = encode_seconds
-        self.produced, self.stopped, self.threads = [], threading.Event(), set()
+        self.hold_encode = hold_encode
+        self.produced, self.texts, self.threads = [], [], set()
+        self.started, self.encoding = threading.Event(), threading.Event()
+        self.release, self.stopped = threading.Event(), threading.Event()
+
+    def _wait_for_release(self, what):
+        if not self.release.wait(HOLD_GUARD_SECONDS):
+            raise RuntimeError(f"the test never released the held {what}")
 
     def stream(self, text, reference=None, **kwargs):
         self.threads.add(threading.current_thread().name)
+        self.texts.append(text)
+        self.started.set()
         if text == "fail-early":
             raise InputError("early failure")
         if text == "bug":
             raise RuntimeError("a bug")
+        if text == "held":
+            self._wait_for_release("generation")
         try:
             for i in range(100_000 if text == "endless" else 3):
                 if text == "fail-late" and i == 2:
                     raise InputError("late failure")
-                time.sleep(1.0 if text == "slow" else 0.002)
+                if text == "endless":
+                    time.sleep(0.002)
                 self.produced.append(i)
                 yield self.chunk
         finally:
@@ -124,7 +143,9 @@ class StubTTS:
 
     def encode_reference(self, samples, rate):
         self.threads.add(threading.current_thread().name)
-        time.sleep(self.encode_seconds)
+        if self.hold_encode:
+            self.encoding.set()
+            self._wait_for_release("reference encode")
         return Reference(np.zeros((4, 2), np.int32))
 
 

@@ -1,14 +1,14 @@
 """The server's model worker under hostile clients: a full line, slow references, clients that
 leave or stop reading, failures inside streams, and the one-model-one-thread rule. A stub
-stands in for the model's speed only (endless, slow or failing generation); the queue, the
-threads, HTTP and the sockets are real."""
+stands in for the model (endless, held or failing generation); the queue, the threads, HTTP
+and the sockets are real. The tests wait on events (the stub's, or the app's through
+`Watched`), never for time to pass, so a busy machine only makes them slower."""
 
 import http.client
 import json
 import logging
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,12 +19,54 @@ from moss_tts.server_worker import ModelWorker
 from tests.server_helpers import SR, Served, StubTTS, call, silent_wav_b64
 
 
+class Watched:
+    """The app, counting where its HTTP requests stand so that a test can wait for a state:
+    `waiting`, requests that read their body and now listen for their client to leave (the
+    server listens so only once the work is in the worker's line), and `finished`, requests
+    whose handler has returned."""
+
+    def __init__(self, app):
+        self.app, self.changed = app, threading.Condition()
+        self.waiting = self.finished = 0
+
+    def _count(self, name):
+        with self.changed:
+            setattr(self, name, getattr(self, name) + 1)
+            self.changed.notify_all()
+
+    def wait_until(self, name, n):
+        with self.changed:
+            assert self.changed.wait_for(lambda: getattr(self, name) >= n, 20), \
+                f"{name} stayed at {getattr(self, name)}, expected {n}"
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        body_read, counted = False, False
+
+        async def watched_receive():
+            nonlocal body_read, counted
+            if body_read and not counted:
+                counted = True
+                self._count("waiting")
+            message = await receive()
+            body_read = body_read or (message["type"] == "http.request"
+                                      and not message.get("more_body", False))
+            return message
+        try:
+            await self.app(scope, watched_receive, send)
+        finally:
+            self._count("finished")
+
+
 @pytest.fixture
 def serve(tmp_path):
     started = []
 
     def start(tts, **kwargs):
-        s = Served(create_app(tts, voices_root=tmp_path / "voices", **kwargs))
+        app = Watched(create_app(tts, voices_root=tmp_path / "voices", **kwargs))
+        s = Served(app)
+        s.watched = app
         started.append(s)
         return s
     yield start
@@ -66,6 +108,33 @@ def test_worker_runs_one_job_at_a_time_and_refuses_past_depth():
         worker.close()
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_jobs_slot_is_free_when_its_outcome_is_seen(fails):
+    """A client that has its answer and asks again at once finds the line free. A done-callback
+    runs the moment the outcome is set, on the worker's thread: the strictest "at once"."""
+    worker = ModelWorker(object(), depth=0)
+    gate, asked, again = threading.Event(), threading.Event(), []
+
+    def job(model):
+        gate.wait(10)        # the callback below is attached while the job runs
+        if fails:
+            raise ValueError("the job failed")
+        return "first"
+
+    def ask_again(future):
+        again.append(worker.submit(lambda model: "again"))
+        asked.set()
+    try:
+        first = worker.submit(job)
+        first.add_done_callback(ask_again)
+        gate.set()
+        assert asked.wait(10)
+        assert again[0] is not None, "the line was still full after the first job's outcome"
+        assert again[0].result(10) == "again"
+    finally:
+        worker.close()
+
+
 def test_the_model_refuses_any_thread_but_its_worker():
     tts = StubTTS()
     worker = ModelWorker(tts, depth=1)
@@ -80,26 +149,35 @@ def test_the_model_refuses_any_thread_but_its_worker():
 
 
 def test_overload_answers_503_with_retry_after(serve):
-    s = serve(StubTTS(), queue_depth=0)
-    first, _ = in_thread(call, s.url, "/v1/audio/speech", {"input": "slow"})
-    time.sleep(0.3)
+    tts = StubTTS()
+    s = serve(tts, queue_depth=0)
+    first, out = in_thread(call, s.url, "/v1/audio/speech", {"input": "held"})
+    assert tts.started.wait(20)                      # the one slot is taken
     st, h, _ = call(s.url, "/v1/audio/speech", {"input": "b"})
+    tts.release.set()
     first.join()
     assert st == 503 and h["retry-after"] == "2"
+    assert out["result"][0] == 200
     assert call(s.url, "/v1/audio/speech", {"input": "c"})[0] == 200  # free again
+    assert tts.texts == ["held", "c"]
 
 
 def test_reference_encode_runs_on_the_worker_and_counts_against_the_line(serve):
-    tts = StubTTS(encode_seconds=2.0)
+    tts = StubTTS(hold_encode=True)
     s = serve(tts, queue_depth=0)
     body = {"input": "hi", "reference_audio": silent_wav_b64(), "response_format": "wav"}
     slow, out = in_thread(call, s.url, "/v1/audio/speech", body)
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    assert call(s.url, "/health")[0] == 200          # the event loop is free meanwhile
-    assert call(s.url, "/v1/audio/speech", body)[0] == 503
-    assert call(s.url, "/v1/audio/voices", {"name": "v", "audio": silent_wav_b64()})[0] == 503
-    assert time.monotonic() - t0 < 1.0
+    assert tts.encoding.wait(20)
+    # the encode is held until released below: these answer while it still runs (a server
+    # that waited for it would hang them into their timeout)
+    try:
+        assert call(s.url, "/health", timeout=20)[0] == 200   # the event loop is free
+        assert call(s.url, "/v1/audio/speech", body, timeout=20)[0] == 503
+        assert call(s.url, "/v1/audio/voices", {"name": "v", "audio": silent_wav_b64()},
+                    timeout=20)[0] == 503
+        assert not tts.texts                          # the speech waits for its encode
+    finally:
+        tts.release.set()
     slow.join()
     assert out["result"][0] == 200 and tts.threads == {"moss-tts-model"}
 
@@ -108,13 +186,13 @@ def test_a_non_streaming_request_is_cancelled_when_its_client_leaves(serve):
     tts = StubTTS()
     s = serve(tts)
     sock = raw_post(s.port, {"input": "endless", "response_format": "pcm"})
-    time.sleep(0.5)
+    assert tts.started.wait(20)
     sock.close()
-    assert tts.stopped.wait(5), "generation kept running after the client left"
-    n = len(tts.produced)
-    time.sleep(0.3)
-    assert len(tts.produced) == n < 100_000
+    assert tts.stopped.wait(20), "generation kept running after the client left"
+    assert len(tts.produced) < 100_000
+    # one worker thread: this runs only once the endless job has returned
     assert call(s.url, "/v1/audio/speech", {"input": "x", "response_format": "pcm"})[0] == 200
+    assert tts.texts == ["endless", "x"]
 
 
 def test_client_disconnect_stops_its_streamed_generation(serve):
@@ -136,12 +214,13 @@ def test_a_client_that_stops_reading_is_dropped_and_frees_the_model(serve, caplo
     stalled = raw_post(s.port, {"input": "endless", "stream_format": stream_format,
                                 "response_format": "pcm"}, rcvbuf=4096)
     try:
-        time.sleep(0.5)                      # it is streaming; the client never reads
-        t0 = time.monotonic()
+        assert tts.started.wait(20)          # it is streaming; the client never reads
+        # "x" waits in line behind the stalled stream: it is answered only if the stall is
+        # detected (after write_timeout) and frees the worker, long before the endless stub
+        # would end by itself (minutes) or this call's timeout
         st, _, _ = call(s.url, "/v1/audio/speech", {"input": "x", "response_format": "pcm"},
-                        timeout=20)
-        assert st == 200 and time.monotonic() - t0 < 6
-        assert tts.stopped.is_set()
+                        timeout=60)
+        assert st == 200 and tts.stopped.is_set() and tts.texts == ["endless", "x"]
         assert "stopped reading" in caplog.text
         stalled.settimeout(10)               # the server closed it: reading ends in EOF
         while stalled.recv(1 << 16):
@@ -190,13 +269,16 @@ def test_failures_before_the_first_audio_are_plain_error_answers(serve, caplog, 
 def test_a_request_whose_client_leaves_while_waiting_never_runs(serve, stream_format):
     tts = StubTTS()
     s = serve(tts, queue_depth=1)
-    slow, out = in_thread(call, s.url, "/v1/audio/speech", {"input": "slow",
+    held, out = in_thread(call, s.url, "/v1/audio/speech", {"input": "held",
                                                              "response_format": "pcm"})
-    time.sleep(0.3)
+    assert tts.started.wait(20)
     body = {"input": "endless", "response_format": "pcm"}
     sock = raw_post(s.port, body | ({"stream_format": stream_format} if stream_format else {}))
-    time.sleep(0.3)
-    sock.close()                  # leaves while the slow request still runs
-    slow.join()
-    time.sleep(1.0)
-    assert out["result"][0] == 200 and len(tts.produced) == 3   # only the slow one's chunks
+    s.watched.wait_until("waiting", 2)     # the held request, and this one in line behind it
+    sock.close()                           # leaves while the held request still runs
+    s.watched.wait_until("finished", 1)    # the server has seen it leave
+    tts.release.set()
+    held.join()
+    # one worker thread, first in first out: "x" runs after the line's endless job is done
+    assert call(s.url, "/v1/audio/speech", {"input": "x", "response_format": "pcm"})[0] == 200
+    assert out["result"][0] == 200 and tts.texts == ["held", "x"]

@@ -36,6 +36,9 @@ def wait_for(browser, script, want, seconds=60):
     assert got == want, f"{script}: {got!r}, expected {want!r}"
 
 
+MODEL_LIST_READ = "return window.liveModel === undefined ? 'unread' : window.liveModel"
+
+
 def live_hidden(browser) -> bool:
     return browser.execute_script("return document.getElementById('live').hidden")
 
@@ -91,8 +94,9 @@ def test_live_mode_is_hidden_without_a_live_model(models, browser, tmp_path):
     s = Served(create_app({"moss-tts-nano": models["moss-tts-nano"]}, voices_root=tmp_path))
     try:
         browser.get(s.url + "/")
-        wait_for(browser, "return document.readyState", "complete", 10)
-        time.sleep(0.5)                              # the model list has been read
+        # the section starts hidden: the check means something only once the page has read
+        # /v1/models, which it marks by setting window.liveModel (null: no live model)
+        wait_for(browser, MODEL_LIST_READ, None, 60)
         assert live_hidden(browser)
     finally:
         s.stop()
