@@ -33,8 +33,27 @@ class Channel:
     repetition_penalty: float = 1.0
 
 
+class DoSampleSwitch:
+    """Options with upstream's one `do_sample` switch for every channel (Nano, Local v1.5,
+    Realtime): greedy() turns it off; the audio repetition penalty still runs before the
+    argmax, as upstream penalizes before its `if not do_sample` (Nano's
+    `_sample_next_token`, Realtime's `generate_local_transformer`)."""
+
+    def greedy(self):
+        return replace(self, do_sample=False)
+
+    @property
+    def is_greedy(self) -> bool:
+        return not self.do_sample
+
+    @property
+    def audio_channel(self) -> Channel:
+        return Channel(self.is_greedy, self.audio_temperature, self.audio_top_k,
+                       self.audio_top_p, self.audio_repetition_penalty)
+
+
 @dataclass(frozen=True)
-class SamplingOptions:
+class SamplingOptions(DoSampleSwitch):
     """Per-call generation knobs; the defaults are upstream's user-facing ones (nano.md §4.3)."""
 
     do_sample: bool = True
@@ -48,20 +67,6 @@ class SamplingOptions:
         _check_switched(self, ("text_temperature", "audio_temperature"))
         _check_filters(self, "audio")
 
-    def greedy(self):
-        """These options with upstream's do_sample=False: the argmax on every channel; the
-        audio repetition penalty still runs first (upstream's `_sample_next_token` applies it
-        before its `if not do_sample`)."""
-        return replace(self, do_sample=False)
-
-    @property
-    def is_greedy(self) -> bool:
-        return not self.do_sample
-
-    @property
-    def audio_channel(self) -> Channel:
-        return Channel(self.is_greedy, self.audio_temperature, self.audio_top_k,
-                       self.audio_top_p, self.audio_repetition_penalty)
 
 
 def _check_switched(opts, temperatures: tuple[str, ...]) -> None:
@@ -171,7 +176,7 @@ class DelaySamplingOptions:
 
 
 @dataclass(frozen=True)
-class RealtimeSamplingOptions:
+class RealtimeSamplingOptions(DoSampleSwitch):
     """MossTTSRealtime's knobs with upstream defaults (moss_tts_family.md §5.5: 0.8 / 0.6 / 30,
     penalty 1.1 over the last 50 generated frames of each codebook, P18); one setting for all
     16 codebooks. `do_sample=False` is greedy (argmax), as upstream's switch."""
@@ -191,19 +196,6 @@ class RealtimeSamplingOptions:
             raise InputError(f"repetition_window must be a whole number ≥ 1 (frames), got {w}")
         object.__setattr__(self, "repetition_window", int(w))
 
-    def greedy(self):
-        """These options with do_sample=False: the argmax of each codebook after the windowed
-        penalty (upstream's `generate_local_transformer` penalizes before `sample_token`)."""
-        return replace(self, do_sample=False)
-
-    @property
-    def is_greedy(self) -> bool:
-        return not self.do_sample
-
-    @property
-    def audio_channel(self) -> Channel:
-        return Channel(self.is_greedy, self.audio_temperature, self.audio_top_k,
-                       self.audio_top_p, self.audio_repetition_penalty)
 
 
 @dataclass(frozen=True)
