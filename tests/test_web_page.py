@@ -119,7 +119,7 @@ def test_a_refused_request_shows_its_error_and_clears_the_old_result(server, bro
 class FailingTTS:
     """Two chunks of audio, then a failure: the raw stream is cut mid-body."""
 
-    sample_rate, channels, OPTIONS = RATE, 2, SamplingOptions
+    sample_rate, channels, OPTIONS, FAMILY = RATE, 2, SamplingOptions, "nano"
 
     def stream(self, text, **kwargs):
         for _ in range(2):

@@ -30,7 +30,7 @@ def test_csv_manifest_to_flac_then_a_rerun_skips_and_an_edit_redoes_one_line(bat
     assert "failed c: text is missing" in r.stderr and "\r" not in r.stderr   # no TTY: no bar
     # each line's budget warning, once, with its id
     assert r.stderr.count("batch: a: warning: ") == r.stderr.count("batch: b: warning: ") == 1
-    assert "used its whole frame budget" in r.stderr
+    assert "used the whole frame budget" in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["a.flac", "b.flac", "results.jsonl"]
     first = {p: p.stat().st_mtime_ns for p in out.glob("*.flac")}
 
@@ -39,7 +39,7 @@ def test_csv_manifest_to_flac_then_a_rerun_skips_and_an_edit_redoes_one_line(bat
     r = batch_cli(manifest, out, batch_models, "--format", "flac", "--quiet")
     # --quiet: no progress, no summary, no warnings (results.jsonl has them, with the id)
     assert r.returncode == 0 and r.stderr == ""
-    assert ["used its whole frame budget" in w for x in records(out)[-2:] for w in x["warnings"]
+    assert ["used the whole frame budget" in w for x in records(out)[-2:] for w in x["warnings"]
             ] == [True, True]
     assert (out / "a.flac").stat().st_mtime_ns == first[out / "a.flac"]      # skipped
     assert (out / "b.flac").stat().st_mtime_ns != first[out / "b.flac"]      # text changed

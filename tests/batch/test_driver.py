@@ -283,7 +283,7 @@ def test_each_lines_warnings_are_recorded_and_reported_with_its_id(batch_models,
     by_id = {r["id"]: r["warnings"] for r in records(out)}
     assert sorted(line_id for line_id, _ in heard) == ["line000", "line001"]
     for line_id in ("line000", "line001"):
-        assert len(by_id[line_id]) == 1 and "used its whole frame budget" in by_id[line_id][0]
+        assert len(by_id[line_id]) == 1 and "used the whole frame budget" in by_id[line_id][0]
         assert dict(heard)[line_id] == by_id[line_id]
     assert by_id["empty"] == []
 

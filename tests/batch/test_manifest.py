@@ -73,9 +73,9 @@ def test_content_problems_stay_on_their_line(tmp_path):
             {"id": "fine", "text": "x"}]
     lines = {line.id: line for line in read_manifest(write_jsonl(tmp_path / "m.jsonl", rows))}
     assert lines["empty"].error == "text is empty"
-    assert lines["seed"].error == "seed 'soon' is not a valid int"
-    assert lines["k"].error == "top_k 2.5 is not a valid int"
-    assert lines["g"].error == "greedy 'maybe' is not a valid bool"
+    assert lines["seed"].error == "seed must be a whole number, got 'soon'"
+    assert lines["k"].error == "top_k must be a whole number, got 2.5"
+    assert lines["g"].error == "greedy must be true or false, got 'maybe'"
     assert lines["fine"].error is None
 
 
@@ -115,7 +115,7 @@ def test_an_unparsable_seed_is_not_replaced_by_a_derived_one(tmp_path):
     """issue 22 #9: the record named derive_seed(id) for a line whose seed was "soon"."""
     lines = read_manifest(write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "x",
                                                               "seed": "soon"}]))
-    assert lines[0].seed is None and lines[0].error == "seed 'soon' is not a valid int"
+    assert lines[0].seed is None and lines[0].error == "seed must be a whole number, got 'soon'"
 
 
 def test_voice_and_reference_together_fail_the_line_as_the_cli_refuses_them(tmp_path):
