@@ -32,8 +32,13 @@ class InputError(MossTTSError):
 
 class BudgetWarning(UserWarning):
     """Speech was cut at its frame budget before the model ended it: emitted once per
-    `synthesize`/`stream` call (however many text chunks were cut), naming the knob to raise.
-    The CLI, `batch` and the server catch it by this class."""
+    `synthesize`/`stream` call (however many text chunks were cut), naming the knob to raise
+    (`keyword`, the `stream` keyword, so a front end can say it as its flag or field). The
+    CLI, `batch` and the server catch it by this class."""
+
+    def __init__(self, message: str, keyword: str | None = None):
+        super().__init__(message)
+        self.keyword = keyword
 
 
 def whole_number(value, name: str, low: int, high: int | None = None) -> int:

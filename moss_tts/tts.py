@@ -183,7 +183,8 @@ class CodecTTS(NativeResource):
             if close is not None:
                 close()
         if cuts and samples:    # no audio at all is the error below, which says why
-            warnings.warn(BudgetWarning(self._cut_message(cuts)), stacklevel=2)
+            warnings.warn(BudgetWarning(self._cut_message(cuts), self.BUDGET.keyword),
+                          stacklevel=2)
         if samples == 0:
             b = self.BUDGET
             why = (f"the frame budget ({b.keyword}={budget}) ran out before the first audio "

@@ -334,7 +334,8 @@ class LiveSession(NativeResource):
         if self._prefilled and not self._stream.finished:   # one warning per turn, as offline
             warnings.warn(BudgetWarning(
                 f"this turn used its whole frame budget ({self.max_frames} frames) before the "
-                "model ended it: the audio is cut — raise max_frames"), stacklevel=2)
+                "model ended it: the audio is cut — raise max_frames", "max_frames"),
+                stacklevel=2)
 
     @property
     def _done(self) -> bool:
