@@ -111,13 +111,13 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
         return value
     if knob.kind is str:
         if not isinstance(value, str):
-            raise InputError(f"{name} must be a string, got {_kind(value)}")
+            raise InputError(f"{name} must be a string, got {kind_of(value)}")
         if knob.high is not None and len(value) > knob.high:
             raise InputError(f"{name} must be at most {knob.high:g} characters, got {len(value)}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{name} must be {'an integer' if knob.kind is int else 'a number'}, "
-                         f"got {_kind(value)}")
+                         f"got {kind_of(value)}")
     if not math.isfinite(value):
         raise InputError(f"{name} must be a finite number, got {value}")
     given = value
@@ -141,14 +141,12 @@ def _within_some_family(knob: Knob, value, surface: str):
     from .models.registry import FAMILIES
 
     first = None
-    for family in FAMILIES:
-        options_class = family.options_class()
-        if knob.field in {f.name for f in dataclasses.fields(options_class)}:
-            try:
-                options_class(**{knob.field: value})
-                return value
-            except InputError as e:
-                first = first or e
+    for family in families_taking(knob, FAMILIES):
+        try:
+            family.options_class()(**{knob.field: value})
+            return value
+        except InputError as e:
+            first = first or e
     raise renamed(first, surface)
 
 
@@ -164,7 +162,7 @@ def _from_text(knob: Knob, text: str, name: str):
                          f", got {text!r}") from None
 
 
-def _kind(value) -> str:
+def kind_of(value) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             list: "a list", dict: "an object", type(None): "null"}.get(type(value), "a value")
 

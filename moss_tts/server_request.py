@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import InputError
-from .knobs import SPELLINGS, parse
+from .knobs import SPELLINGS, kind_of, parse
 from .server_formats import FORMATS, STREAMED_FORMATS, format_problem
 
 MAX_INPUT_CHARS = 4096
@@ -82,16 +82,11 @@ def parse_object(raw: bytes, allowed: tuple[str, ...]) -> dict:
     except ValueError as e:  # includes UnicodeDecodeError
         raise RequestError(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
-        raise RequestError(400, f"the body must be a JSON object, got {_kind(body)}")
+        raise RequestError(400, f"the body must be a JSON object, got {kind_of(body)}")
     unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise RequestError(400, f"unknown field {unknown[0]!r}; accepted: {', '.join(allowed)}")
     return body
-
-
-def _kind(value) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "an object", type(None): "null"}.get(type(value), "a value")
 
 
 def _string(body: dict, name: str, default: str | None = None,
@@ -100,7 +95,7 @@ def _string(body: dict, name: str, default: str | None = None,
     if value is None:
         return default
     if not isinstance(value, str):
-        raise RequestError(400, f"'{name}' must be a string, got {_kind(value)}")
+        raise RequestError(400, f"'{name}' must be a string, got {kind_of(value)}")
     if choices is not None and value not in choices:
         raise RequestError(400, f"'{name}' must be one of {', '.join(choices)}; got {value!r}")
     return value
@@ -115,7 +110,7 @@ def _number(body: dict, name: str, default, low, high, *, integer: bool = False,
     kinds = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise RequestError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, "
-                                f"got {_kind(value)}")
+                                f"got {kind_of(value)}")
     if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
         bounds = f"{'(' if low_open else '['}{low}, {high}]"
         raise RequestError(400, f"'{name}' must be in {bounds}, got {value}")
@@ -127,7 +122,7 @@ def parse_speech(raw: bytes) -> SpeechRequest:
     body = parse_object(raw, SPEECH_FIELDS)
     text = body.get("input")
     if not isinstance(text, str):
-        raise RequestError(400, f"'input' must be a string, got {_kind(text)}")
+        raise RequestError(400, f"'input' must be a string, got {kind_of(text)}")
     if not text.strip():
         raise RequestError(400, "'input' is empty: give the text to speak")
     if len(text) > MAX_INPUT_CHARS:
@@ -181,10 +176,10 @@ def parse_voice(raw: bytes) -> tuple[str, str, str | None]:
     body = parse_object(raw, VOICE_FIELDS)
     name, audio = body.get("name"), body.get("audio")
     if not isinstance(name, str):
-        raise RequestError(400, f"'name' must be a string, got {_kind(name)}")
+        raise RequestError(400, f"'name' must be a string, got {kind_of(name)}")
     if not isinstance(audio, str) or not audio:
         raise RequestError(400, "'audio' must be a base64 WAV/FLAC file, got "
-                                f"{_kind(audio) if not isinstance(audio, str) else 'nothing'}")
+                                f"{kind_of(audio) if not isinstance(audio, str) else 'nothing'}")
     return name, audio, _string(body, "model")
 
 
