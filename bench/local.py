@@ -6,7 +6,7 @@ bandwidth floor and upstream's PyTorch f32 loop (bench/local_upstream.py) on the
         [--prompt 200] [--threads N] [--no-peer] [--tiny]
 
 --variant v2 (default) is MossTTSLocal 1.7B: Qwen3-1.7B backbone, a 4-layer 1536-wide
-RoPE-free depth stack over 33 positions with per-channel SwiGLU adapters and heads (§3);
+RoPE-free depth stack over 33 positions with per-channel SwiGLU adapters and heads (§family-3);
 v2b (MOSS-TTS-Local-Transformer-v1.5) is `bench/local_v15.py`'s `run(args)`.
 
 The weights are written once per type straight in the target type (bench/delay.py's pooled
@@ -47,7 +47,7 @@ from moss_tts.models.local_tts import FIRST_CHUNK  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
 from moss_tts.sampling import LocalSamplingOptions, seen_per_head  # noqa: E402
 
-REAL = Qwen3Config(2048, 28, 16, 8, 128, 6144, 1e6)          # Qwen3-1.7B (§3.1)
+REAL = Qwen3Config(2048, 28, 16, 8, 128, 6144, 1e6)          # Qwen3-1.7B (§family-3.1)
 TINY = Qwen3Config(64, 2, 4, 2, 16, 96, 1e6)                 # a smoke run of the script itself
 KV_BYTES = 2                                                 # the f16 backbone cache (default)
 
@@ -83,7 +83,7 @@ def weights_file(args) -> Path:
 
 # -- the prompt ---------------------------------------------------------------------------------
 def voice_clone_prompt(cfg: LocalConfig, n: int) -> np.ndarray:
-    """n rows shaped like a voice-clone prompt without delay (§3.5): text, AUDIO_START, user
+    """n rows shaped like a voice-clone prompt without delay (§family-3.5): text, AUDIO_START, user
     slots carrying random frames, AUDIO_END, text, AUDIO_START last."""
     rng = np.random.default_rng(0)
     pad = cfg.audio_pad_code

@@ -51,7 +51,7 @@ REAL = (Qwen3Config(2560, 36, 32, 8, 128, 9728, 1e6),
 TINY = (Qwen3Config(64, 2, 4, 2, 16, 96, 1e6), gpt2.GPT2Config(64, 4, 1, 96, 1e-6, 1e6, "silu"),
         151680)
 KV_BYTES = 2                 # f16 K and V (LocalV15Model's default)
-FIRST_CHUNK = 4              # frames of upstream's first codec chunk (§4.7)
+FIRST_CHUNK = 4              # frames of upstream's first codec chunk (§family-4.7)
 
 
 def config(tiny: bool) -> lv.LocalV15Config:

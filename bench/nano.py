@@ -1,4 +1,4 @@
-"""MOSS-TTS-Nano at the REAL dimensions (nano.md §1: 12 × 768 global GPT-2 + RoPE, 1 local
+"""MOSS-TTS-Nano at the REAL dimensions (docs/upstream-notes.md §nano-1: 12 × 768 global GPT-2 + RoPE, 1 local
 layer, 16 × 1024 codebooks, text vocab 16384, n_inner 3072), random weights: ms per generated
 frame split into the global step, the 17-position depth loop (of which the audio heads),
 sampling and Python overhead (wall − ggml compute); prefill of a 100-row prompt; first-audio

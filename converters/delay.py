@@ -1,5 +1,5 @@
 """MossTTSDelay checkpoint (MOSS-TTS, MOSS-TTS-v1.5) → one GGUF holding the weights, the config
-and the tokenizer.json text (design §4; moss_tts_family.md §2.1-2.2).
+and the tokenizer.json text (design §4; docs/upstream-notes.md §family-2.1-2.2).
 
     python -m moss_tts convert delay --model DIR_OR_REPO --out delay.gguf [--outtype q4_K]
         [--head-type q8_0] [--embed-type f16]

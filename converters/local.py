@@ -1,5 +1,5 @@
 """MossTTSLocal checkpoint (MOSS-TTS-Local-Transformer, 1.7B) → one GGUF holding the weights,
-the config and the tokenizer.json text (design §4; moss_tts_family.md §3.1-3.2).
+the config and the tokenizer.json text (design §4; docs/upstream-notes.md §family-3.1-3.2).
 
     python -m moss_tts convert local --model DIR_OR_REPO --out local.gguf [--outtype q8_0]
         [--head-type q8_0] [--embed-type f16]
@@ -45,7 +45,7 @@ def local_config(config: dict) -> LocalConfig:
 
 
 def tied_head(cfg: LocalConfig, ckpt) -> LocalConfig:
-    """tie_text_head = 1 when lm_heads.0 is absent (a tied checkpoint, §3.2) or equal to the
+    """tie_text_head = 1 when lm_heads.0 is absent (a tied checkpoint, §family-3.2) or equal to the
     text table: one copy is stored and read as both."""
     tied = SOURCE_TEXT_HEAD not in ckpt or (
         SOURCE_TEXT_EMBED in ckpt and ckpt.shape(SOURCE_TEXT_HEAD) == ckpt.shape(SOURCE_TEXT_EMBED)

@@ -1,5 +1,5 @@
 """MOSS-TTS-Local-Transformer-v1.5 checkpoint → one GGUF holding the weights, the config and
-the tokenizer.json text (design §4; moss_tts_family.md §4.1-4.2).
+the tokenizer.json text (design §4; docs/upstream-notes.md §family-4.1-4.2).
 
     python -m moss_tts convert local-v15 --model DIR_OR_REPO --out local-v15.gguf
         [--outtype q4_K] [--embed-type f16] [--strict]

@@ -1,5 +1,5 @@
 """MOSS-TTS-Nano checkpoint → one GGUF holding the weights, the config and the SentencePiece
-model (design §4; nano.md §1, §6).
+model (design §4; docs/upstream-notes.md §nano-1, §nano-6).
 
     python -m moss_tts convert nano --model DIR_OR_REPO --out nano.gguf [--outtype q8_0] [--strict]
 

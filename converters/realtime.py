@@ -1,5 +1,5 @@
 """MossTTSRealtime checkpoint (MOSS-TTS-Realtime) → one GGUF holding the weights, the config and
-the tokenizer.json text (design §4; moss_tts_family.md §5.1-5.2).
+the tokenizer.json text (design §4; docs/upstream-notes.md §family-5.1-5.2).
 
     python -m moss_tts convert realtime --model DIR_OR_REPO --out realtime.gguf [--outtype q4_K]
         [--head-type q8_0] [--embed-type f16]

@@ -1,4 +1,4 @@
-"""Residual LFQ quantizer (codecs.md §1.6): the code search on the unit sphere and the decode
+"""Residual LFQ quantizer (docs/upstream-notes.md §codecs-1.6): the code search on the unit sphere and the decode
 sum, both inside the graph (no host round trip per codebook).
 
 Encode, per frame: r = W_in z + b_in; for each codebook i: ê = normalize(A_i r + a_i);

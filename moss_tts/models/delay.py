@@ -1,6 +1,6 @@
 """MossTTSDelay (MOSS-TTS 8B, v1.0 and v1.5): a Qwen3 backbone over rows of 1 text + n_vq
 audio channels, a text head and n_vq audio heads in parallel, the delay staircase
-(upstream `moss_tts_delay/modeling_moss_tts.py`; moss_tts_family.md §2).
+(upstream `moss_tts_delay/modeling_moss_tts.py`; docs/upstream-notes.md §family-2).
 
 A row [text, code_0 … code_{N−1}] embeds as token_embd[text] + Σ_k emb_ext.k[code_k]; the
 pad code's row is a learned vector and is added like any other (P1).
@@ -225,7 +225,7 @@ def step_run(session: DecodeSession, rows: np.ndarray, state: DelayState,
 
 def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray,
              seen: np.ndarray, cfg: DelayConfig, opts: DelaySamplingOptions, rng):
-    """The next row [1 + n_vq] and the state after it (§2.6): the text token forced or sampled
+    """The next row [1 + n_vq] and the state after it (§family-2.6): the text token forced or sampled
     under the masks, then the codebooks this row samples (pad elsewhere)."""
     ids = cfg.ids
     token = forced_text(state, ids)

@@ -1,5 +1,5 @@
 """Upstream's published llama.cpp layout of MOSS-TTS (`OpenMOSS-Team/MOSS-TTS-GGUF`; facts in
-moss_tts_family.md §8), loaded as it is: one llama.cpp Qwen3 GGUF (the text head is its
+docs/upstream-notes.md §family-8), loaded as it is: one llama.cpp Qwen3 GGUF (the text head is its
 `output`), `embeddings/emb_ext_NN.npy`, `lm_heads/lm_head_audio_NN.npy` (fp16) and
 `tokenizer/tokenizer.json`. The ids are upstream's defaults, as its own pipeline hard-codes.
 """

@@ -1,4 +1,4 @@
-"""MossTTSDelay's generation state machine and de-delay (moss_tts_family.md §2.5-2.6; upstream
+"""MossTTSDelay's generation state machine and de-delay (docs/upstream-notes.md §family-2.5-2.6; upstream
 `modeling_moss_tts.py::generate`, `llama_cpp/delay_state.py`): which text token is forced or
 allowed, which codebooks are sampled on a row, and how the state moves on. The staircase
 itself (`delay`) lives with the prompts (text/delay_prompts.py), which lay audio out in it."""
@@ -12,7 +12,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class DelayIds:
-    """The ids the state machine reads (§1.2); the model config provides them."""
+    """The ids the state machine reads (§family-1.2); the model config provides them."""
 
     n_vq: int
     pad_token_id: int
@@ -36,7 +36,7 @@ def de_delay(grid: np.ndarray) -> np.ndarray:
 
 
 def audio_segments(codes: np.ndarray, pad: int) -> list[np.ndarray]:
-    """De-delayed codes [T, N] split at frames that are entirely pad (§2.8)."""
+    """De-delayed codes [T, N] split at frames that are entirely pad (§family-2.8)."""
     keep = ~(codes == pad).all(axis=1)
     edges = np.flatnonzero(np.diff(np.concatenate([[False], keep, [False]]).astype(np.int8)))
     return [codes[a:b] for a, b in zip(edges[::2], edges[1::2])]
@@ -44,7 +44,7 @@ def audio_segments(codes: np.ndarray, pad: int) -> list[np.ndarray]:
 
 @dataclass(frozen=True)
 class DelayState:
-    """Per-sequence state (§2.6): rows since the current AUDIO_START (counting it), rows since
+    """Per-sequence state (§family-2.6): rows since the current AUDIO_START (counting it), rows since
     the first DELAY (None while not flushing), in audio, stopping, generated rows."""
 
     audio_len: int = 0

@@ -1,5 +1,5 @@
 """`DelayTTS`: text → 24 kHz speech with MossTTSDelay and the MOSS-Audio-Tokenizer codec
-(moss_tts_family.md §2.4-2.8). Frames are decoded as soon as the staircase completes them
+(docs/upstream-notes.md §family-2.4-2.8). Frames are decoded as soon as the staircase completes them
 (a rolling buffer of n_vq rows, P20), through the codec's exact streaming decoder, so streamed
 audio equals `synthesize()` for the same seed.
 """
@@ -25,7 +25,7 @@ from .qwen3_tts import Qwen3TTS
 
 class FrameAssembler:
     """Generated rows' audio channels in, complete frames out: frame t is whole once row
-    t + n_vq − 1 arrived (codebook k of frame t sits on row t + k, §2.5); n_vq rows are kept."""
+    t + n_vq − 1 arrived (codebook k of frame t sits on row t + k, §family-2.5); n_vq rows are kept."""
 
     def __init__(self, n_vq: int):
         self.n_vq = n_vq
@@ -88,7 +88,7 @@ class DelayTTS(Qwen3TTS):
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
         """Reference speech → codes [frames, n_vq]: cut to max_seconds (as Nano's), mono mix, the
-        codec's rate, loudness normalization (§1.3, on what is kept), then the codec."""
+        codec's rate, loudness normalization (§family-1.3, on what is kept), then the codec."""
         codec = self._need_codec()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
         x = resample(to_channels(x, 1), sample_rate, codec.sample_rate)
@@ -137,7 +137,7 @@ class DelayTTS(Qwen3TTS):
                max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
                **fields) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
-        segment (upstream decodes each segment on its own, §2.8): the next starts a new codec
+        segment (upstream decodes each segment on its own, §family-2.8): the next starts a new codec
         stream. A continuation's prompt frames go through the codec first (their audio is
         dropped, as upstream cuts it), so the output continues the prompt audio (`prompt_text`:
         its transcript, see `plan`). Long text is cut at sentence boundaries

@@ -1,5 +1,5 @@
 """GPT-2 backbone with rotary positions (no learned wpe), as in MOSS-TTS-Nano's global and
-local transformers (upstream `MossTTSNanoGPT2Model`; facts in shared/reference/nano.md §2).
+local transformers (upstream `MossTTSNanoGPT2Model`; facts in docs/upstream-notes.md §nano-2).
 
 Pre-LN blocks: x + c_proj(attn(ln_1 x)), then x + fc_out(act(fc_in(ln_2 x))); fused QKV
 split q|k|v; RoPE on interleaved pairs over the full head dim; K cached after RoPE.
@@ -103,7 +103,7 @@ def self_attention(x: Tensor, layer: GPT2Layer, cfg: GPT2Config, *, il: int, kv:
     (kv.mask F16 for the fused flash-attention path, the default: no V transpose per step)."""
     qkv = linear(x, layer.attn_c_attn_weight, layer.attn_c_attn_bias)      # [3D, T]
     q, k, v = fused_heads(qkv, n_head=cfg.n_head)
-    # RoPE on interleaved pairs over the full head dim (nano.md §2.3)
+    # RoPE on interleaved pairs over the full head dim (docs/upstream-notes.md §nano-2.3)
     o = cached_attention(q, k, v, kv, il, rope_mode="normal", rope_base=cfg.rope_base)
     ops.name(o, f"{stage}.{il}.attn_out")
     return linear(o, layer.attn_c_proj_weight, layer.attn_c_proj_bias)

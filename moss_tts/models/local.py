@@ -1,6 +1,6 @@
 """MossTTSLocal (MOSS-TTS-Local-Transformer, 1.7B): a Qwen3 backbone over rows of 1 text + n_vq
 audio channels without delay, and per frame a 4-layer depth transformer over the 33 channels
-(upstream `moss_tts_local/modeling_moss_tts.py`; moss_tts_family.md §3).
+(upstream `moss_tts_local/modeling_moss_tts.py`; docs/upstream-notes.md §family-3).
 
 A row embeds as embedding_list.0[text] + Σ_{k<n} embedding_list.{k+1}[code_k], n =
 n_vq_for_inference (the pad rows are padding_idx rows, added like any other, P1). Per frame the
@@ -45,7 +45,7 @@ MAX_NEW_FRAMES = 4096
 
 @dataclass(frozen=True)
 class LocalConfig:
-    """Field names and defaults of upstream `MossTTSDelayConfig` of moss_tts_local (§3.1)."""
+    """Field names and defaults of upstream `MossTTSDelayConfig` of moss_tts_local (§family-3.1)."""
 
     language_config: qwen3.Qwen3Config
     vocab_size: int
@@ -186,7 +186,7 @@ def build_rows(g: Graph, w: LocalWeights, cfg: LocalConfig, n_rows: int, kv: Cac
 
 
 def build_depth_step(g: Graph, w: LocalWeights, cfg: LocalConfig, kv: CacheView, p: int) -> None:
-    """Depth position p of a frame (§3.4): input MLP_in(g) (p = 0, "depth.h" [H]) or
+    """Depth position p of a frame (§family-3.4): input MLP_in(g) (p = 0, "depth.h" [H]) or
     MLP_in(embedding_list.{p−1}[token]) (p ≥ 1, "depth.token"); one step of the causal,
     RoPE-free depth stack over the frame's cache; out "depth.logits" of head p only
     (RMSNorm_p(MLP_out_p(h)) · lm_heads.p)."""
@@ -204,7 +204,7 @@ def build_depth_step(g: Graph, w: LocalWeights, cfg: LocalConfig, kv: CacheView,
 # -- sampling one channel ---------------------------------------------------------------------
 def choose(logits: np.ndarray, c: int, seen: np.ndarray, cfg: LocalConfig,
            opts: LocalSamplingOptions, rng) -> int:
-    """Channel c's token, HF order (§3.6): pad −inf (audio), then what `opts` says for the
+    """Channel c's token, HF order (§family-3.6): pad −inf (audio), then what `opts` says for the
     channel — sampled: the repetition penalty over its own prompt + generated history (audio
     only), temperature → top-k → top-p → draw; greedy: the plain argmax (upstream's `_sample`
     runs no processor on a do_sample=False channel, not even the penalty)."""
@@ -232,7 +232,7 @@ class GenerationState(SessionsOwner):
             backend=model.backend, n_layer=lc.num_hidden_layers,
             n_kv_head=lc.num_key_value_heads, head_dim=lc.head_dim, capacity=capacity,
             prefix="backbone", name="local", dtype=model.kv_type)
-        # ≤ n_vq + 1 positions, exact in f32: upstream recomputes the whole prefix (§3.4)
+        # ≤ n_vq + 1 positions, exact in f32: upstream recomputes the whole prefix (§family-3.4)
         with released_on_error(self.backbone):
             self.depth = DecodeSession(
                 lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
@@ -329,7 +329,7 @@ class LocalModel:
         if max_new_frames < 1:
             raise InputError(f"max_new_frames must be at least 1, got {max_new_frames}")
         rng = np.random.default_rng(seed)
-        # per-channel history, prompt included (HF RepetitionPenaltyLogitsProcessor, §3.6)
+        # per-channel history, prompt included (HF RepetitionPenaltyLogitsProcessor, §family-3.6)
         seen = seen_per_head(rows[:, 1:], cfg.audio_rows)
         with self.make_state(len(rows) + max_new_frames) as state:
             feed = rows

@@ -1,6 +1,6 @@
 """`LocalTTS`: text → 24 kHz speech with MossTTSLocal and the MOSS-Audio-Tokenizer codec
-(moss_tts_family.md §3). Every generated row is a whole frame (no delay), decoded through the
-codec's exact streaming decoder in chunks sized by upstream's adaptive ladder (§4.7) or a
+(docs/upstream-notes.md §family-3). Every generated row is a whole frame (no delay), decoded through the
+codec's exact streaming decoder in chunks sized by upstream's adaptive ladder (§family-4.7) or a
 fixed size, so streamed audio equals the offline decode of the same frames (to f32 kernel
 order) whatever the chunking.
 """
@@ -20,7 +20,7 @@ from .delay_tts import DelayTTS
 from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
 from .long_text import speak, split_long_text
 
-# upstream's adaptive ladder (streaming.py, §4.7): the first chunk, then frames per chunk by
+# upstream's adaptive ladder (streaming.py, §family-4.7): the first chunk, then frames per chunk by
 # how far generation leads playback (seconds of audio made minus seconds since the first chunk)
 FIRST_CHUNK = 4
 LADDER = ((0.0, 1), (0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
@@ -44,7 +44,7 @@ def ladder_chunk(first: bool, lead: float) -> int:
 class LocalTTS(DelayTTS):
     """MOSS-TTS-Local-Transformer (MossTTSLocal, 1.7B). `LocalTTS.load("local.gguf",
     codec="codec.gguf")`, then `synthesize(text, reference=tts.encode_reference(samples, sr))`
-    → (samples [n, 1], 24000). Prompts, references and the codec check are Delay's (§3.5:
+    → (samples [n, 1], 24000). Prompts, references and the codec check are Delay's (§family-3.5:
     the same template without the delay pattern and without text normalization).
 
     >>> tts = LocalTTS.load("local.gguf", codec="codec.gguf")               # doctest: +SKIP

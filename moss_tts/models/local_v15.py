@@ -1,6 +1,6 @@
 """MOSS-TTS-Local-Transformer-v1.5 (4B): a Qwen3 backbone over rows of 1 text + n_vq audio
 channels and a 1-layer GPT-2-style local block that emits one frame's codes (upstream
-`moss_tts_local_v1.5/modeling_moss_tts.py`, `gpt2_decoder.py`; moss_tts_family.md §4, §6).
+`moss_tts_local_v1.5/modeling_moss_tts.py`, `gpt2_decoder.py`; docs/upstream-notes.md §family-4, §family-6).
 
 A row [text, code_0 … code_{N−1}] embeds as token_embd[text] + Σ_k audio_embeddings[k][code_k]
 with pad codes contributing zero (the tables have no pad row, P12). Heads are tied: audio head k
@@ -35,7 +35,7 @@ CONTINUE, STOP = 0, 1
 
 @dataclass(frozen=True)
 class LocalV15Config:
-    """Field names and defaults of upstream `MossTTSLocalConfig` (§4.1)."""
+    """Field names and defaults of upstream `MossTTSLocalConfig` (§family-4.1)."""
 
     language_config: qwen3.Qwen3Config
     local: gpt2.GPT2Config
@@ -132,7 +132,7 @@ def build_rows(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, n_rows: int, k
 
 def build_depth_step(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, kv: CacheView,
                      p: int) -> None:
-    """Local position p of a frame (§4.4): input the backbone hidden (p = 0) or
+    """Local position p of a frame (§family-4.4): input the backbone hidden (p = 0) or
     audio_embeddings[p−1][code] (p ≥ 1); output audio head p's logits "depth.logits" [V] and,
     at p = 0, the continue/stop logits "depth.decision" [2] (position 0 feeds both, P13)."""
     if p == 0:
@@ -271,7 +271,7 @@ class LocalV15Model:
     def iter_frames(self, rows, *, options: LocalV15SamplingOptions = LocalV15SamplingOptions(),
                     seed: int | None = None, max_frames: int = MAX_FRAMES):
         """Frames [n_vq] generated after prompt rows until the 2-way head stops or the budget
-        ends (§4.6). The repetition history is the generated frames only, per channel."""
+        ends (§family-4.6). The repetition history is the generated frames only, per channel."""
         if not isinstance(options, LocalV15SamplingOptions):
             raise InputError(f"options must be a LocalV15SamplingOptions, got "
                              f"{type(options).__name__}")

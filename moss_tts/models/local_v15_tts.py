@@ -1,5 +1,5 @@
 """`LocalV15TTS`: text → 48 kHz stereo speech with MOSS-TTS-Local-Transformer-v1.5 and the
-MOSS-Audio-Tokenizer-v2 codec (moss_tts_family.md §4.5-4.7). Frames go through the codec's
+MOSS-Audio-Tokenizer-v2 codec (docs/upstream-notes.md §family-4.5-4.7). Frames go through the codec's
 exact streaming decoder in chunks sized by upstream's adaptive ladder, so streamed audio equals
 `synthesize()` for the same seed.
 """
@@ -22,7 +22,7 @@ from .long_text import speak, split_long_text
 from .nano_tts import continuation_prompt_text
 from .qwen3_tts import Qwen3TTS
 
-FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§4.7)
+FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§family-4.7)
 # (generation lead in s, frames per codec push) once audio flows: short pushes while generation
 # barely keeps up, longer ones (fewer codec calls) once it is ahead (upstream streaming.py)
 LEAD_LADDER = ((0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
@@ -95,7 +95,7 @@ class LocalV15TTS(Qwen3TTS):
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
         """Reference speech → codes [frames, n_vq]: cut to max_seconds, two channels (mono is
-        duplicated, P22), the codec's rate, loudness normalization over both channels (§1.3),
+        duplicated, P22), the codec's rate, loudness normalization over both channels (§family-1.3),
         then the codec."""
         codec = self._need_codec()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)

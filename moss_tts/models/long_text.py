@@ -1,7 +1,7 @@
 """Long text for the families that speak one prompt at a time (Delay, Local, Local v1.5): the
 text cut at sentence boundaries by Nano's rules (text/chunking.py), each chunk its own
 utterance continuing the chunk before it (its text and generated frames are the next prompt, as
-Nano's continuation), and upstream's pause between chunks (nano.md §5.5)."""
+Nano's continuation), and upstream's pause between chunks (docs/upstream-notes.md §nano-5.5)."""
 
 from __future__ import annotations
 

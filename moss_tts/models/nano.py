@@ -1,5 +1,5 @@
 """MOSS-TTS-Nano: a global GPT-2 over prompt/frame rows and a 1-layer local (depth) transformer
-that emits one frame's 16 codes (upstream `MossTTSNanoForCausalLM`; nano.md §1-4).
+that emits one frame's 16 codes (upstream `MossTTSNanoForCausalLM`; docs/upstream-notes.md §nano-1-4).
 
 A row is [text id, code_0 … code_15]; its embedding is wte[text] + Σ_c audio_embeddings[c][code_c]
 with pad codes contributing nothing. Heads are tied: the text head is wte (only the continue/stop
@@ -142,7 +142,7 @@ def build_global_step(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int,
 
 
 def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p: int) -> None:
-    """Local position p of a frame (nano.md §3): input h (p = 0), wte[decision] (p = 1) or
+    """Local position p of a frame (docs/upstream-notes.md §nano-3): input h (p = 0), wte[decision] (p = 1) or
     audio_embeddings[p−2][code] (p ≥ 2); output the text decision logits [2] (p = 0: rows
     continue, stop of the tied text head) or audio head p−1's logits [audio_vocab]."""
     d = cfg.local.n_embd
@@ -246,7 +246,7 @@ class NanoModel:
         value = int(self.decision_ids[0])
         for c in range(self.config.n_vq):
             # head c reads local position c+1, whose input is the previous channel's code
-            # (the decision token for c = 0): the off-by-one of nano.md §3
+            # (the decision token for c = 0): the off-by-one of docs/upstream-notes.md §nano-3
             codes[c] = choose_code(c, self.depth_logits(state, c + 1, value))
             value = int(codes[c])
         return codes

@@ -1,5 +1,5 @@
 """Qwen3 decoder backbone, the one every MOSS-TTS family above Nano shares (HF `Qwen3Model`;
-facts in shared/reference/moss_tts_family.md §1.1). Tensor and metadata names are llama.cpp's,
+facts in docs/upstream-notes.md §family-1.1). Tensor and metadata names are llama.cpp's,
 so the published llama.cpp GGUFs load as they are (design §4).
 
 Pre-norm blocks without biases: x + attn_output(attention(rms(x))), then
@@ -118,7 +118,7 @@ def layers_from_tensors(tensors, cfg: Qwen3Config) -> list[Qwen3Layer]:
 
 def self_attention(x: Tensor, layer: Qwen3Layer, cfg: Qwen3Config, *, il: int, kv: CacheView,
                    stage: str, rope_mode: str | None = "neox") -> Tensor:
-    """Normed rows x [D, T] → attention output [D, T] (GQA, q/k norm, NEOX RoPE, §1.1; no RoPE
+    """Normed rows x [D, T] → attention output [D, T] (GQA, q/k norm, NEOX RoPE, §family-1.1; no RoPE
     with rope_mode None)."""
     q, k, v = project_heads(x, layer.attn_q_weight, layer.attn_k_weight, layer.attn_v_weight,
                             n_head=cfg.num_attention_heads, n_kv_head=cfg.num_key_value_heads,

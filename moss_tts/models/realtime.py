@@ -1,7 +1,7 @@
 """MossTTSRealtime (MOSS-TTS-Realtime, 1.7B): a Qwen3 backbone over rows of 1 text + rvq audio
 channels and a 4-layer Qwen3 local transformer that emits one frame's rvq codes, the text
 leading the audio by 12 tokens (upstream `moss_tts_realtime/mossttsrealtime/modeling_*.py`,
-`inferencer.py`, `streaming_mossttsrealtime.py`; moss_tts_family.md §5).
+`inferencer.py`, `streaming_mossttsrealtime.py`; docs/upstream-notes.md §family-5).
 
 A row [text, code_0 … code_{rvq−1}] embeds as token_embd[text] + Σ_k embed_tokens.{k+1}[code_k]
 (a pad code adds its zero padding row).
@@ -161,7 +161,7 @@ def row_feed(rows: np.ndarray) -> dict[str, np.ndarray]:
 def build_backbone(g: Graph, w: RealtimeWeights, cfg: RealtimeConfig, n_rows: int,
                    kv: CacheView, last_only: bool) -> None:
     """Rows → "hidden" [D, R], post final norm, for the last row (R = 1) or every row. There is
-    no text head: text is input only (§5.3)."""
+    no text head: text is input only (§family-5.3)."""
     x = ops.get_rows(w.token_embd, g.input("rows.text", (n_rows,), I32))
     for k in range(cfg.rvq):   # a pad code's row is the zero padding row and is added too
         x = x + ops.get_rows(w.embed_tokens[k], g.input(f"rows.code.{k}", (n_rows,), I32))

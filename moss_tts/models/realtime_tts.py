@@ -1,7 +1,7 @@
 """`RealtimeTTS`: text → 24 kHz speech with MossTTSRealtime and the MOSS-Audio-Tokenizer codec,
 offline (`synthesize`, `stream`) and live (`session`: text deltas in as an LLM writes them,
 audio out as it is made, the KV cache kept across the turns of a conversation;
-moss_tts_family.md §5.4-5.6, upstream `streaming_mossttsrealtime.py`).
+docs/upstream-notes.md §family-5.4-5.6, upstream `streaming_mossttsrealtime.py`).
 
 Audio leaves through the codec's exact streaming decoder one frame (80 ms) at a time.
 """
@@ -103,7 +103,7 @@ class RealtimeTTS(Qwen3TTS):
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
         """Reference speech → codes [frames, rvq]: mono mix, the codec's rate, the codec (no
-        loudness normalization for this family, §1.3)."""
+        loudness normalization for this family, §family-1.3)."""
         codec = self._need_codec()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
         x = resample(to_channels(x, 1), sample_rate, codec.sample_rate)

@@ -1,4 +1,4 @@
-"""MossTTSDelay prompts built by ids (moss_tts_family.md §2.4; upstream
+"""MossTTSDelay prompts built by ids (docs/upstream-notes.md §family-2.4; upstream
 `processing_moss_tts.py`, `llama_cpp/processor.py`): the user template with its fields, the
 references' audio blocks with their delayed codes, the chat wrapping without a system prompt,
 and the AUDIO_START row the llama.cpp pipeline appends so generation starts in audio.
@@ -22,7 +22,7 @@ LABELS = {"instruction": "Instruction", "tokens": "Tokens", "quality": "Quality"
 
 @dataclass(frozen=True)
 class DelayPromptIds:
-    """The ids a prompt is made of (§1.2); the model config provides them."""
+    """The ids a prompt is made of (§family-1.2); the model config provides them."""
 
     n_vq: int
     im_start: int
@@ -36,7 +36,7 @@ class DelayPromptIds:
 
 def delay(codes: np.ndarray, pad: int) -> np.ndarray:
     """codes [T, N] → the staircase [T + N − 1, N] with grid[t + k, k] = codes[t, k], pad
-    elsewhere (§2.5): the layout of audio in prompts and in generated rows alike."""
+    elsewhere (§family-2.5): the layout of audio in prompts and in generated rows alike."""
     t, n = codes.shape
     grid = np.full((t + n - 1, n), pad, dtype=codes.dtype)
     for k in range(n):
@@ -84,7 +84,7 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
     and the new text): the assistant turn carries that audio and is cut after its T-th GEN
     row, so the staircase is incomplete — generation re-samples its tail.
 
-    `delayed` False is MossTTSLocal's layout (§3.5): an audio block of T frames is T slot rows
+    `delayed` False is MossTTSLocal's layout (§family-3.5): an audio block of T frames is T slot rows
     carrying the codes row for row, no staircase (a continuation then ends on its last frame);
     MossTTSLocal also passes normalize=False (its processor does not normalize)."""
     unknown = set(fields) - set(FIELDS)
@@ -93,7 +93,7 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
                          f"{', '.join(FIELDS)}")
     if not isinstance(text, str) or not text.strip():
         raise InputError("text is empty")
-    if normalize:   # upstream's HF build_user_message normalizes the text field only (§7)
+    if normalize:   # upstream's HF build_user_message normalizes the text field only (§family-7)
         text = normalize_tts_text(text)
     n = ids.n_vq
     text_ids, blocks = [ids.im_start], []

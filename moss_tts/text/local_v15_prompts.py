@@ -1,4 +1,4 @@
-"""MOSS-TTS-Local-Transformer-v1.5 prompts built by ids (moss_tts_family.md §4.5; upstream
+"""MOSS-TTS-Local-Transformer-v1.5 prompts built by ids (docs/upstream-notes.md §family-4.5; upstream
 `moss_tts_local_v1.5/processing_moss_tts.py`, its direct path for `build_user_message`).
 
 Each template segment is tokenized on its own and the ids concatenated, so BPE never merges
@@ -22,7 +22,7 @@ USER_SUFFIX = "\n</user_inst>"
 
 @dataclass(frozen=True)
 class LocalV15PromptIds:
-    """The ids a prompt is made of (§1.2); the model config provides them."""
+    """The ids a prompt is made of (§family-1.2); the model config provides them."""
 
     n_vq: int
     im_start: int

@@ -1,4 +1,4 @@
-"""Text normalization before tokenization (nano.md §7).
+"""Text normalization before tokenization (docs/upstream-notes.md §nano-7).
 
 `normalize_tts_text` is the robust, non-semantic cleanup of upstream MOSS-TTS-Nano
 `tts_robust_normalizer_single_script.py`; `prepare_texts` is the stage order of upstream

@@ -1,4 +1,4 @@
-"""MOSS-TTS-Nano prompt rows (nano.md §5.1-5.3).
+"""MOSS-TTS-Nano prompt rows (docs/upstream-notes.md §nano-5.1-5.3).
 
 Follows upstream HF `prompting.py` (template segments, each encoded on its own) and
 `modeling_moss_tts_nano.py` `build_inference_input_ids` / `_resolve_inference_mode` (row layouts,
@@ -12,7 +12,7 @@ import numpy as np
 
 from moss_tts.errors import ConfigError, InputError
 
-# Template segments (literal; nano.md §5.1). The tokenizer folds the newlines into spaces and
+# Template segments (literal; docs/upstream-notes.md §nano-5.1). The tokenizer folds the newlines into spaces and
 # gives each segment its own leading `▁`, so segment boundaries change the ids.
 USER_ROLE = "user\n"
 REFERENCE_OPENER = "<user_inst>\n- Reference(s):\n"
@@ -59,7 +59,7 @@ def user_prefix_ids(tokenizer, ids=NanoPromptIds(), *, onnx_manifest_form=False)
     """P_user: [<|im_start|>] + enc("user⏎") + enc("<user_inst>⏎- Reference(s):⏎").
 
     The official ONNX manifest's pre-tokenized prefix lacks the leading <|im_start|>; the HF
-    builder and the training data have it, so that form is canonical (nano.md §5.2).
+    builder and the training data have it, so that form is canonical (docs/upstream-notes.md §nano-5.2).
     """
     lead = [] if onnx_manifest_form else [ids.im_start_token_id]
     return lead + _encode(tokenizer, USER_ROLE) + _encode(tokenizer, REFERENCE_OPENER)

@@ -1,4 +1,4 @@
-"""MossTTSRealtime prompts built by ids (moss_tts_family.md §5.4; upstream
+"""MossTTSRealtime prompts built by ids (docs/upstream-notes.md §family-5.4; upstream
 `moss_tts_realtime/mossttsrealtime/processing_mossttsrealtime.py`, `inferencer.py`,
 `finetuning/dataset.py`): the system block, the optional voice-clone context block, user
 turns with text and optional user audio, the assistant prefix, and the 12-token text lead
@@ -31,7 +31,7 @@ VOICE = "context\nThe assistant section should be synthesized using the followin
 
 @dataclass(frozen=True)
 class RealtimePromptIds:
-    """The ids a prompt is made of (§1.2, §5.1); the model config provides them."""
+    """The ids a prompt is made of (§family-1.2, §family-5.1); the model config provides them."""
 
     rvq: int
     im_start: int

@@ -1,4 +1,4 @@
-"""SentencePiece text tokenizer (MOSS-TTS-Nano `tokenizer.model`; nano.md §6).
+"""SentencePiece text tokenizer (MOSS-TTS-Nano `tokenizer.model`; docs/upstream-notes.md §nano-6).
 
 Follows upstream `onnx_tts_runtime.py` `encode_text` (plain `SentencePieceProcessor.encode`, no
 BOS/EOS), which gives the same ids as the HF `tokenization_moss_tts_nano.py` wrapper with
