@@ -1,5 +1,5 @@
 """moss_tts/sampling.py against the HF-semantics reference in fixtures/reference/nano.py
-(nano.md §4.2): repetition penalty, top-k, top-p, the sampled distributions (empirically, with
+(docs/upstream-notes.md §nano-4.2): repetition penalty, top-k, top-p, the sampled distributions (empirically, with
 fixed seeds and stated bounds), greedy ties, and SamplingOptions validation."""
 
 import numpy as np

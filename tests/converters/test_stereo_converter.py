@@ -1,7 +1,7 @@
 """converters/codec.py: the tiny 48 kHz-family stereo checkpoints (MOSS-Audio-Tokenizer-Nano and
 -v2 structure, fixtures/make_codec.py) → codec GGUF. Expected values are computed here from
-config.json and the raw safetensors, not through the converter's own helpers (codecs.md §1.5,
-§1.8, §3, §4)."""
+config.json and the raw safetensors, not through the converter's own helpers (docs/upstream-notes.md §codecs-1.5,
+§codecs-1.8, §codecs-3, §codecs-4)."""
 
 import json
 import shutil
@@ -21,7 +21,7 @@ from tests.converters.helpers import edited_checkpoint, one_line
 
 MAKERS = {"nano": make_tiny_nano_checkpoint, "v2": make_tiny_v2_checkpoint}
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
-# The Nano / v2 layer load hook also accepts the v1 spellings (codecs.md §3.3); the fixture
+# The Nano / v2 layer load hook also accepts the v1 spellings (docs/upstream-notes.md §codecs-3.3); the fixture
 # writes the Nano / v2 ones.
 LEGACY_NAMES = {".self_attn.in_proj.weight": ".self_attn.in_projs.0.weight",
                 ".self_attn.out_proj.weight": ".self_attn.out_projs.0.weight",
@@ -215,7 +215,7 @@ def test_stereo_config_with_missing_square_input_proj_is_reported_by_name(stereo
     """encoder.3 is 32 → 32 → …: v1 would build an Identity there, but the config has the
     stereo keys (number_channels, enable_channel_interleave, per-module context_duration), so
     upstream builds a Linear and the checkpoint must hold its weight — whichever spelling the
-    layer tensors use (the Nano / v2 load hook accepts both, codecs.md §3.3)."""
+    layer tensors use (the Nano / v2 load hook accepts both, docs/upstream-notes.md §codecs-3.3)."""
     name = "encoder.3.input_proj.weight"
     assert name in square_projections(stereo.config)
 

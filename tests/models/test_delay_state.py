@@ -1,4 +1,4 @@
-"""The delay staircase and the §2.6 state machine (models/delay_state.py, delay.next_row)
+"""The delay staircase and the §family-2.6 state machine (models/delay_state.py, delay.next_row)
 simulated against the step-by-step reference in fixtures/reference/delay.py, driven by scripted
 logits: forced DELAY / AUDIO_END, the text masks (P3), the extra frame (P2), the pooled
 repetition history (P5), continuation from a prompt that ends inside audio."""
@@ -75,7 +75,7 @@ def test_state_machine_matches_reference_simulation(penalty):
     want = ref.generate_greedy(None, REF_CFG, prompt, 60, repetition_penalty=penalty,
                                logits_fn=logits)
     np.testing.assert_array_equal(got, want)
-    # the trajectory of §2.6: AUDIO_START (DELAY and im_end were preferred but masked), GEN×K,
+    # the trajectory of §family-2.6: AUDIO_START (DELAY and im_end were preferred but masked), GEN×K,
     # one sampled DELAY + N−1 forced, the forced AUDIO_END, then <|im_end|>
     assert got[:, 0].tolist() == [START] + [GEN] * K + [DELAY] * N_VQ + [END, IM_END]
     codes = de_delay(got[1:-2, 1:])
@@ -123,7 +123,7 @@ def test_delay_and_de_delay_match_reference_and_the_worked_example(rng):
     np.testing.assert_array_equal(de_delay(grid), codes)
     np.testing.assert_array_equal(de_delay(grid), ref.de_delay_pattern(grid))
     assert de_delay(grid[:N_VQ - 1]).shape == (0, N_VQ)
-    # §2.5, N = 4, T = 3: row s+3 holds a2 b1 c0 and P; row s+4 holds P b2 c1 d0
+    # §family-2.5, N = 4, T = 3: row s+3 holds a2 b1 c0 and P; row s+4 holds P b2 c1 d0
     example = delay(np.array([[10, 20, 30, 40], [11, 21, 31, 41], [12, 22, 32, 42]]), -1)
     assert example[2].tolist() == [12, 21, 30, -1] and example[3].tolist() == [-1, 22, 31, 40]
     # guard: a staircase shifted one row the other way does not de-delay to the codes

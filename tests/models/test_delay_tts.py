@@ -36,7 +36,7 @@ def tts(delay_files, v1_codec):
 
 
 def offline(tts, text, **kw):
-    """The offline route of §2.8 from the same generated rows."""
+    """The offline route of §family-2.8 from the same generated rows."""
     rows = tts.model.generate(tts.plan(text), **kw)
     segments = audio_segments(de_delay(rows[:, 1:]), tts.config.audio_pad_code)
     return np.concatenate([tts.codec.decode(s.T) for s in segments]), len(segments)

@@ -27,7 +27,7 @@ GREEDY = LocalSamplingOptions(text_temperature=0, audio_temperature=0)
 
 
 def prompt_rows(seed=3, reference=True):
-    """A voice-clone-shaped prompt without delay (§3.5): text, AUDIO_START, 5 user slots
+    """A voice-clone-shaped prompt without delay (§family-3.5): text, AUDIO_START, 5 user slots
     carrying 5 frames row for row, AUDIO_END, text, then the AUDIO_START row."""
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, AUDIO_VOCAB, size=(5, N_VQ))
@@ -45,7 +45,7 @@ def test_forward_matches_reference(local_model, local_files):
     rows = prompt_rows()
     hidden = local_model().forward(rows)
     assert_close(hidden, ref.hidden(state, cfg, rows), atol=HIDDEN_ATOL, what="hidden")
-    # n_vq_for_inference embeds only the first n audio channels (§3.3)
+    # n_vq_for_inference embeds only the first n audio channels (§family-3.3)
     two = local_model().forward(rows, n_vq_for_inference=2)
     assert_close(two, ref.hidden(state, cfg, rows, 2), atol=HIDDEN_ATOL, what="hidden, n = 2")
     assert_differs(two, hidden, atol=HIDDEN_ATOL, what="n = 2 vs all channels")

@@ -1,5 +1,5 @@
 """LocalTTS (models/local_tts.py) with the tiny Local model and the tiny 24 kHz-style (v1)
-codec: prompts by ids == upstream's string route without delay (§3.5); streamed audio ==
+codec: prompts by ids == upstream's string route without delay (§family-3.5); streamed audio ==
 synthesize() == the offline decode of the generated frames (the audio-end row's frame
 included, P9) for any chunking, the adaptive ladder, n_vq_for_inference, continuation, voice
 cloning through the codec; bad input."""

@@ -96,7 +96,7 @@ def test_stop_head_ends_without_a_frame(local_v15_model):
 
 
 def test_repetition_penalty_reads_generated_frames_only(local_v15_model, local_v15_files):
-    """The prompt's reference codes are not history (§4.6): the first frame is the same with
+    """The prompt's reference codes are not history (§family-4.6): the first frame is the same with
     and without a penalty; later frames move."""
     model = local_v15_model(6.0)
     rows = prompt_rows()

@@ -54,7 +54,7 @@ def test_stream_equals_synthesize_equals_offline_decode(tts, chunk_frames):
     sizes = [len(c) // HOP for c in chunks]
     if chunk_frames:
         assert sizes[:-1] == [chunk_frames] * (len(sizes) - 1)
-    else:   # 4 frames first (§4.7), then by the lead; the tiny model runs far ahead of time
+    else:   # 4 frames first (§family-4.7), then by the lead; the tiny model runs far ahead of time
         assert sizes[0] == 4 and max(sizes) <= 8 and sum(sizes) == 11
 
 
@@ -90,7 +90,7 @@ def test_ladder_follows_upstream_steps():
 
 def test_continuation_continues_the_prompt_through_the_codec(tts):
     """The prompt codes prime the codec stream and their audio is dropped: the output is the
-    offline decode of prompt + generated frames without the prompt's samples (§4.5)."""
+    offline decode of prompt + generated frames without the prompt's samples (§family-4.5)."""
     prompt = np.random.default_rng(2).integers(0, 64, (5, N_VQ))
     audio, _ = tts.synthesize("Earlier. Next.", prompt=prompt, options=GREEDY, max_frames=6)
     codes = tts.generate(tts.plan("Earlier. Next.", prompt=prompt), options=GREEDY,

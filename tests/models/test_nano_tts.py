@@ -40,7 +40,7 @@ GREEDY = SamplingOptions(do_sample=False, audio_repetition_penalty=1.0)
 
 
 def request(mode):
-    """plan() keywords of the three prompt modes (nano.md §5.3)."""
+    """plan() keywords of the three prompt modes (docs/upstream-notes.md §nano-5.3)."""
     if mode == "voice_clone":
         return {"reference": Reference(seeded_codes(6, seed=1))}
     if mode == "continuation":
@@ -211,7 +211,7 @@ def test_continuation_audio_continues_the_prompt_codec_stream(nano_tts):
 
 def test_long_voice_clone_text_is_chunked_with_pauses(nano_tts):
     """Each chunk: its own prompt with the same reference, frames, decode; then 0.24 s (more
-    than four words) or 0.40 s of zeros after every chunk but the last (nano.md §5.4-5.5)."""
+    than four words) or 0.40 s of zeros after every chunk but the last (docs/upstream-notes.md §nano-5.4-5.5)."""
     tts = nano_tts(*NEVER_STOPS)
     kw = dict(max_text_tokens=20, **request("voice_clone"))
     plan = tts.plan(LONG_TEXT, **kw)

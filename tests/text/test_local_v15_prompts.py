@@ -1,6 +1,6 @@
 """text/local_v15_prompts.py: MOSS-TTS-Local-Transformer-v1.5 prompt rows from separately
 tokenized segments (P14) with its own audio ids (P13), references without labels, the fields,
-continuation, and bad input — against upstream's segment list written out here (§4.5)."""
+continuation, and bad input — against upstream's segment list written out here (§family-4.5)."""
 
 import numpy as np
 import pytest

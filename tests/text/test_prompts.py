@@ -14,7 +14,7 @@ from moss_tts.text.prompts import (
 IDS = NanoPromptIds()
 PAD, N_VQ = 1024, 16
 
-# nano.md §5.2: the real tokenizer's ids for each template segment (decoded from the official
+# docs/upstream-notes.md §nano-5.2: the real tokenizer's ids for each template segment (decoded from the official
 # tokenizer dump). A segment-keyed fake proves that every segment is encoded on its own.
 REAL_SEGMENT_IDS = {
     prompts.USER_ROLE: [600, 289],

@@ -5,7 +5,7 @@ from fixtures.make_spm import NANO_SPECIAL_PIECES, make_tiny_spm
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.text.tokenizer import SentencePieceTokenizer, user_defined_pieces
 
-# The real tokenizer.model's special table (nano.md §6).
+# The real tokenizer.model's special table (docs/upstream-notes.md §nano-6).
 REAL_SPECIAL_IDS = {
     "<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3,
     "<|im_start|>": 4, "<|im_end|>": 5, "<|audio_start|>": 6, "<|audio_end|>": 7,
