@@ -1,8 +1,9 @@
 """The 48 kHz stereo MOSS audio codecs at their REAL dimensions, random weights:
-MOSS-Audio-Tokenizer-Nano (docs/upstream-notes.md §codecs-3: 22 M params, 16 codebooks) and MOSS-Audio-Tokenizer-v2
-(§codecs-4: 2.12 B params, 32 codebooks). Nano: encode / decode of 10 s stereo (f32, f16, q8_0), exact
-streaming decode one frame per push, a chunk_seconds sweep (interleaved in one process). v2: decode of 10 s (f32, f16, q8_0).
-Peak RSS per measurement (each runs in a fresh subprocess).
+MOSS-Audio-Tokenizer-Nano (docs/upstream-notes.md §codecs-3: 22 M params, 16 codebooks) and
+MOSS-Audio-Tokenizer-v2 (§codecs-4: 2.12 B params, 32 codebooks). Nano: encode / decode of 10 s
+stereo (f32, f16, q8_0), exact streaming decode one frame per push, a chunk_seconds sweep
+(interleaved in one process). v2: decode of 10 s (f32, f16, q8_0). Peak RSS per measurement (each
+runs in a fresh subprocess).
 
     python bench/codec48k.py [--variants nano,v2] [--types f32,f16,q8_0] [--v2-types f32,f16,q8_0]
                              [--chunks 1,2,5,10] [--runs 3] [--threads 2] [--v2-encode]
@@ -56,7 +57,8 @@ SAMPLE_RATE = 48000
 STREAM_FRAMES = 160          # 12.8 s: past the longest window (10 s at the 50 Hz decoder stage)
 FULL_WINDOW_FRAMES = 126
 PUSH_INDEX = (1, 9, 24, 49, 99, 124, 159)
-# docs/upstream-notes.md §codecs-3.1 / §codecs-4.4: parameter and tensor counts of the real checkpoints
+# docs/upstream-notes.md §codecs-3.1 / §codecs-4.4: parameter and tensor counts of the real
+# checkpoints
 EXPECTED = {"nano": (21_969_664, 374), "v2": (2_123_701_248, 2094)}
 # goals from the issue (Nano, f32, 10 s), and its upstream PyTorch f32 figures (another
 # machine; context only: --upstream measures encode and decode here, not streaming)
@@ -93,8 +95,9 @@ def _real(tiny: dict, encoder, decoder, n_q: int) -> dict:
 
 
 def nano_real_config() -> dict:
-    """docs/upstream-notes.md §codecs-3.1-3.2: d_model 256, 4 heads, ffn 1024, layers 4,2,2,4, contexts enc 4/6/8/10 s,
-    dec 10/8/6/4 s, 16 codebooks, 48 kHz stereo, downsample 3840, patches 240,2,2,2,4."""
+    """docs/upstream-notes.md §codecs-3.1-3.2: d_model 256, 4 heads, ffn 1024, layers 4,2,2,4,
+    contexts enc 4/6/8/10 s, dec 10/8/6/4 s, 16 codebooks, 48 kHz stereo, downsample 3840, patches
+    240,2,2,2,4."""
     tiny, _ = _configs()
     t = next(kw for kw in tiny["encoder_kwargs"] if kw["module_type"] == "Transformer")
     enc = [_patch(240), _tf(t, 240, 256, 384, 4, 4, 1024, 4), _patch(2),
@@ -107,8 +110,9 @@ def nano_real_config() -> dict:
 
 
 def v2_real_config() -> dict:
-    """docs/upstream-notes.md §codecs-4.1-4.2: 6 transformer stages per tower (12 × d768/12 heads/ffn 3072 at 400…25 Hz,
-    32 × d1280/20 heads/ffn 5120 at 12.5 Hz), contexts 1,2,4,8,10,10 s, 32 codebooks."""
+    """docs/upstream-notes.md §codecs-4.1-4.2: 6 transformer stages per tower (12 × d768/12
+    heads/ffn 3072 at 400…25 Hz, 32 × d1280/20 heads/ffn 5120 at 12.5 Hz), contexts 1,2,4,8,10,10 s,
+    32 codebooks."""
     _, tiny = _configs()
     t = next(kw for kw in tiny["encoder_kwargs"] if kw["module_type"] == "Transformer")
     enc = [_patch(240), _tf(t, 240, 768, 384, 12, 12, 3072, 1), _patch(2),

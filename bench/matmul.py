@@ -13,9 +13,9 @@ width × clock × cores figure. "× f32" is each type's speed against ggml f32 a
     python bench/matmul.py --codec [--peer PY]
 
 times instead the f32 matmuls of the 24 kHz codec's encoder on 10 s (its real shapes and row
-counts, docs/upstream-notes.md §codecs-1.4): ggml, numpy, and with --peer PY (a python with torch) PyTorch's
-F.linear on the same shapes and threads, in one run — where the codec's time against upstream
-goes, shape by shape.
+counts, docs/upstream-notes.md §codecs-1.4): ggml, numpy, and with --peer PY (a python with torch)
+PyTorch's F.linear on the same shapes and threads, in one run — where the codec's time against
+upstream goes, shape by shape.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""MOSS-TTS-Nano at the REAL dimensions (docs/upstream-notes.md §nano-1: 12 × 768 global GPT-2 + RoPE, 1 local
-layer, 16 × 1024 codebooks, text vocab 16384, n_inner 3072), random weights: ms per generated
-frame split into the global step, the 17-position depth loop (of which the audio heads),
+"""MOSS-TTS-Nano at the REAL dimensions (docs/upstream-notes.md §nano-1: 12 × 768 global GPT-2 +
+RoPE, 1 local layer, 16 × 1024 codebooks, text vocab 16384, n_inner 3072), random weights: ms per
+generated frame split into the global step, the 17-position depth loop (of which the audio heads),
 sampling and Python overhead (wall − ggml compute); prefill of a 100-row prompt; first-audio
 latency of a one-sentence prompt (prompt → prefill → 1 frame → codec streaming decode of that
 frame with the real-dims Nano codec of bench/codec48k.py); RTF; f32, f16, q8_0. Then where the

@@ -1,4 +1,5 @@
-"""MOSS-Audio-Tokenizer checkpoint → one codec GGUF (design §4; docs/upstream-notes.md §codecs-1-2, seed 003).
+"""MOSS-Audio-Tokenizer checkpoint → one codec GGUF (design §4; docs/upstream-notes.md §codecs-1-2,
+seed 003).
 
     python -m moss_tts convert codec --model DIR_OR_REPO --out codec.gguf [--outtype f16] [--strict]
 

@@ -371,8 +371,8 @@ def time_stretch(x: np.ndarray, rate: float, sample_rate: int) -> np.ndarray:
 
 def loudness_normalize(x: np.ndarray, *, target_dbfs: float = -20.0,
                        max_gain_db: float = 3.0) -> np.ndarray:
-    """MOSS-TTS's reference loudness step (docs/upstream-notes.md §family-1.3): gain toward target_dbfs,
-    clamped to ±max_gain_db, from dBFS = 10·log10(mean(x²) + 1e-9) over all samples."""
+    """MOSS-TTS's reference loudness step (docs/upstream-notes.md §family-1.3): gain toward
+    target_dbfs, clamped to ±max_gain_db, from dBFS = 10·log10(mean(x²) + 1e-9) over all samples."""
     dbfs = 10.0 * np.log10(float(np.mean(np.square(x, dtype=np.float64))) + 1e-9)
     gain_db = min(max(target_dbfs - dbfs, -max_gain_db), max_gain_db)
     return (x * np.float32(10.0 ** (gain_db / 20.0))).astype(np.float32)

@@ -1,6 +1,7 @@
 """Seeded numpy samplers over small logit vectors (style C19): pure functions of
 (logits, rng, knobs). Semantics follow the Hugging Face reference of MOSS-TTS-Nano
-(docs/upstream-notes.md §nano-4.2): repetition penalty on raw logits, then temperature, top-k, top-p, softmax draw.
+(docs/upstream-notes.md §nano-4.2): repetition penalty on raw logits, then temperature, top-k,
+top-p, softmax draw.
 
 Greedy is each family's upstream greedy, a separate path (C19): every options class has
 `greedy()` (these options with upstream's do_sample=False) and `is_greedy`, and says per
@@ -54,7 +55,8 @@ class DoSampleSwitch:
 
 @dataclass(frozen=True)
 class SamplingOptions(DoSampleSwitch):
-    """Per-call generation knobs; the defaults are upstream's user-facing ones (docs/upstream-notes.md §nano-4.3)."""
+    """Per-call generation knobs; the defaults are upstream's user-facing ones
+    (docs/upstream-notes.md §nano-4.3)."""
 
     do_sample: bool = True
     text_temperature: float = 1.0
@@ -104,8 +106,8 @@ def _check_filters(opts, group: str) -> None:
 @dataclass(frozen=True)
 class LocalV15SamplingOptions(SamplingOptions):
     """MOSS-TTS-Local-Transformer-v1.5's knobs with its README defaults
-    (docs/upstream-notes.md §family-4.6: audio 1.7 / 0.8 / 25 / 1.0, the continue/stop head 1.0 / 1.0 / 50); the repetition
-    penalty reads the generated frames only."""
+    (docs/upstream-notes.md §family-4.6: audio 1.7 / 0.8 / 25 / 1.0, the continue/stop head 1.0 /
+    1.0 / 50); the repetition penalty reads the generated frames only."""
 
     audio_temperature: float = 1.7
     audio_top_k: int = 25
@@ -127,8 +129,8 @@ class LocalV15SamplingOptions(SamplingOptions):
 
 @dataclass(frozen=True)
 class DelaySamplingOptions:
-    """MossTTSDelay's knobs with upstream defaults (docs/upstream-notes.md §family-2.7: text 1.5 / 1.0 /
-    50, audio 1.7 / 0.8 / 25 / 1.0); a temperature of 0 makes that channel greedy."""
+    """MossTTSDelay's knobs with upstream defaults (docs/upstream-notes.md §family-2.7: text 1.5 /
+    1.0 / 50, audio 1.7 / 0.8 / 25 / 1.0); a temperature of 0 makes that channel greedy."""
 
     text_temperature: float = 1.5
     text_top_p: float = 1.0
@@ -177,9 +179,9 @@ class DelaySamplingOptions:
 
 @dataclass(frozen=True)
 class RealtimeSamplingOptions(DoSampleSwitch):
-    """MossTTSRealtime's knobs with upstream defaults (docs/upstream-notes.md §family-5.5: 0.8 / 0.6 / 30,
-    penalty 1.1 over the last 50 generated frames of each codebook, P18); one setting for all
-    16 codebooks. `do_sample=False` is greedy (argmax), as upstream's switch."""
+    """MossTTSRealtime's knobs with upstream defaults (docs/upstream-notes.md §family-5.5:
+    0.8 / 0.6 / 30, penalty 1.1 over the last 50 generated frames of each codebook, P18); one
+    setting for all 16 codebooks. `do_sample=False` is greedy (argmax), as upstream's switch."""
 
     do_sample: bool = True
     audio_temperature: float = 0.8
@@ -200,8 +202,8 @@ class RealtimeSamplingOptions(DoSampleSwitch):
 
 @dataclass(frozen=True)
 class LocalSamplingOptions(DelaySamplingOptions):
-    """MossTTSLocal's knobs with upstream defaults (docs/upstream-notes.md §family-3.6: text 1.5 / 1.0 /
-    50, audio 1.0 / 0.95 / 50 / 1.1, the penalty per channel over prompt + generated codes);
+    """MossTTSLocal's knobs with upstream defaults (docs/upstream-notes.md §family-3.6: text 1.5 /
+    1.0 / 50, audio 1.0 / 0.95 / 50 / 1.1, the penalty per channel over prompt + generated codes);
     a temperature of 0 makes that channel greedy: the plain argmax, without the penalty
     (upstream's `_sample` builds no processor for a do_sample=False channel)."""
 

@@ -95,8 +95,8 @@ def test_stream_resampler_flush_keeps_the_channel_count():
 
 @pytest.mark.parametrize("amplitude", [0.01, 0.14, 0.5])
 def test_loudness_normalize_follows_the_clamped_gain_formula(amplitude):
-    """docs/upstream-notes.md §family-1.3: gain = clamp(−20 − dBFS, −3, +3) dB; a quiet input gains at most
-    3 dB, a loud one loses at most 3 dB, one near −20 dBFS lands on it."""
+    """docs/upstream-notes.md §family-1.3: gain = clamp(−20 − dBFS, −3, +3) dB; a quiet input gains
+    at most 3 dB, a loud one loses at most 3 dB, one near −20 dBFS lands on it."""
     from moss_tts.audio import loudness_normalize
 
     x = (amplitude * np.sin(np.linspace(0, 300, 4800))).astype(np.float32)[:, None]

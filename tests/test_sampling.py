@@ -1,6 +1,6 @@
 """moss_tts/sampling.py against the HF-semantics reference in fixtures/reference/nano.py
-(docs/upstream-notes.md §nano-4.2): repetition penalty, top-k, top-p, the sampled distributions (empirically, with
-fixed seeds and stated bounds), greedy ties, and SamplingOptions validation."""
+(docs/upstream-notes.md §nano-4.2): repetition penalty, top-k, top-p, the sampled distributions
+(empirically, with fixed seeds and stated bounds), greedy ties, and SamplingOptions validation."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
-"""Residual LFQ quantizer (docs/upstream-notes.md §codecs-1.6): the code search on the unit sphere and the decode
-sum, both inside the graph (no host round trip per codebook).
+"""Residual LFQ quantizer (docs/upstream-notes.md §codecs-1.6): the code search on the unit sphere
+and the decode sum, both inside the graph (no host round trip per codebook).
 
 Encode, per frame: r = W_in z + b_in; for each codebook i: ê = normalize(A_i r + a_i);
 k_i = argmin ‖ê − Ĉ_ij‖² = argmax (2 ê·Ĉ_ij − ‖Ĉ_ij‖²) over the normalized codebook Ĉ_i;

@@ -1,5 +1,6 @@
 """Encoder and decoder towers: patch stages (pure reshapes) and causal sliding-window
-transformer stages (docs/upstream-notes.md §codecs-1.2-1.5), run chunk by chunk with per-stage KV caches.
+transformer stages (docs/upstream-notes.md §codecs-1.2-1.5), run chunk by chunk with per-stage KV
+caches.
 
 Every stage is causal and patching is frame-local, so a tower fed a few code frames at a time
 with each stage's keys kept for its window computes exactly what it computes on the whole
@@ -73,7 +74,8 @@ def load_tower(weights, cfg: CodecConfig, tower: str) -> list[TransformerStage |
 
 def codec_layer(x: Tensor, w: CodecLayer, s: StageConfig, cfg: CodecConfig, *, il: int,
                 cache: KVCache, inputs: dict, name: str) -> Tensor:
-    """x + LS1·attn(LN1 x), then x + LS2·ffn(LN2 x); x [d, T] (docs/upstream-notes.md §codecs-1.4)."""
+    """x + LS1·attn(LN1 x), then x + LS2·ffn(LN2 x); x [d, T] (docs/upstream-notes.md
+    §codecs-1.4)."""
     h = layer_norm(x, w.norm1_weight, w.norm1_bias, eps=cfg.norm_eps)
     qkv = linear(h, w.self_attn_in_proj_weight)                              # [3d, T], no bias
     # RoPE on interleaved pairs (ggml "normal"), positions within this stage's own sequence

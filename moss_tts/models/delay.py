@@ -225,8 +225,8 @@ def step_run(session: DecodeSession, rows: np.ndarray, state: DelayState,
 
 def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray,
              seen: np.ndarray, cfg: DelayConfig, opts: DelaySamplingOptions, rng):
-    """The next row [1 + n_vq] and the state after it (§family-2.6): the text token forced or sampled
-    under the masks, then the codebooks this row samples (pad elsewhere)."""
+    """The next row [1 + n_vq] and the state after it (§family-2.6): the text token forced or
+    sampled under the masks, then the codebooks this row samples (pad elsewhere)."""
     ids = cfg.ids
     token = forced_text(state, ids)
     if token is None:

@@ -1,6 +1,6 @@
-"""MossTTSDelay's generation state machine and de-delay (docs/upstream-notes.md §family-2.5-2.6; upstream
-`modeling_moss_tts.py::generate`, `llama_cpp/delay_state.py`): which text token is forced or
-allowed, which codebooks are sampled on a row, and how the state moves on. The staircase
+"""MossTTSDelay's generation state machine and de-delay (docs/upstream-notes.md §family-2.5-2.6;
+upstream `modeling_moss_tts.py::generate`, `llama_cpp/delay_state.py`): which text token is forced
+or allowed, which codebooks are sampled on a row, and how the state moves on. The staircase
 itself (`delay`) lives with the prompts (text/delay_prompts.py), which lay audio out in it."""
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def audio_segments(codes: np.ndarray, pad: int) -> list[np.ndarray]:
 
 @dataclass(frozen=True)
 class DelayState:
-    """Per-sequence state (§family-2.6): rows since the current AUDIO_START (counting it), rows since
-    the first DELAY (None while not flushing), in audio, stopping, generated rows."""
+    """Per-sequence state (§family-2.6): rows since the current AUDIO_START (counting it), rows
+    since the first DELAY (None while not flushing), in audio, stopping, generated rows."""
 
     audio_len: int = 0
     delayed: int | None = None

@@ -25,7 +25,8 @@ from .qwen3_tts import Qwen3TTS
 
 class FrameAssembler:
     """Generated rows' audio channels in, complete frames out: frame t is whole once row
-    t + n_vq − 1 arrived (codebook k of frame t sits on row t + k, §family-2.5); n_vq rows are kept."""
+    t + n_vq − 1 arrived (codebook k of frame t sits on row t + k, §family-2.5); n_vq rows are
+    kept."""
 
     def __init__(self, n_vq: int):
         self.n_vq = n_vq

@@ -1,6 +1,6 @@
 """`LocalTTS`: text → 24 kHz speech with MossTTSLocal and the MOSS-Audio-Tokenizer codec
-(docs/upstream-notes.md §family-3). Every generated row is a whole frame (no delay), decoded through the
-codec's exact streaming decoder in chunks sized by upstream's adaptive ladder (§family-4.7) or a
+(docs/upstream-notes.md §family-3). Every generated row is a whole frame (no delay), decoded through
+the codec's exact streaming decoder in chunks sized by upstream's adaptive ladder (§family-4.7) or a
 fixed size, so streamed audio equals the offline decode of the same frames (to f32 kernel
 order) whatever the chunking.
 """

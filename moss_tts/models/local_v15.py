@@ -1,6 +1,7 @@
 """MOSS-TTS-Local-Transformer-v1.5 (4B): a Qwen3 backbone over rows of 1 text + n_vq audio
 channels and a 1-layer GPT-2-style local block that emits one frame's codes (upstream
-`moss_tts_local_v1.5/modeling_moss_tts.py`, `gpt2_decoder.py`; docs/upstream-notes.md §family-4, §family-6).
+`moss_tts_local_v1.5/modeling_moss_tts.py`, `gpt2_decoder.py`; docs/upstream-notes.md §family-4,
+§family-6).
 
 A row [text, code_0 … code_{N−1}] embeds as token_embd[text] + Σ_k audio_embeddings[k][code_k]
 with pad codes contributing zero (the tables have no pad row, P12). Heads are tied: audio head k

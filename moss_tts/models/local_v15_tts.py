@@ -1,7 +1,7 @@
 """`LocalV15TTS`: text → 48 kHz stereo speech with MOSS-TTS-Local-Transformer-v1.5 and the
-MOSS-Audio-Tokenizer-v2 codec (docs/upstream-notes.md §family-4.5-4.7). Frames go through the codec's
-exact streaming decoder in chunks sized by upstream's adaptive ladder, so streamed audio equals
-`synthesize()` for the same seed.
+MOSS-Audio-Tokenizer-v2 codec (docs/upstream-notes.md §family-4.5-4.7). Frames go through the
+codec's exact streaming decoder in chunks sized by upstream's adaptive ladder, so streamed audio
+equals `synthesize()` for the same seed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """MOSS-TTS-Nano: a global GPT-2 over prompt/frame rows and a 1-layer local (depth) transformer
-that emits one frame's 16 codes (upstream `MossTTSNanoForCausalLM`; docs/upstream-notes.md §nano-1-4).
+that emits one frame's 16 codes (upstream `MossTTSNanoForCausalLM`; docs/upstream-notes.md
+§nano-1-4).
 
 A row is [text id, code_0 … code_15]; its embedding is wte[text] + Σ_c audio_embeddings[c][code_c]
 with pad codes contributing nothing. Heads are tied: the text head is wte (only the continue/stop
@@ -142,8 +143,8 @@ def build_global_step(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int,
 
 
 def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p: int) -> None:
-    """Local position p of a frame (docs/upstream-notes.md §nano-3): input h (p = 0), wte[decision] (p = 1) or
-    audio_embeddings[p−2][code] (p ≥ 2); output the text decision logits [2] (p = 0: rows
+    """Local position p of a frame (docs/upstream-notes.md §nano-3): input h (p = 0), wte[decision]
+    (p = 1) or audio_embeddings[p−2][code] (p ≥ 2); output the text decision logits [2] (p = 0: rows
     continue, stop of the tied text head) or audio head p−1's logits [audio_vocab]."""
     d = cfg.local.n_embd
     if p == 0:

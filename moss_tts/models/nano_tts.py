@@ -1,4 +1,5 @@
-"""`NanoTTS`: text → 48 kHz stereo speech with MOSS-TTS-Nano and its codec (docs/upstream-notes.md §nano-4-9).
+"""`NanoTTS`: text → 48 kHz stereo speech with MOSS-TTS-Nano and its codec (docs/upstream-notes.md
+§nano-4-9).
 
 Text is normalized and cut into chunks by upstream's rules, in every mode; each chunk is its own
 utterance: a prompt, frames until the model stops or the frame budget ends, codec decode, and the
@@ -125,7 +126,8 @@ class NanoTTS(CodecTTS):
     # -- generation -----------------------------------------------------------------------------
     def iter_frames(self, rows: np.ndarray, *, options: SamplingOptions = SamplingOptions(),
                     seed: int | None = None, max_frames: int = MAX_FRAMES) -> Iterator[np.ndarray]:
-        """Frames [n_vq] generated after prompt rows, until the model stops (docs/upstream-notes.md §nano-4.1)."""
+        """Frames [n_vq] generated after prompt rows, until the model stops (docs/upstream-notes.md
+        §nano-4.1)."""
         self._need_open()
         options, seed = check_options(options), check_seed(seed)
         return self._frames(rows, options, seed, self.BUDGET.check(max_frames))

@@ -118,8 +118,8 @@ def layers_from_tensors(tensors, cfg: Qwen3Config) -> list[Qwen3Layer]:
 
 def self_attention(x: Tensor, layer: Qwen3Layer, cfg: Qwen3Config, *, il: int, kv: CacheView,
                    stage: str, rope_mode: str | None = "neox") -> Tensor:
-    """Normed rows x [D, T] → attention output [D, T] (GQA, q/k norm, NEOX RoPE, §family-1.1; no RoPE
-    with rope_mode None)."""
+    """Normed rows x [D, T] → attention output [D, T] (GQA, q/k norm, NEOX RoPE, §family-1.1; no
+    RoPE with rope_mode None)."""
     q, k, v = project_heads(x, layer.attn_q_weight, layer.attn_k_weight, layer.attn_v_weight,
                             n_head=cfg.num_attention_heads, n_kv_head=cfg.num_key_value_heads,
                             head_dim=cfg.head_dim)

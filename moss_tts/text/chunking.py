@@ -1,4 +1,5 @@
-"""Long-text chunking for voice cloning and the pauses between chunks (docs/upstream-notes.md §nano-5.4-5.5).
+"""Long-text chunking for voice cloning and the pauses between chunks (docs/upstream-notes.md
+§nano-5.4-5.5).
 
 Follows upstream HF `modeling_moss_tts_nano.py` `_split_text_into_best_sentences` (copied as
 `split_voice_clone_text` in `onnx_tts_runtime.py`) and its inter-chunk pause estimate.

@@ -84,8 +84,8 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
     and the new text): the assistant turn carries that audio and is cut after its T-th GEN
     row, so the staircase is incomplete — generation re-samples its tail.
 
-    `delayed` False is MossTTSLocal's layout (§family-3.5): an audio block of T frames is T slot rows
-    carrying the codes row for row, no staircase (a continuation then ends on its last frame);
+    `delayed` False is MossTTSLocal's layout (§family-3.5): an audio block of T frames is T slot
+    rows carrying the codes row for row, no staircase (a continuation then ends on its last frame);
     MossTTSLocal also passes normalize=False (its processor does not normalize)."""
     unknown = set(fields) - set(FIELDS)
     if unknown:

@@ -1,5 +1,5 @@
-"""MOSS-TTS-Local-Transformer-v1.5 prompts built by ids (docs/upstream-notes.md §family-4.5; upstream
-`moss_tts_local_v1.5/processing_moss_tts.py`, its direct path for `build_user_message`).
+"""MOSS-TTS-Local-Transformer-v1.5 prompts built by ids (docs/upstream-notes.md §family-4.5;
+upstream `moss_tts_local_v1.5/processing_moss_tts.py`, its direct path for `build_user_message`).
 
 Each template segment is tokenized on its own and the ids concatenated, so BPE never merges
 across a boundary (P14); audio_start / audio_end are this model's 151669 / 151670 (P13); the

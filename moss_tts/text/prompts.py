@@ -12,8 +12,8 @@ import numpy as np
 
 from moss_tts.errors import ConfigError, InputError
 
-# Template segments (literal; docs/upstream-notes.md §nano-5.1). The tokenizer folds the newlines into spaces and
-# gives each segment its own leading `▁`, so segment boundaries change the ids.
+# Template segments (literal; docs/upstream-notes.md §nano-5.1). The tokenizer folds the newlines
+# into spaces and gives each segment its own leading `▁`, so segment boundaries change the ids.
 USER_ROLE = "user\n"
 REFERENCE_OPENER = "<user_inst>\n- Reference(s):\n"
 AFTER_REFERENCE = (
@@ -59,7 +59,8 @@ def user_prefix_ids(tokenizer, ids=NanoPromptIds(), *, onnx_manifest_form=False)
     """P_user: [<|im_start|>] + enc("user⏎") + enc("<user_inst>⏎- Reference(s):⏎").
 
     The official ONNX manifest's pre-tokenized prefix lacks the leading <|im_start|>; the HF
-    builder and the training data have it, so that form is canonical (docs/upstream-notes.md §nano-5.2).
+    builder and the training data have it, so that form is canonical (docs/upstream-notes.md
+    §nano-5.2).
     """
     lead = [] if onnx_manifest_form else [ids.im_start_token_id]
     return lead + _encode(tokenizer, USER_ROLE) + _encode(tokenizer, REFERENCE_OPENER)

@@ -1,6 +1,7 @@
 """moss_tts/codec/codec.py: encode / decode / partial decode of the tiny v1 codec against the
 float64 numpy reference (fixtures/reference/codec.py), the sliding window past its length,
-resampling, stereo down-mix, and chunk-size independence (docs/upstream-notes.md §codecs-1-2, design §5)."""
+resampling, stereo down-mix, and chunk-size independence (docs/upstream-notes.md §codecs-1-2, design
+§5)."""
 
 import numpy as np
 import pytest

@@ -1,7 +1,8 @@
 """moss_tts/codec/codec.py on the 48 kHz-family stereo codecs (MOSS-Audio-Tokenizer-Nano and -v2
 structure, tiny): encode / decode / partial decode against the float64 numpy reference
 (fixtures/reference/codec.py), the L R sample interleave and its inverse, mono and channel
-handling, resampling, streaming and chunk-size independence (docs/upstream-notes.md §codecs-1.8, §codecs-3, §codecs-4).
+handling, resampling, streaming and chunk-size independence (docs/upstream-notes.md §codecs-1.8,
+§codecs-3, §codecs-4).
 
 The tiny codecs run at 1600 Hz per channel, 32 samples per channel per code frame (50 Hz); the
 towers see one interleaved L0 R0 L1 R1 … stream at 3200 Hz."""
@@ -126,9 +127,9 @@ def test_swapping_left_and_right_changes_the_codes_as_the_reference_does(stereo,
 
 
 def test_encode_interleaves_samples_not_channels(stereo, stereo_clip, codes):
-    """The stream is L0 R0 L1 R1 … (docs/upstream-notes.md §codecs-1.8): the same samples fed so that the stream
-    reads L0 L1 … R0 R1 … (np.concatenate of the two channels) give other codes, and a
-    channel-major (Fortran-ordered) array is read by index, not by memory order."""
+    """The stream is L0 R0 L1 R1 … (docs/upstream-notes.md §codecs-1.8): the same samples fed so
+    that the stream reads L0 L1 … R0 R1 … (np.concatenate of the two channels) give other codes, and
+    a channel-major (Fortran-ordered) array is read by index, not by memory order."""
     left, right = stereo_clip.T
     assert np.array_equal(ref.interleave_channels(stereo_clip)[0::2], left)
     channel_major_stream = np.concatenate([left, right]).reshape(-1, 2)

@@ -1,5 +1,6 @@
 """moss_tts/codec/codec.py StreamDecoder: code frames pushed as they arrive, in any chunking, give
-the offline decode (docs/upstream-notes.md §codecs-1.9: every stage is causal with a per-stage window cache).
+the offline decode (docs/upstream-notes.md §codecs-1.9: every stage is causal with a per-stage
+window cache).
 
 Each check runs in a fresh interpreter (`run_isolated`): pushing a chunk larger than any before
 and then replaying a smaller one corrupts the heap today (the shared compute allocator grows and

@@ -1,6 +1,7 @@
 """converters/codec.py: the tiny MOSS-Audio-Tokenizer v1 checkpoint (fixtures/make_codec.py) →
 codec GGUF. Expected values are computed here from config.json and the raw safetensors, not
-through the converter's own helpers (docs/upstream-notes.md §codecs-1.5, §codecs-1.6, §codecs-2.3)."""
+through the converter's own helpers (docs/upstream-notes.md §codecs-1.5, §codecs-1.6,
+§codecs-2.3)."""
 
 import json
 import logging

@@ -1,7 +1,7 @@
 """converters/codec.py: the tiny 48 kHz-family stereo checkpoints (MOSS-Audio-Tokenizer-Nano and
 -v2 structure, fixtures/make_codec.py) → codec GGUF. Expected values are computed here from
-config.json and the raw safetensors, not through the converter's own helpers (docs/upstream-notes.md §codecs-1.5,
-§codecs-1.8, §codecs-3, §codecs-4)."""
+config.json and the raw safetensors, not through the converter's own helpers (docs/upstream-notes.md
+§codecs-1.5, §codecs-1.8, §codecs-3, §codecs-4)."""
 
 import json
 import shutil
@@ -21,8 +21,8 @@ from tests.converters.helpers import edited_checkpoint, one_line
 
 MAKERS = {"nano": make_tiny_nano_checkpoint, "v2": make_tiny_v2_checkpoint}
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
-# The Nano / v2 layer load hook also accepts the v1 spellings (docs/upstream-notes.md §codecs-3.3); the fixture
-# writes the Nano / v2 ones.
+# The Nano / v2 layer load hook also accepts the v1 spellings (docs/upstream-notes.md §codecs-3.3);
+# the fixture writes the Nano / v2 ones.
 LEGACY_NAMES = {".self_attn.in_proj.weight": ".self_attn.in_projs.0.weight",
                 ".self_attn.out_proj.weight": ".self_attn.out_projs.0.weight",
                 ".ffn.0.weight": ".linear1.weight", ".ffn.2.weight": ".linear2.weight"}

@@ -75,8 +75,8 @@ def test_state_machine_matches_reference_simulation(penalty):
     want = ref.generate_greedy(None, REF_CFG, prompt, 60, repetition_penalty=penalty,
                                logits_fn=logits)
     np.testing.assert_array_equal(got, want)
-    # the trajectory of §family-2.6: AUDIO_START (DELAY and im_end were preferred but masked), GEN×K,
-    # one sampled DELAY + N−1 forced, the forced AUDIO_END, then <|im_end|>
+    # the trajectory of §family-2.6: AUDIO_START (DELAY and im_end were preferred but masked),
+    # GEN×K, one sampled DELAY + N−1 forced, the forced AUDIO_END, then <|im_end|>
     assert got[:, 0].tolist() == [START] + [GEN] * K + [DELAY] * N_VQ + [END, IM_END]
     codes = de_delay(got[1:-2, 1:])
     assert codes.shape == (K + 1, N_VQ) and (codes != PAD_CODE).all()   # P2: one extra frame

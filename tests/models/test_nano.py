@@ -172,7 +172,8 @@ def test_mismatched_cached_prefix_changes_the_hidden(nano_model, rows, want):
 
 
 def test_swapped_slot_tokens_change_the_hidden(nano_model, rows, want):
-    """Guard: the slot token of audio rows counts (reference 8 vs assistant 9, docs/upstream-notes.md §nano-12.5)."""
+    """Guard: the slot token of audio rows counts (reference 8 vs assistant 9,
+    docs/upstream-notes.md §nano-12.5)."""
     swapped = rows.copy()
     swapped[REF_ROWS, 0] = ASSISTANT_SLOT
     swapped[GEN_ROWS, 0] = USER_SLOT

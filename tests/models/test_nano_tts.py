@@ -211,7 +211,8 @@ def test_continuation_audio_continues_the_prompt_codec_stream(nano_tts):
 
 def test_long_voice_clone_text_is_chunked_with_pauses(nano_tts):
     """Each chunk: its own prompt with the same reference, frames, decode; then 0.24 s (more
-    than four words) or 0.40 s of zeros after every chunk but the last (docs/upstream-notes.md §nano-5.4-5.5)."""
+    than four words) or 0.40 s of zeros after every chunk but the last (docs/upstream-notes.md
+    §nano-5.4-5.5)."""
     tts = nano_tts(*NEVER_STOPS)
     kw = dict(max_text_tokens=20, **request("voice_clone"))
     plan = tts.plan(LONG_TEXT, **kw)

@@ -14,7 +14,8 @@ from moss_tts.ggml import F16, F32, I32, Graph
 LOOKUP_ATOL = 0.0
 SUM_ATOL = 1e-6
 
-PAD = 1024          # docs/upstream-notes.md §nano-2.1: audio pad id, one past the 1024-row codebook tables
+# docs/upstream-notes.md §nano-2.1: the audio pad id, one past the 1024-row codebook tables
+PAD = 1024
 V, D = PAD, 16
 
 

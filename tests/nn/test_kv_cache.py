@@ -1,9 +1,9 @@
 """KV-cache parity set (design §5) for `KVCache` in moss_tts/nn/attention.py.
 
-A 2-layer GPT-2 + RoPE stack (docs/upstream-notes.md §nano-2.2) and a codec-style windowed stack (docs/upstream-notes.md §codecs-1.4)
-are built here from `nn` functions; every cached schedule (prefill + decode, chunked prefill,
-single-row steps, a replayed fixed-capacity graph, a ring buffer) is compared with
-fixtures/reference/transformer.py run over the full sequence.
+A 2-layer GPT-2 + RoPE stack (docs/upstream-notes.md §nano-2.2) and a codec-style windowed stack
+(docs/upstream-notes.md §codecs-1.4) are built here from `nn` functions; every cached schedule
+(prefill + decode, chunked prefill, single-row steps, a replayed fixed-capacity graph, a ring
+buffer) is compared with fixtures/reference/transformer.py run over the full sequence.
 """
 
 import functools

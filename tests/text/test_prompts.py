@@ -14,8 +14,9 @@ from moss_tts.text.prompts import (
 IDS = NanoPromptIds()
 PAD, N_VQ = 1024, 16
 
-# docs/upstream-notes.md §nano-5.2: the real tokenizer's ids for each template segment (decoded from the official
-# tokenizer dump). A segment-keyed fake proves that every segment is encoded on its own.
+# docs/upstream-notes.md §nano-5.2: the real tokenizer's ids for each template segment (decoded from
+# the official tokenizer dump). A segment-keyed fake proves that every segment is encoded on its
+# own.
 REAL_SEGMENT_IDS = {
     prompts.USER_ROLE: [600, 289],
     prompts.REFERENCE_OPENER: [10356, 13, 10356, 10425, 1860, 4546, 12907, 10363, 13325, 11492],
