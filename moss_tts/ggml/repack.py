@@ -39,8 +39,8 @@ PACKED: dict[int, str] = {}
 
 
 # Types repacked by default: those measured faster than the plain kernels (bench/matmul.py,
-# README "Repacked weights"). q4_K is not among them: on an AVX-512 VNNI Xeon its repacked
-# kernels were 0.95x at 1 row and 0.72x at 64 rows (1.8x only at 4); MOSS_TTS_REPACK=all
+# docs/performance.md "Repacked weights"). q4_K is not among them: on an AVX-512 VNNI Xeon its
+# repacked kernels were 0.95x at 1 row and 0.72x at 64 rows (1.8x only at 4); MOSS_TTS_REPACK=all
 # repacks it (and whatever else ggml repacks) anyway.
 DEFAULT_TYPES = frozenset({GGMLType.Q4_0, GGMLType.IQ4_NL})
 ALL_TYPES = frozenset(GGMLType)
