@@ -88,3 +88,10 @@ def test_every_anchor_a_document_links_to_exists():
         for target in re.findall(r"\]\(upstream-notes\.md#([^)]+)\)",
                                  page.read_text(encoding="utf-8")):
             assert target in known, (page.name, target)
+
+
+def test_every_docs_page_the_code_names_exists():
+    named = {(str(path.relative_to(ROOT)), page) for path in cited_files()
+             for page in re.findall(r"\bdocs/[\w-]+\.md\b", path.read_text(encoding="utf-8"))}
+    missing = sorted((where, page) for where, page in named if not (ROOT / page).exists())
+    assert named and not missing, missing
