@@ -14,9 +14,10 @@ SECTION = r"\d+(?:\.\d+)?"
 # `§nano-2.2`, `§family-2.4-2.8` (a range: both ends must exist), and the old form `nano.md §2`
 NOTE_CITE = re.compile(rf"§(nano|family|codecs)-({SECTION})(?:-({SECTION}))?")
 OLD_CITE = re.compile(rf"\b(?!design\.md)[\w/]+\.md §{SECTION}")
-# a `§` that is not a note citation: the project's design document (kept with the lead's notes,
-# outside the repository) and RFCs; anything else is an unresolved citation
+# a `§` that is not a note citation: the project's design document (docs/design.md, whose
+# numbered sections `design_sections` checks) and RFCs; anything else is an unresolved citation
 OTHER_SECTION = re.compile(r"((?i:design)(?:\.md)?\s+|RFC \d+ )§\d")
+DESIGN_CITE = re.compile(r"(?i:design)(?:\.md)?\s+§(\d+)(?:-(\d+))?")
 PITFALL = re.compile(r"\bP(\d{1,2})\b")
 
 
@@ -41,6 +42,15 @@ def unresolved_citations(text: str, known: set[str]) -> list[str]:
     bad += [stray[i:i + 20] for i in [m.start() for m in re.finditer("§", stray)]]
     bad += [m.group(0) for m in PITFALL.finditer(text) if m.group(0) not in known]
     return bad
+
+
+def test_every_design_citation_names_a_section_of_docs_design():
+    sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "design.md").read_text(
+        encoding="utf-8"), flags=re.M))
+    bad = {str(path.relative_to(ROOT)): m.group(0) for path in cited_files()
+           for m in DESIGN_CITE.finditer(path.read_text(encoding="utf-8"))
+           if not {m.group(1), m.group(2) or m.group(1)} <= sections}
+    assert sections and not bad, bad
 
 
 def test_readme_fits_in_8_kb():
