@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..voices import add_voice, check_name, codec_info, list_voices, remove_voice
 from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
-from .live import live
+from .live import live_endpoint
 from .request import (RequestError, check_content_type, decode_upload, parse_speech, parse_voice,
                       read_body)
 from .responses import (AudioStream, busy_response, error_response, failure_response,
@@ -62,7 +62,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         Route("/v1/audio/voices", upload_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
-        WebSocketRoute("/v1/audio/live", live),
+        WebSocketRoute("/v1/audio/live", live_endpoint),
     ], lifespan=lifespan)
     app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
                                     queue_depth, voices_root, write_timeout or WRITE_TIMEOUT)

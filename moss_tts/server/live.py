@@ -131,7 +131,7 @@ class LiveConnection:
         return pcm_bytes(as_frames(audio, self.channels))
 
 
-async def live(websocket) -> None:
+async def live_endpoint(websocket) -> None:
     """The WebSocket handler, over the app's served models (the model and the voice are picked
     as for /v1/audio/speech)."""
     from starlette.websockets import WebSocketDisconnect

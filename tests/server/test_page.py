@@ -161,3 +161,21 @@ def test_the_page_works_with_an_api_key(tmp_path, browser):
         assert browser.execute_script(voices) == ["", "amy"]
     finally:
         s.stop()
+
+
+def test_the_page_ships_as_package_data():
+    """A non-editable install has the page: pyproject's package-data and MANIFEST.in (the sdist)
+    name moss_tts/server/page.html, which is the file the `/` route serves."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    from moss_tts.server.app import page_html
+
+    root = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = data["package-data"]["moss_tts.server"]
+    assert any(fnmatch.fnmatch("page.html", p) for p in patterns)
+    assert "include moss_tts/server/page.html" in (root / "MANIFEST.in").read_text().splitlines()
+    page = (root / "moss_tts" / "server" / "page.html").read_text(encoding="utf-8")
+    assert page_html() == page and page.startswith("<!doctype html>") and 'id="speak"' in page
