@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.server_helpers import Served, call, tiny_model_files  # noqa: E402
+from tests.server.helpers import Served, call, tiny_model_files  # noqa: E402
 
 BODY = {"model": "tts-1", "input": "Hello there, this is a short request.",
         "response_format": "pcm"}

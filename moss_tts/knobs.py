@@ -232,3 +232,22 @@ def family_defaults(knob: Knob, families) -> str:
                 value = f"{value} per text chunk"
         out.append(f"{f.short} {value}")
     return ", ".join(out)
+
+
+def families_table() -> str:
+    """The README's families table, in Markdown, from the registry's rows, the knob table and
+    the families' own classes (tests/models/test_registry.py keeps README.md equal to it, so no
+    default drifts)."""
+    from .models.registry import FAMILIES
+
+    lines = ["| family | `--model` default | `--codec` default | its own flags | frame budget "
+             "(default, most) |", "|---|---|---|---|---|"]
+    for f in FAMILIES:
+        own = [k.flag for k in KNOBS if takes(f, k) and not all(takes(g, k) for g in FAMILIES)]
+        own += ["--prompt-text", "--prompt-audio"] if "prompt_text" in f.keywords else []
+        b = f.tts_class().BUDGET
+        knob = next(k for k in KNOBS if k.keyword == b.keyword)
+        lines.append(f"| {f.name} | `{f.default_model}` | `{f.default_codec}` | "
+                     f"{' '.join(f'`{x}`' for x in own)} | `{knob.flag}` {b.default} "
+                     f"{b.unit}{' per text chunk' if b.per_chunk else ''}, at most {b.limit} |")
+    return "\n".join(lines) + "\n"

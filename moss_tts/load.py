@@ -25,7 +25,7 @@ def load_tts(model, *, codec=None, backend=None, threads: int | None = None) -> 
     from .hub import resolve_gguf
     from .models.registry import resolve_model
 
-    path, family = resolve_model(model)
+    path, family = resolve_model(model, resolve=lambda spec: resolve_gguf(spec, "model"))
     if isinstance(codec, str) or hasattr(codec, "__fspath__"):
         codec = str(resolve_gguf(str(codec), "codec"))
     return family.tts_class().load(path, codec=codec, backend=backend, threads=threads)

@@ -164,12 +164,12 @@ def family_of_model(model) -> Family:
     return BY_KIND[kind]
 
 
-def resolve_model(spec, *, resolve=None) -> tuple[str, Family]:
+def resolve_model(spec, *, resolve) -> tuple[str, Family]:
     """A model as users name it → (a path `load` takes, its family): a GGUF file or a published
     directory as they are; a checkpoint directory or Hugging Face repo id converted once into
     the cache by the family its config.json names (`resolve(spec) -> path`: the hub's
-    `resolve_gguf(spec, "model")` unless a front end brings its own, with progress)."""
-    from ..hub import resolve_gguf
+    `resolve_gguf(spec, "model")`, or a front end's own with progress — passed in, since the
+    hub reads this registry: importing it here would close a cycle)."""
     from .delay_published import is_published_dir
 
     spec = str(spec)
@@ -178,7 +178,7 @@ def resolve_model(spec, *, resolve=None) -> tuple[str, Family]:
     if Path(spec).is_file() or is_published_dir(spec):
         path = spec
     else:
-        path = str(resolve(spec) if resolve else resolve_gguf(spec, "model"))
+        path = str(resolve(spec))
     return path, family_of_model(path)
 
 
@@ -207,21 +207,3 @@ def convert_flag_help() -> dict[str, str]:
 
     return {key: "/".join(f.kind for f in CONVERTIBLE.values() if key in f.convert_flags)
             + f" only: {text}" for key, text in CONVERT_FLAGS.items()}
-
-
-def families_table() -> str:
-    """The README's families table, in Markdown, from the rows and the families' own classes
-    (tests/models/test_registry.py keeps README.md equal to it, so no default drifts)."""
-    from ..knobs import KNOBS, takes
-
-    lines = ["| family | `--model` default | `--codec` default | its own flags | frame budget "
-             "(default, most) |", "|---|---|---|---|---|"]
-    for f in FAMILIES:
-        own = [k.flag for k in KNOBS if takes(f, k) and not all(takes(g, k) for g in FAMILIES)]
-        own += ["--prompt-text", "--prompt-audio"] if "prompt_text" in f.keywords else []
-        b = f.tts_class().BUDGET
-        knob = next(k for k in KNOBS if k.keyword == b.keyword)
-        lines.append(f"| {f.name} | `{f.default_model}` | `{f.default_codec}` | "
-                     f"{' '.join(f'`{x}`' for x in own)} | `{knob.flag}` {b.default} "
-                     f"{b.unit}{' per text chunk' if b.per_chunk else ''}, at most {b.limit} |")
-    return "\n".join(lines) + "\n"

@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from moss_tts.batch.command import BatchProgress
+from moss_tts.cli.batch import BatchProgress
 
 from .conftest import batch_cli, no_partials, outputs, records, speech_rows, write_jsonl
 

@@ -16,11 +16,11 @@ from converters.codec import convert as convert_codec
 from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import SAMPLE_RATE
 from fixtures.make_local import make_tiny_local_checkpoint
-from moss_tts.cli_tts import load_models
+from moss_tts.cli.serve import load_models
 from moss_tts.models.local_tts import LocalTTS
 from moss_tts.sampling import LocalSamplingOptions
 from moss_tts.server import create_app
-from tests.server_helpers import Served, call
+from tests.server.helpers import Served, call
 
 TEXT = "Hello there."
 

@@ -63,7 +63,7 @@ def test_the_readmes_families_table_is_the_registrys():
     table is generated from the code, so a changed default cannot leave it stale."""
     from pathlib import Path
 
-    from moss_tts.models.registry import families_table
+    from moss_tts.knobs import families_table
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     start = readme.index("<!-- families table: families_table() -->\n") + len(

@@ -1,0 +1,92 @@
+"""`python -m moss_tts <command>`: argument parsing and dispatch only (design §6). Each command
+group is its own module (tts, codec, voice, serve, convert, info, batch) with an
+`add_parser(sub, common)`; common.py holds what they share.
+
+Errors from the library (MossTTSError) print as one line with exit code 1; `--debug` shows
+the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+
+from .. import __version__
+from ..errors import MossTTSError
+from . import batch, codec, convert, info, serve, tts, voice
+
+COMMAND_GROUPS = (info, convert, codec, tts, voice, serve, batch)   # the order --help lists them
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes print one line (the usage is one `--help` away), like every other error."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    """Flags every subcommand also takes after its name. SUPPRESS keeps a subcommand from
+    resetting a value given before it (`--debug info x` and `info x --debug` both work)."""
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks and debug logging")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_flags()
+    p = _Parser(prog="python -m moss_tts",
+                description="MOSS-TTS family on stock ggml, from Python.")
+    p.add_argument("--version", action="version", version=f"moss-tts {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for group in COMMAND_GROUPS:
+        group.add_parser(sub, common)
+    return p
+
+
+def _report_warnings(quiet: bool) -> None:
+    """What the library warns a user about (a frame budget that cut the audio) is one
+    "warning:" line on stderr each time, or nothing with --quiet; other warnings as Python
+    shows them."""
+    from ..errors import BudgetWarning
+    from ..knobs import KNOBS
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, BudgetWarning):
+            text, keyword = str(message), getattr(message, "keyword", None)
+            for knob in KNOBS:      # the knob to raise, as the flag a CLI user types
+                if keyword and knob.keyword == keyword:
+                    text = text.replace(f"raise {keyword}", f"raise {knob.flag}")
+            print(f"warning: {text}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    warnings.simplefilter("ignore" if quiet else "always", BudgetWarning)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    _report_warnings(quiet=getattr(args, "quiet", False))
+    try:
+        return args.func(args)
+    except MossTTSError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

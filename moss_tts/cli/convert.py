@@ -1,0 +1,36 @@
+"""`python -m moss_tts convert`: a Hugging Face checkpoint → GGUF, by the family's converter
+(the registry names it)."""
+
+from __future__ import annotations
+
+from .common import Progress, check_output, say, writing
+
+
+def _convert(args) -> int:
+    from ..models.registry import convert_options, family
+
+    row = family(args.family)
+    options = convert_options(args.family, vars(args))
+    check_output(args.out, (".gguf",))
+    with Progress("writing", args.quiet, "tensors") as bar, writing(args.out):
+        out = row.convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
+                          progress=lambda i, n, name: bar(i, n), **options)
+    say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
+    return 0
+
+
+def add_parser(sub, common) -> None:
+    from ..models.registry import CONVERTIBLE, convert_flag_help
+
+    c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF", parents=[common])
+    c.add_argument("family", choices=list(CONVERTIBLE),
+                   help="; ".join(f"{k}: {f.name}" for k, f in CONVERTIBLE.items()))
+    c.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
+    c.add_argument("--out", "-o", required=True, help="output .gguf")
+    c.add_argument("--outtype", default="f32",
+                   help="matmul weight type: f32 (default), f16, bf16, q8_0, q4_K, ...")
+    for key, text in convert_flag_help().items():
+        c.add_argument("--" + key.replace("_", "-"), help=text)
+    c.add_argument("--strict", action="store_true", help="fail on any checkpoint tensor not used")
+    c.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    c.set_defaults(func=_convert)

@@ -1,0 +1,97 @@
+"""`python -m moss_tts serve`: the speech server (moss_tts/server/) over the models its flags
+load."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from .common import (add_runtime_flags, port, positive_float, positive_int, resolve, resolve_model,
+                     say)
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from ..server.app import create_app
+
+    api_key = args.api_key or os.environ.get("MOSS_TTS_API_KEY") or None
+    if args.access_log:
+        logging.getLogger("moss_tts.access").setLevel(logging.INFO)
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {args.host} without --api-key: anyone who can reach it "
+              "can use it", file=sys.stderr)
+    models = load_models(args)
+    app = create_app(models, queue_depth=args.queue, api_key=api_key,
+                     cors_origins=args.cors_origin, allowed_hosts=args.allowed_host,
+                     bind_host=args.host, access_log=args.access_log,
+                     write_timeout=args.write_timeout)
+    say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
+               f"/v1/audio/speech{', API key required' if api_key else ''})")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def add_parser(sub, common) -> None:
+    from ..models.registry import DEFAULT
+
+    p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
+                       parents=[common])
+    p.add_argument("--model", action="append", default=None,
+                   help="a model GGUF of any family, published MOSS-TTS-GGUF directory or Nano "
+                        f"repo id; repeatable: a request's 'model' picks one, the first serves "
+                        f"OpenAI's names (default {DEFAULT.default_model})")
+    p.add_argument("--codec", action="append", default=None,
+                   help="each --model's codec GGUF or repo id, in the same order (default: "
+                        "the family's, as `tts --help` lists)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--port", type=port, default=8080)
+    p.add_argument("--queue", type=positive_int, default=4,
+                   help="requests that may wait behind the running one; more get 503")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on all but /health and the page "
+                        "(default: $MOSS_TTS_API_KEY, else no key)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let pages from ORIGIN (e.g. http://app.example:3000) call the API; "
+                        "repeatable. Other origins are refused (403)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer to Host NAME (besides 127.0.0.1, localhost, [::1] and "
+                        "--host); repeatable, '*' allows any")
+    p.add_argument("--access-log", action="store_true", help="log one line per request")
+    p.add_argument("--write-timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help="drop a streaming client that reads nothing for this long (default 15)")
+    add_runtime_flags(p)
+    p.set_defaults(func=_serve)
+
+
+def load_models(args) -> dict:
+    """serve's --model (repeatable; the default family's model without one) and --codec paired
+    with them in order (each model's family default where missing) → {name: loaded TTS}, named
+    moss-tts-<family> (the file's stem when two share a family). A failure closes what was
+    loaded."""
+    from ..models.registry import DEFAULT
+
+    specs, codecs = args.model or [DEFAULT.default_model], args.codec or []
+    if len(codecs) > len(specs):
+        raise InputError(f"{len(codecs)} --codec for {len(specs)} --model: give each model's "
+                         "codec after it, in the same order")
+    models: dict = {}
+    try:
+        for spec, codec in itertools.zip_longest(specs, codecs):
+            path, family = resolve_model(spec)
+            name = f"moss-tts-{family.kind}" if f"moss-tts-{family.kind}" not in models \
+                else Path(spec).stem
+            if name in models:
+                raise InputError(f"--model {spec}: the name {name!r} is taken; rename the file")
+            models[name] = family.tts_class().load(
+                path, codec=resolve(codec or family.default_codec, "codec", "--codec"),
+                backend=args.backend, threads=args.threads)
+    except BaseException:
+        for tts in models.values():
+            tts.close()
+        raise
+    return models

@@ -1,0 +1,270 @@
+"""`python -m moss_tts tts` (any family, read from the model GGUF's kind) and its alias
+`tts-nano` (the Nano default model; a non-Nano model is refused). Sampling flags default to
+None: the family's options dataclass fills what is not given, so its defaults are written once.
+
+`tts --live`: text read from stdin as it arrives (an LLM's output piped in) is pushed into a
+live session (MOSS-TTS-Realtime) delta by delta, and its audio leaves as it is made. Follows
+upstream's example_llm_stream_to_tts.py, with stdin as the LLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import InputError
+from .common import (Progress, add_runtime_flags, add_sample_format, check_audio_output, resolve,
+                     resolve_model, say, utf8, write_audio, writing)
+
+READ_BYTES = 4096    # --live: one read returns what the pipe holds now, up to this
+
+
+def check_prompt_flags(args, family) -> None:
+    """Continuation flags need a family that continues a recording."""
+    if "prompt_text" not in family.keywords:
+        for flag in ("prompt_text", "prompt_audio"):
+            if getattr(args, flag) is not None:
+                raise InputError(f"--{flag.replace('_', '-')} is not a {family.name} option: "
+                                 "leave it out, or use a model of a family that takes it")
+
+
+def knob_keywords(args, family) -> dict:
+    """The knob flags given → the family's `stream` keywords (knobs.synthesis_keywords)."""
+    from ..knobs import KNOBS, synthesis_keywords
+
+    return synthesis_keywords(family, {k.name: getattr(args, k.name) for k in KNOBS}, "cli")
+
+
+def _tts(args) -> int:
+    from ..knobs import renamed
+
+    text = None if args.live else _read_text(args)   # --live: stdin is read as it arrives
+    check_audio_output(args, stdout_ok=True)
+    _check_tts_flags(args)
+    model, family = resolve_model(args.model, args.quiet)
+    if args.family is not None and family.kind != args.family:
+        raise InputError(f"{args.model}: a {family.name} model; `{args.command}` speaks with "
+                         f"{args.family} models only — use `python -m moss_tts tts`")
+    cls = family.tts_class()
+    if args.live:
+        check_live(args, cls)
+    check_prompt_flags(args, family)
+    words = knob_keywords(args, family)     # every knob checked before anything loads
+    codec = resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
+    try:
+        return _speak(args, cls, model, codec, text, words)
+    except InputError as e:                 # the API names its parameters; say the flags
+        raise renamed(e, "cli") from None
+
+
+def _speak(args, cls, model, codec, text, words) -> int:
+    from ..live import live_chunks
+
+    with cls.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
+        if args.live:                        # --max-frames caps a turn
+            session = tts.session(voice=_reference(args, tts), **words)
+            chunks = live_chunks(session, stdin_deltas(sys.stdin.fileno()), tts.channels)
+        else:
+            chunks = tts.stream(text, reference=_reference(args, tts), **_prompt(args, tts),
+                                **words)
+        with Progress("generating", args.quiet) as bar, contextlib.closing(chunks):
+            if args.out == "-":
+                _stream_to_stdout(args, chunks, tts, bar)
+                return 0
+            audio = _collect(chunks, tts, bar)
+        write_audio(args, audio, tts.sample_rate)
+        say(args, f"{args.out}: {len(audio) / tts.sample_rate:.2f} s at {tts.sample_rate} Hz, "
+                   f"{'stereo' if tts.channels == 2 else 'mono'}")
+    return 0
+
+
+def _reference(args, tts):
+    from ..audio import REFERENCE_MAX_SECONDS, read_audio
+
+    if args.voice:
+        return tts.voice(args.voice)
+    if args.reference:
+        return tts.encode_reference(*read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS))
+    return None
+
+
+def _prompt(args, tts) -> dict:
+    """Continuation: the prompt audio encoded whole (it must match its transcript), and the
+    transcript (`_check_tts_flags` made sure both or neither are given)."""
+    from ..audio import read_audio
+
+    if args.prompt_audio is None:
+        return {}
+    return {"prompt": tts.encode_reference(*read_audio(args.prompt_audio), max_seconds=None),
+            "prompt_text": args.prompt_text}
+
+
+def _check_tts_flags(args) -> None:
+    """Flag combinations the model would refuse only after loading, in the flags' own words."""
+    if args.out != "-" and args.format != "wav":
+        raise InputError("--format raw is for -o - (stdout); a file's format follows its name")
+    if (args.prompt_text is None) != (args.prompt_audio is None):
+        raise InputError("--prompt-text and --prompt-audio go together: continuation needs the "
+                         "recording and its transcript")
+    if args.prompt_audio is not None and (args.reference or args.voice):
+        raise InputError("--prompt-audio continues a recording and --reference/--voice clone a "
+                         "voice: use one of the two")
+    if args.tokens is not None and args.seconds is not None:
+        raise InputError("--tokens and --seconds both set the duration: give one")
+
+
+def _read_text(args) -> str:
+    if args.text is not None:   # argv bytes that are not UTF-8 arrive as lone surrogates
+        return utf8(os.fsencode(args.text), "--text")
+    if args.text_file == "-":   # the usual name for stdin; read even a terminal, to Ctrl-D
+        if sys.stdin is None:
+            raise InputError("--text-file -: stdin is closed; pass a file name or --text")
+        return utf8(sys.stdin.buffer.read(), "stdin")
+    if args.text_file is not None:
+        try:
+            data = Path(args.text_file).read_bytes()
+        except OSError as e:
+            raise InputError(f"{args.text_file}: cannot read ({e.strerror})") from None
+        return utf8(data, args.text_file)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InputError("no text: pass --text, --text-file, or pipe text on stdin")
+    return utf8(sys.stdin.buffer.read(), "stdin")
+
+
+def _stream_to_stdout(args, chunks, tts, bar) -> None:
+    from ..audio import PcmStreamWriter
+
+    done = 0
+    with writing("-"):
+        with PcmStreamWriter(sys.stdout.buffer, tts.sample_rate, tts.channels, fmt=args.format,
+                             sample_format=args.sample_format) as out:
+            for part in chunks:
+                out.write(part)
+                done += len(part)
+                bar.audio(done / tts.sample_rate)
+
+
+def _collect(chunks, tts, bar):
+    import numpy as np
+
+    parts, done = [], 0
+    for part in chunks:
+        parts.append(part)
+        done += len(part)
+        bar.audio(done / tts.sample_rate)
+    return np.concatenate(parts) if parts else np.zeros((0, tts.channels), np.float32)
+
+
+def add_parser(sub, common) -> None:
+    from ..models.registry import BY_KIND, DEFAULT, FAMILIES
+
+    names = ", ".join(f.name for f in FAMILIES)
+    for name, family, helptext in (
+            ("tts", None, f"text → speech with any MOSS-TTS model (the family is read from the "
+                          f"GGUF: {names})"),
+            ("tts-nano", "nano", f"text → speech with {BY_KIND['nano'].name}")):
+        p = sub.add_parser(name, help=helptext, parents=[common])
+        _add_tts_flags(p, DEFAULT)
+        p.set_defaults(func=_tts, family=family)
+
+
+def _add_tts_flags(p: argparse.ArgumentParser, default) -> None:
+    from ..models.registry import FAMILIES
+
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", help="the text to speak (or --text-file, or stdin)")
+    src.add_argument("--text-file", help="read the text from this UTF-8 file (- for stdin)")
+    p.add_argument("--model", default=default.default_model, help="model GGUF (any family), "
+                   "published MOSS-TTS-GGUF directory, checkpoint directory or Hugging Face repo "
+                   f"id (default {default.default_model}; converted once into the cache)")
+    p.add_argument("--codec", default=None, help="codec GGUF, checkpoint directory or repo id "
+                   "(default: the family's — " + "; ".join(
+                       f"{f.short}: {f.default_codec}" for f in FAMILIES) + ")")
+    voice = p.add_mutually_exclusive_group()
+    voice.add_argument("--reference", "--prompt-speech", dest="reference",
+                       help="reference speech to clone (WAV/FLAC)")
+    voice.add_argument("--voice", help="a stored voice (python -m moss_tts voice add ...)")
+    continuing = ", ".join(f.short for f in FAMILIES if "prompt_text" in f.keywords)
+    p.add_argument("--prompt-text", help=f"{continuing}: continuation: the transcript of "
+                                          "--prompt-audio")
+    p.add_argument("--prompt-audio", help=f"{continuing}: continuation: speech the output "
+                                           "continues")
+    p.add_argument("--live", action="store_true",
+                   help="Realtime: speak stdin's text as it arrives (pipe an LLM's output in); "
+                        "the audio leaves as it is made")
+    p.add_argument("--out", "-o", required=True,
+                   help="output .wav/.flac, or - to stream WAV (or --format raw) to stdout")
+    p.add_argument("--format", choices=["wav", "raw"], default="wav",
+                   help="stdout format: WAV with a streaming header, or raw interleaved samples")
+    add_sample_format(p)
+    add_knob_flags(p, FAMILIES)
+    add_runtime_flags(p)
+
+
+def add_knob_flags(p: argparse.ArgumentParser, families) -> None:
+    """One flag per knob (knobs.KNOBS), default None (the family fills what is not given), its
+    help naming the families that take it where not all do, and their defaults."""
+    from ..knobs import KNOBS, families_taking, family_defaults
+
+    for knob in KNOBS:
+        takers = families_taking(knob, families)
+        who = "" if len(takers) == len(families) else \
+            ", ".join(f.short for f in takers) + ": "
+        defaults = family_defaults(knob, families)
+        text = who + knob.help + (f" (default: {defaults})" if defaults else "")
+        flags = [knob.flag, *("--" + a.replace("_", "-") for a in knob.aliases)]
+        if knob.kind is bool:
+            p.add_argument(*flags, dest=knob.name, action="store_true", default=None, help=text)
+        else:
+            p.add_argument(*flags, dest=knob.name, type=_knob_type(knob), default=None,
+                           help=text)
+
+
+def _knob_type(knob):
+    """argparse `type=` for a knob: its parse, the message without the flag (argparse names it)."""
+    from ..knobs import parse
+
+    def typed(text: str):
+        try:
+            return parse(knob, text, "cli")
+        except InputError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(knob.flag + " ")) from None
+
+    typed.__name__ = knob.name      # argparse says "invalid <name> value" for other errors
+    return typed
+
+
+def check_live(args, cls) -> None:
+    """--live needs a family with live sessions, and stdin for its text."""
+    if not callable(getattr(cls, "session", None)):
+        raise InputError(f"--live needs a MOSS-TTS-Realtime model; {args.model} is a "
+                         f"{cls.NAME} one: leave out --live")
+    if args.text is not None or args.text_file is not None:
+        raise InputError("--live reads the text from stdin as it arrives: leave out "
+                         "--text/--text-file and pipe the text in")
+
+
+def stdin_deltas(fd: int) -> Iterator[str]:
+    """The text on `fd` as it arrives: each read returns what is there without waiting for more,
+    decoded as UTF-8 across read boundaries."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    seen = b""      # for the error message: where the bad byte is
+    while data := os.read(fd, READ_BYTES):
+        seen += data
+        try:
+            text = decoder.decode(data)
+        except UnicodeDecodeError:
+            utf8(seen, "stdin")
+            raise
+        if text:
+            yield text
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        utf8(seen, "stdin")
+        raise

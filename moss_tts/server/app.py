@@ -1,0 +1,253 @@
+"""`python -m moss_tts serve`: an OpenAI-style speech API over one or more loaded TTS models
+(any family: the TTS protocol of tts.py), picked by the request's `model`.
+
+Starlette + uvicorn: a small ASGI core with streaming responses and no framework magic, and
+uvicorn is the de-facto server for it. This module holds the routes, as module functions over
+the app's registry of served models (served.py, kept in `app.state.served`). All model work
+(synthesis, reference decode + encode, voice uploads) runs on its model's worker thread behind
+a bounded line (worker.py), so one model object is never used by two threads; a full line
+answers 503 with Retry-After. Requests are checked before any work (request.py), access rules
+sit in front (access.py), audio encodings are in formats.py, answers in responses.py.
+
+Endpoints: POST /v1/audio/speech, WebSocket /v1/audio/live (live.py), GET /v1/models,
+GET/POST/DELETE /v1/audio/voices, GET /health, and a browser page at / (page.html).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from functools import cache
+from importlib import resources
+
+import numpy as np
+
+from ..audio import time_stretch
+from ..errors import InputError
+from ..voices import add_voice, check_name, codec_info, list_voices, remove_voice
+from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name
+from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
+from .live import live_endpoint
+from .request import (RequestError, check_content_type, decode_upload, parse_speech, parse_voice,
+                      read_body)
+from .responses import (AudioStream, busy_response, error_response, failure_response,
+                        first_line, no_response, unless_client_leaves)
+from .served import ServedModels
+from .worker import AudioChannel
+
+logger = logging.getLogger(__name__)
+
+WRITE_TIMEOUT = 15.0     # seconds a streamed response may wait for its client to read
+STREAM_BUFFER = 32       # chunks (frames) buffered per streaming client
+
+
+def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
+               voices_root=None, api_key: str | None = None, cors_origins=(),
+               allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
+               write_timeout: float | None = None):
+    """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
+    name → TTS, the first being the default. Only a model's worker thread touches it after
+    this call; a voice upload is encoded by the codec of the model it names (default: the
+    first), and a voice is refused by a model whose codec did not make it."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route, WebSocketRoute
+
+    app = Starlette(routes=[
+        Route("/", page, methods=["GET"]),
+        Route("/v1/audio/speech", speech, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/audio/voices", voices, methods=["GET"]),
+        Route("/v1/audio/voices", upload_voice, methods=["POST"]),
+        Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
+        Route("/health", health, methods=["GET"]),
+        WebSocketRoute("/v1/audio/live", live_endpoint),
+    ], lifespan=lifespan)
+    app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
+                                    queue_depth, voices_root, write_timeout or WRITE_TIMEOUT)
+    hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
+    gated = Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None)
+    return AccessLog(gated) if access_log else gated
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    yield
+    await asyncio.to_thread(app.state.served.close)
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+
+async def speech(request):
+    served = request.app.state.served
+    try:
+        check_content_type(request.headers)
+        req = parse_speech(await read_body(request))
+        model = served.pick(req.model)
+        return await (whole(request, served, model, req) if req.stream_format is None
+                      else streamed(request, served, model, req))
+    except RequestError as e:
+        return error_response(e.status, first_line(e))
+
+
+async def upload_voice(request):
+    from starlette.responses import JSONResponse
+
+    served = request.app.state.served
+    try:
+        check_content_type(request.headers)
+        name, audio, model_name = parse_voice(await read_body(request))
+        check_name(name)
+        owner = served.pick(model_name)
+    except (RequestError, InputError) as e:
+        return error_response(getattr(e, "status", 400), first_line(e))
+
+    def job(model):
+        ref = model.encode_reference(*decode_upload(audio, "audio"))
+        add_voice(name, ref.codes, {"source": "upload", "model": owner.name} |
+                  codec_info(model.codec), root=served.voices_root)
+        return int(ref.codes.shape[0])
+
+    future = owner.worker.submit(job)
+    if future is None:
+        return busy_response()
+    try:
+        stayed, frames = await unless_client_leaves(request.receive, asyncio.wrap_future(future))
+    except Exception as e:  # the job's own failure
+        return failure_response(e)
+    if not stayed:
+        future.cancel()
+        return no_response
+    return JSONResponse({"name": name, "frames": frames}, status_code=201)
+
+
+async def voices(request):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"voices": list_voices(request.app.state.served.voices_root)})
+
+
+async def delete_voice(request):
+    from starlette.responses import JSONResponse
+
+    name = request.path_params["name"]
+    try:
+        remove_voice(name, root=request.app.state.served.voices_root)
+    except InputError as e:
+        return error_response(404 if "no voice" in str(e) else 400, first_line(e))
+    return JSONResponse({"deleted": name})
+
+
+async def page(request):
+    from starlette.responses import HTMLResponse
+
+    return HTMLResponse(page_html())
+
+
+@cache
+def page_html() -> str:
+    """The browser page, package data beside this module (pyproject's package-data)."""
+    return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+
+
+async def models(request):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"object": "list", "data": [
+        {"id": name, "object": "model", "owned_by": "moss-tts", "sample_rate": m.sample_rate,
+         "channels": m.channels, "live": m.live}
+        for name, m in request.app.state.served.models.items()]})
+
+
+async def health(request):
+    from starlette.responses import JSONResponse
+
+    default = request.app.state.served.default
+    return JSONResponse({"status": "ok", "sample_rate": default.sample_rate,
+                         "channels": default.channels})
+
+
+# --- speech: a whole file, or a stream ----------------------------------------------------------
+
+
+def generate(served: ServedModels, model, req, words):
+    """Worker side: the request's audio chunks."""
+    return model.stream(req.text, reference=served.reference_for(model, req), **words)
+
+
+async def whole(request, served: ServedModels, served_model, req):
+    from starlette.responses import Response
+
+    cancel = threading.Event()
+    words = served_model.stream_keywords(req)
+
+    def job(model):
+        parts = []
+        for part in generate(served, model, req, words):
+            if cancel.is_set():       # the client left: stop generating
+                return None
+            parts.append(part)
+        return np.concatenate(parts) if parts else \
+            np.zeros((0, served_model.channels), np.float32)
+
+    future = served_model.worker.submit(job)
+    if future is None:
+        return busy_response()
+    waiting = asyncio.wrap_future(future)
+    waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, if left
+    try:
+        stayed, audio = await unless_client_leaves(request.receive, waiting)
+    except Exception as e:  # the job's own failure
+        return failure_response(e)
+    if not stayed:
+        cancel.set()
+        future.cancel()
+        logger.info("client left; its synthesis was cancelled")
+        return no_response
+    body, headers = await asyncio.to_thread(render_whole, audio, req, served_model)
+    return Response(body, media_type=MEDIA_TYPES[req.response_format], headers=headers)
+
+
+def render_whole(audio, req, served_model):
+    sr = served_model.sample_rate
+    audio = time_stretch(audio, req.speed, sr)  # post-hoc tempo change, pitch kept
+    if req.response_format != "pcm":
+        return encode_audio(audio, sr, req.response_format), {}
+    layout = PcmLayout(req.pcm_layout, sr, served_model.channels)
+    return layout.push(audio) + layout.flush(), {
+        "X-Audio-Sample-Rate": str(layout.rate), "X-Audio-Channels": str(layout.channels)}
+
+
+async def streamed(request, served: ServedModels, served_model, req):
+    write_timeout = served.write_timeout
+    channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
+    words = served_model.stream_keywords(req)
+
+    def job(model):
+        if channel.cancelled.is_set():      # the client left while this waited
+            return
+        try:
+            for part in generate(served, model, req, words):
+                if not channel.put(part):
+                    if channel.stalled:
+                        logger.warning("a streaming client stopped reading; its synthesis "
+                                       "was cancelled after %.0f s", write_timeout)
+                    return
+            channel.finish("end")
+        except Exception as e:  # reported to the client by the response
+            channel.finish("error", e)
+
+    if served_model.worker.submit(job) is None:
+        return busy_response()
+    # headers wait for the first audio, so errors before it are plain 4xx answers
+    stayed, first = await unless_client_leaves(request.receive, channel.get())
+    if not stayed:
+        channel.cancelled.set()
+        return no_response
+    if first[0] == "error":
+        return failure_response(first[1])
+    encoder = StreamEncoder(req.stream_format, req.response_format, req.pcm_layout,
+                            served_model.sample_rate, served_model.channels)
+    return AudioStream(first, channel, encoder, write_timeout)

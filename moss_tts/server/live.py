@@ -1,0 +1,297 @@
+"""The speech server's live endpoint, WebSocket /v1/audio/live: text deltas in as an LLM writes
+them, s16le PCM out as it is made, one live session (MOSS-TTS-Realtime) per connection.
+
+Protocol (all client messages are JSON text; the server sends JSON text events and binary audio):
+  client → {"model", "voice", "reference_audio", "format": "pcm", and any knob the model
+            takes: "seed", "temperature", ...}         the config, first and once (all optional)
+  server → {"type": "started", "model", "sample_rate", "channels", "format": "pcm_s16le"}
+  client → {"type": "text", "text": DELTA} ...           the assistant's text as it arrives
+  server → binary s16le PCM chunks as audio is ready
+  client → {"type": "end"}                               no more text this turn
+  server → (the rest of the audio) {"type": "turn_done", "interrupted": false, "seconds": S}
+  client → {"type": "turn", "user_text": T}              next turn, the model's cache kept (or
+                                                         first: the user's words); sent while a
+                                                         turn speaks it cuts that turn short
+                                                         (barge-in: "interrupted": true)
+  server → {"type": "error", "message": M}               then the server closes the socket
+The session's work runs on its model's worker, one short job at a time (a slice of text, one
+chunk of the drain), held in the line by a Lane; leaving closes the session and frees the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MossTTSError
+from ..knobs import SPELLINGS
+from ..live import as_frames, push_as_typed
+from .formats import pcm_bytes
+from .request import MAX_INPUT_CHARS, RequestError, knob_fields, parse_object, string_field
+from .responses import first_line
+
+logger = logging.getLogger(__name__)
+
+LIVE_FIELDS = ("model", "voice", "reference_audio", "format", *SPELLINGS)   # knobs.KNOBS
+MESSAGE_FIELDS = ("type", "text", "user_text")
+SLICE_CHARS = 32     # text handed to one worker job: a leaving client waits at most one slice
+CLOSE_ERROR, CLOSE_INTERNAL = 1008, 1011      # WebSocket close codes: policy, server failure
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """The first message, in the fields ServedModel.stream_keywords and the voice lookup read."""
+
+    model: str | None
+    voice: str | None
+    reference_audio: str | None
+    knobs: dict               # knob name → value (a live turn's max_frames caps each turn)
+    given_as: dict            # knob name → the field that gave it
+
+
+def parse_config(raw: str) -> LiveConfig:
+    body = parse_object(raw.encode(), (*LIVE_FIELDS, *MESSAGE_FIELDS))
+    if set(body) - set(LIVE_FIELDS):   # a message sent before the config
+        raise RequestError(400, f"the first message is the config ({', '.join(LIVE_FIELDS)}; "
+                                "all optional: {} for the defaults); text, end and turn "
+                                "messages come after it")
+    string_field(body, "format", None, ("pcm",))
+    return LiveConfig(model=string_field(body, "model"), voice=string_field(body, "voice"),
+                      reference_audio=string_field(body, "reference_audio"), **knob_fields(body))
+
+
+def parse_message(raw: str) -> tuple[str, str | None]:
+    """A client message after the config → (kind, its text): ("text", delta), ("end", None),
+    ("turn", user text or None)."""
+    body = parse_object(raw.encode(), MESSAGE_FIELDS)
+    kind = string_field(body, "type", None, ("text", "end", "turn"))
+    if kind is None:
+        raise RequestError(400, "a message needs 'type': text, end or turn")
+    field = {"text": "text", "turn": "user_text"}.get(kind)
+    extra = sorted(set(body) - {"type", field})
+    if extra:
+        raise RequestError(400, f"{kind!r} messages carry no {extra[0]!r}")
+    text = string_field(body, field) if field else None
+    if kind == "text" and not text:
+        raise RequestError(400, "a 'text' message needs a non-empty 'text'")
+    if text is not None and len(text) > MAX_INPUT_CHARS:
+        raise RequestError(413, f"a message's text is longer than {MAX_INPUT_CHARS} characters")
+    return kind, text
+
+
+def text_slices(text: str) -> list[str]:
+    """A delta in SLICE_CHARS pieces, one worker job each (pushed as typed: any split speaks
+    the same); the pieces only bound how long one job runs."""
+    return [text[i:i + SLICE_CHARS] for i in range(0, len(text), SLICE_CHARS)]
+
+
+class LiveConnection:
+    """One client's session, driven from the event loop: each step is a job on the model's
+    worker through the connection's lane, awaited before the next."""
+
+    def __init__(self, lane, channels: int):
+        self.lane, self.channels, self.session, self.drain = lane, channels, None, None
+
+    async def run(self, job):
+        return await asyncio.wrap_future(self.lane.submit(job))
+
+    async def open(self, make_session) -> None:
+        self.session = await self.run(make_session)
+
+    async def push(self, text: str) -> list[np.ndarray]:
+        """The audio chunks `text` made ready."""
+        return await self.run(lambda model: list(push_as_typed(self.session, text)))
+
+    async def end(self) -> None:
+        def end_text(model):
+            self.session.end_text()
+            self.drain = self.session.drain()
+        await self.run(end_text)
+
+    async def next_chunk(self) -> np.ndarray | None:
+        """The drain's next chunk, None once the turn's audio is done."""
+        return await self.run(lambda model: next(self.drain, None))
+
+    async def new_turn(self, user_text: str | None) -> None:
+        await self.run(lambda model: self.session.new_turn(user_text))
+
+    def close(self) -> None:
+        """Close the session on the worker (its job needs no room in the line) and free the
+        slot; safe to call from a cancelled handler."""
+        session = self.session
+        if session is not None:
+            self.lane.submit(lambda model: session.close())
+        self.lane.release()
+
+    def pcm(self, audio) -> bytes:
+        return pcm_bytes(as_frames(audio, self.channels))
+
+
+async def live_endpoint(websocket) -> None:
+    """The WebSocket handler, over the app's served models (the model and the voice are picked
+    as for /v1/audio/speech)."""
+    from starlette.websockets import WebSocketDisconnect
+
+    served = websocket.app.state.served
+    await websocket.accept()
+    connection = None
+    try:
+        config = parse_config(await next_text(websocket))
+        model = served.pick(config.model)
+        if not model.live:
+            raise RequestError(400, f"model {model.name!r} has no live mode; pick a "
+                                    f"MOSS-TTS-Realtime model: "
+                                    f"{', '.join(served.live_names()) or 'none is served'}")
+        words = model.stream_keywords(config)
+        lane = model.worker.open_lane()
+        if lane is None:
+            raise RequestError(503, "busy: too many requests are waiting; retry shortly")
+        connection = LiveConnection(lane, model.channels)
+        await connection.open(lambda m: m.session(voice=served.reference_for(m, config), **words))
+        await websocket.send_json({"type": "started", "model": model.name,
+                                   "sample_rate": model.sample_rate,
+                                   "channels": model.channels, "format": "pcm_s16le"})
+        await converse(websocket, connection, model.sample_rate, served.write_timeout)
+    except WebSocketDisconnect:
+        logger.info("live client left; its session was closed")
+    except asyncio.TimeoutError:
+        logger.warning("dropped a live client that stopped reading for %.0f s",
+                       served.write_timeout)
+    except Exception as e:  # told to the client, then the socket closes
+        await send_error(websocket, e)
+    finally:
+        if connection is not None:
+            connection.close()
+
+
+async def send_error(websocket, e: Exception) -> None:
+    if not isinstance(e, MossTTSError):
+        logger.error("live session failed", exc_info=e)
+    message = first_line(e) if isinstance(e, MossTTSError) else \
+        f"internal error: {first_line(e)}"
+    try:
+        await websocket.send_json({"type": "error", "message": message})
+        await websocket.close(CLOSE_ERROR if isinstance(e, MossTTSError) else CLOSE_INTERNAL)
+    except Exception:  # the client left meanwhile: nobody to tell  # noqa: BLE001
+        pass
+
+
+async def converse(websocket, connection: LiveConnection, rate: int, timeout: float) -> None:
+    """Reads messages while the session speaks them: text waits in `inbox` while a job runs,
+    and a client that leaves is seen at once (the reader ends the speaker)."""
+    inbox = Inbox()
+    speaker = asyncio.ensure_future(speak(websocket, connection, inbox, rate, timeout))
+    reader = asyncio.ensure_future(read_messages(websocket, inbox))
+    try:
+        done, _ = await asyncio.wait({speaker, reader}, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()   # a failure (or the client leaving) ends the connection
+    finally:
+        speaker.cancel()
+        reader.cancel()
+        await asyncio.gather(speaker, reader, return_exceptions=True)
+
+
+async def next_text(websocket) -> str:
+    """The next client message's text; a binary one is refused, a departure raises."""
+    from starlette.websockets import WebSocketDisconnect
+
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    if message.get("text") is None:
+        raise RequestError(400, "binary messages are not accepted: send JSON text")
+    return message["text"]
+
+
+class Inbox:
+    """Client messages waiting for the session. A `turn` is a barge-in: the text and `end` still
+    waiting for the turns before it are dropped, and `cutting` tells the speaker to stop."""
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, kind: str, text: str | None) -> None:
+        if kind == "turn":
+            self._items = deque(item for item in self._items if item[0] == "turn")
+        self._items.append((kind, text))
+        self._ready.set()
+
+    @property
+    def cutting(self) -> bool:
+        return any(kind == "turn" for kind, _ in self._items)
+
+    async def get(self) -> tuple[str, str | None]:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def take_text(self) -> str:
+        """All the text that waits next, as one delta."""
+        text = ""
+        while self._items and self._items[0][0] == "text":
+            text += self._items.popleft()[1]
+        return text
+
+
+async def read_messages(websocket, inbox: Inbox) -> None:
+    """Checks each message against the turn's state as it arrives: text after `end` is refused
+    before the session sees it."""
+    ended = False
+    while True:
+        kind, text = parse_message(await next_text(websocket))
+        if kind == "text" and ended:
+            raise RequestError(400, "text after 'end': send {\"type\": \"turn\"} to start the "
+                                    "next turn first")
+        if kind == "end" and ended:
+            raise RequestError(400, "'end' twice: the turn has already ended")
+        ended = kind == "end"
+        inbox.put(kind, text)
+
+
+async def speak(websocket, connection: LiveConnection, inbox: Inbox, rate: int,
+                timeout: float) -> None:
+    """The session's side: text (all that waits, in slices) → audio, end → the drain to EOS
+    and `turn_done`, turn → a new turn, cutting short the one still speaking (its `turn_done`
+    says `interrupted`)."""
+    sent, speaking = 0, False    # samples of this turn; its text began, no turn_done yet
+
+    async def turn_done(interrupted: bool) -> None:
+        nonlocal sent, speaking
+        await websocket.send_json({"type": "turn_done", "interrupted": interrupted,
+                                   "seconds": round(sent / connection.channels / rate, 3)})
+        sent, speaking = 0, False
+
+    while True:
+        kind, text = await inbox.get()
+        speaking = speaking or kind != "turn"
+        if kind == "text":
+            for piece in text_slices(text + inbox.take_text()):
+                if inbox.cutting:
+                    break
+                for audio in await connection.push(piece):
+                    sent += await send_audio(websocket, connection, audio, timeout)
+        elif kind == "end":
+            await connection.end()
+            while not inbox.cutting and (chunk := await connection.next_chunk()) is not None:
+                sent += await send_audio(websocket, connection, chunk, timeout)
+            if not inbox.cutting:
+                await turn_done(interrupted=False)
+        else:
+            if speaking:
+                await turn_done(interrupted=True)
+            await connection.new_turn(text)
+
+
+async def send_audio(websocket, connection: LiveConnection, audio, timeout: float) -> int:
+    """Sends one chunk (nothing when it is empty); the samples sent."""
+    data = connection.pcm(audio)
+    if data:
+        await asyncio.wait_for(websocket.send_bytes(data), timeout)
+    return len(data) // 2

@@ -1,0 +1,113 @@
+"""How the speech server answers: errors in OpenAI's shape (4xx for the caller's mistakes, a
+logged 500 for ours), the busy answer, a response for a client that already left, and the
+streamed response fed by a worker's AudioChannel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..errors import MossTTSError
+from .access import error_body
+from .formats import StreamEncoder
+from .request import RequestError
+from .worker import AudioChannel
+
+logger = logging.getLogger(__name__)
+
+
+def first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def error_response(status: int, message: str, **headers):
+    from starlette.responses import Response
+
+    return Response(error_body(status, message), status_code=status, headers=headers or None,
+                    media_type="application/json")
+
+
+def failure_response(e: BaseException):
+    """A job's exception → 4xx for the caller's mistakes, 500 (logged) for ours."""
+    if isinstance(e, RequestError):
+        return error_response(e.status, first_line(e))
+    if isinstance(e, MossTTSError):
+        return error_response(400, first_line(e))
+    logger.error("speech request failed", exc_info=e)
+    return error_response(500, f"internal error: {first_line(e)}")
+
+
+def busy_response():
+    return error_response(503, "busy: too many requests are waiting", **{"Retry-After": "2"})
+
+
+async def no_response(scope, receive, send) -> None:
+    """For a client that already left: nothing can be delivered."""
+
+
+async def client_gone(receive) -> None:
+    """Returns when the client disconnects (the body has been read: nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(receive, awaitable):
+    """(True, result) or (False, None) when the client left first."""
+    task, gone = asyncio.ensure_future(awaitable), asyncio.ensure_future(client_gone(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    return False, None
+
+
+class AudioStream:
+    """A streamed response fed by an AudioChannel. A client that leaves, or whose socket stays
+    full for `timeout` s, is dropped and its generation cancelled."""
+
+    def __init__(self, first, channel: AudioChannel, encoder: StreamEncoder, timeout: float):
+        self.first, self.channel, self.encoder, self.timeout = first, channel, encoder, timeout
+
+    async def __call__(self, scope, receive, send):
+        pump = asyncio.ensure_future(self._pump(send))
+        gone = asyncio.ensure_future(client_gone(receive))
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.channel.cancelled.set()      # the worker stops at its next chunk
+            pump.cancel()
+            gone.cancel()
+
+    async def _send(self, send, body: bytes, more: bool) -> bool:
+        try:
+            await asyncio.wait_for(send({"type": "http.response.body", "body": body,
+                                         "more_body": more}), self.timeout)
+            return True
+        except asyncio.TimeoutError:
+            logger.warning("dropped a streaming client that stopped reading for %.0f s",
+                           self.timeout)
+            return False
+
+    async def _pump(self, send):
+        r = self.encoder.layout
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", self.encoder.media_type.encode()), (b"cache-control", b"no-cache"),
+            (b"x-audio-sample-rate", str(r.rate).encode()),
+            (b"x-audio-channels", str(r.channels).encode())]})
+        kind, value = self.first
+        while kind == "audio":
+            if not await self._send(send, self.encoder.chunk(value), True):
+                return
+            kind, value = await self.channel.get()
+        if kind == "end":
+            await self._send(send, self.encoder.end(), False)
+            return
+        logger.error("speech stream failed after it started: %s", first_line(value),
+                     exc_info=value if not isinstance(value, MossTTSError) else None)
+        event = self.encoder.error(first_line(value))
+        if event is not None:
+            await self._send(send, event, False)
+        # raw audio: returning unfinished makes the server close the connection mid-body

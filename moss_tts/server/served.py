@@ -1,0 +1,77 @@
+"""The registry of served models: each loaded TTS behind its own worker (worker.py), what the
+event loop may know of it without touching it, and how a request picks one. The routes
+(app.py) and the live endpoint (live.py) reach the models only through it."""
+
+from __future__ import annotations
+
+from ..errors import InputError
+from ..knobs import synthesis_keywords
+from .request import RequestError, decode_upload
+from .responses import first_line
+from .worker import ModelWorker
+
+# OpenAI's model names: a request naming one (or none) is served by the first model
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
+class ServedModel:
+    """One loaded TTS behind its own worker, and what the event loop may know of it without
+    touching it (only the worker thread uses the model)."""
+
+    def __init__(self, name: str, tts, queue_depth: int, thread_name: str):
+        from ..models.registry import family
+
+        self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
+        self.family = family(type(tts).FAMILY)
+        self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
+        self.worker = ModelWorker(tts, queue_depth, thread_name)
+
+    def stream_keywords(self, req) -> dict:
+        """`stream`'s keywords for a request's knobs: the family's options over its defaults,
+        each knob checked against the family's own bounds. OpenAI clients send `instructions`
+        to any model: a family without a style prompt ignores it."""
+        try:
+            return synthesis_keywords(self.family, req.knobs, "request",
+                                      lenient=("instruction",), given_as=req.given_as)
+        except InputError as e:
+            raise RequestError(400, first_line(e)) from None
+
+
+class ServedModels:
+    """name → ServedModel, the first being the default (it also answers to OpenAI's names);
+    each model gets its own worker. `voices_root` is where stored voices live (None: the
+    user's voices directory); `write_timeout` how long any response may wait for its client."""
+
+    def __init__(self, models: dict, queue_depth: int, voices_root, write_timeout: float):
+        self.models = {name: ServedModel(name, tts, queue_depth,
+                                         "moss-tts-model" if i == 0 else f"moss-tts-model-{name}")
+                       for i, (name, tts) in enumerate(models.items())}
+        self.default = next(iter(self.models.values()))
+        self.voices_root, self.write_timeout = voices_root, write_timeout
+
+    def pick(self, name: str | None) -> ServedModel:
+        """The request's model: by its name; OpenAI's names (or none) mean the first."""
+        if name is None or name in OPENAI_MODELS:
+            return self.default
+        if name not in self.models:
+            raise RequestError(400, f"unknown model {name!r}; available: "
+                                    f"{', '.join(self.models)} (or {', '.join(OPENAI_MODELS)} "
+                                    f"for {self.default.name})")
+        return self.models[name]
+
+    def live_names(self) -> list[str]:
+        return [name for name, m in self.models.items() if m.live]
+
+    def reference_for(self, model, req):
+        """Worker side: the request's voice, from uploaded audio or a stored name."""
+        from ..voices import list_voices
+
+        if req.reference_audio:
+            return model.encode_reference(*decode_upload(req.reference_audio, "reference_audio"))
+        if req.voice and req.voice in {v["name"] for v in list_voices(self.voices_root)}:
+            return model.voice(req.voice, root=self.voices_root)
+        return None   # OpenAI's voice names (alloy, ...) fall back to the default voice
+
+    def close(self) -> None:
+        for m in self.models.values():
+            m.worker.close()

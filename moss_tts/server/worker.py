@@ -1,0 +1,150 @@
+"""The speech server's model worker: the one thread that uses the model, fed by a bounded line of
+jobs, and the bounded hand-off of streamed audio from that thread to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+from ..errors import BackendError
+
+POLL_SECONDS = 0.05      # how often a worker waiting for buffer room looks for a cancel
+
+
+class OwnedModel:
+    """The model, callable only from the thread that owns it: ggml graphs, caches and the
+    codec's encoder runner are per instance, so a second thread raises instead of racing."""
+
+    def __init__(self, model, owner: threading.Thread):
+        self._model, self._owner = model, owner
+
+    def __getattr__(self, name: str):
+        value = getattr(self._model, name)
+        if not callable(value):
+            return value
+
+        def owned(*args, **kwargs):
+            here = threading.current_thread()
+            if here is not self._owner:
+                raise BackendError(f"model.{name}() called from thread {here.name!r}; the model "
+                                   f"belongs to {self._owner.name!r}: submit the work to it")
+            return value(*args, **kwargs)
+        return owned
+
+
+class ModelWorker:
+    """Runs `job(model)` one at a time on its own thread; at most `depth` jobs wait behind the
+    running one (speech, reference encodes and voice uploads alike)."""
+
+    def __init__(self, model, depth: int, name: str = "moss-tts-model"):
+        self._slots = threading.BoundedSemaphore(depth + 1)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.model = OwnedModel(model, self._thread)
+        self._thread.start()
+
+    def submit(self, job) -> Future | None:
+        """A future of job(model), or None when the line is full (the server answers 503)."""
+        if not self._slots.acquire(blocking=False):
+            return None
+        return self._put(job, frees_slot=True)
+
+    def open_lane(self) -> Lane | None:
+        """A slot held for a long-lived client (a live connection), or None when the line is
+        full: the client counts as one request in the line until `Lane.release`."""
+        return Lane(self) if self._slots.acquire(blocking=False) else None
+
+    def _put(self, job, *, frees_slot: bool) -> Future:
+        future: Future = Future()
+        self._jobs.put((job, future, frees_slot))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, future, frees_slot = item
+            ran, result, error = False, None, None
+            try:
+                if future.set_running_or_notify_cancel():   # False: cancelled while waiting
+                    ran = True
+                    try:
+                        result = job(self.model)
+                    except BaseException as e:  # delivered to the awaiting request
+                        error = e
+            finally:
+                # the slot comes back before the result is seen: a client that has its answer
+                # and asks again at once finds the line as free as it left it
+                if frees_slot:
+                    self._slots.release()
+            if ran and error is not None:
+                future.set_exception(error)
+            elif ran:
+                future.set_result(result)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+class Lane:
+    """One held slot of a worker's line: its jobs join the line like any request's, but never
+    find it full (the slot is already taken), so a live session can always be fed and closed."""
+
+    def __init__(self, worker: ModelWorker):
+        self._worker, self._held = worker, True
+
+    def submit(self, job) -> Future:
+        return self._worker._put(job, frees_slot=False)
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._worker._slots.release()
+
+
+class AudioChannel:
+    """Audio chunks from the worker to one streamed response through a buffer of `size` chunks.
+    A client that stops reading fills it; after `timeout` s without room the worker gives up
+    (`put` returns False), so a stalled reader never holds the model."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, timeout: float):
+        self._loop, self._timeout = loop, timeout
+        self._items: asyncio.Queue = asyncio.Queue()
+        self._room = threading.Semaphore(size)
+        self.cancelled = threading.Event()   # set by either side: stop generating
+        self.stalled = False                 # the worker gave up for lack of room
+
+    def put(self, chunk) -> bool:
+        """Worker side: hand over one chunk; False once the response is gone or stalled."""
+        deadline = time.monotonic() + self._timeout
+        while not self._room.acquire(timeout=POLL_SECONDS):
+            if self.cancelled.is_set():
+                return False
+            if time.monotonic() > deadline:
+                self.stalled = True
+                self.cancelled.set()
+                return False
+        if self.cancelled.is_set():
+            return False
+        self._deliver(("audio", chunk))
+        return True
+
+    def finish(self, kind: str, value=None) -> None:
+        """Worker side: the last item, ("end", None) or ("error", exception); needs no room."""
+        self._deliver((kind, value))
+
+    def _deliver(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:     # the event loop is closed: the server is shutting down
+            self.cancelled.set()
+
+    async def get(self):
+        """Event-loop side: the next (kind, value)."""
+        kind, value = await self._items.get()
+        if kind == "audio":
+            self._room.release()
+        return kind, value

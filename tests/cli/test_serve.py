@@ -1,0 +1,69 @@
+"""`python -m moss_tts serve` as a user starts it: the access flags reach the server."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.server.helpers import call, tiny_model_files
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli-serve")
+    model, codec = tiny_model_files(d)
+    port = free_port()
+    env = os.environ | {"MOSS_TTS_API_KEY": "sk-env", "MOSS_TTS_VOICES": str(d / "voices")}
+    proc = subprocess.Popen([sys.executable, "-m", "moss_tts", "serve", "--model", model,
+                             "--codec", codec, "--port", str(port), "--threads", "1",
+                             "--access-log", "--cors-origin", "http://app.example",
+                             "--allowed-host", "tts.lan", "--write-timeout", "3"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if call(url, "/health", timeout=2)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.2)
+    yield url, port, proc
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_serve_flags_reach_the_server(served):
+    url, port, proc = served
+    assert call(url, "/v1/models")[0] == 401                               # the env key
+    assert call(url, "/v1/models", headers={"Authorization": "Bearer sk-env"})[0] == 200
+    assert call(url, "/health", headers={"Host": f"tts.lan:{port}"})[0] == 200
+    st, h, _ = call(url, "/health", headers={"Origin": "http://app.example"})
+    assert st == 200 and h["access-control-allow-origin"] == "http://app.example"
+    assert call(url, "/health", headers={"Origin": "http://evil.example"})[0] == 403
+    proc.terminate()
+    err = proc.communicate(timeout=10)[1]
+    assert '"GET /v1/models" 401' in err and '"GET /health" 403' in err   # --access-log
+
+
+def test_serve_rejects_a_non_positive_write_timeout():
+    out = subprocess.run([sys.executable, "-m", "moss_tts", "serve", "--write-timeout", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--write-timeout" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MOSS_TTS_API_KEY"}
+    out = subprocess.run([sys.executable, "-m", "moss_tts", "serve", "--host", "0.0.0.0",
+                          "--model", tmp_path / "missing.gguf", "--codec", tmp_path / "c.gguf"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert "without --api-key" in out.stderr and out.returncode != 0

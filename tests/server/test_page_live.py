@@ -1,0 +1,124 @@
+"""The page's live mode in headless Chromium with the tiny MOSS-TTS-Realtime model: it shows
+only when a live model is served, text typed into it is spoken turn by turn (the bytes the page
+receives are the offline speech of that text for the seed), and it sends the API key."""
+
+import time
+
+import pytest
+
+from moss_tts.models.nano_tts import NanoTTS
+from moss_tts.models.realtime_tts import RealtimeTTS
+from moss_tts.server import create_app
+from moss_tts.server.formats import pcm_bytes
+from tests.server.helpers import Served, tiny_model_files, tiny_realtime_files
+from tests.server.test_page import browser, needs_browser  # noqa: F401  (the Chromium fixture)
+
+TEXT = "Hello there, this is typed live."
+MORE = " And a second turn."
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("page_live")
+    realtime, codec = tiny_realtime_files(d)
+    nano, nano_codec = tiny_model_files(d, rate=16000)
+    rt = RealtimeTTS.load(realtime, codec=codec, threads=1)
+    nano_tts = NanoTTS.load(nano, codec=nano_codec, threads=1)
+    yield {"moss-tts-nano": nano_tts, "moss-tts-realtime": rt}
+    rt.close()
+    nano_tts.close()
+
+
+def wait_for(browser, script, want, seconds=60):
+    deadline = time.time() + seconds
+    while (got := browser.execute_script(script)) != want and time.time() < deadline:
+        time.sleep(0.1)
+    assert got == want, f"{script}: {got!r}, expected {want!r}"
+
+
+MODEL_LIST_READ = "return window.liveModel === undefined ? 'unread' : window.liveModel"
+
+
+def live_hidden(browser) -> bool:
+    return browser.execute_script("return document.getElementById('live').hidden")
+
+
+def start_live(browser, seed="5"):
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.ID, "seed").clear()
+    browser.find_element(By.ID, "seed").send_keys(seed)
+    browser.find_element(By.ID, "live-text").clear()
+    browser.find_element(By.ID, "live-start").click()
+
+
+STATUS = "return document.getElementById('live-status').textContent"
+
+
+@needs_browser
+def test_live_mode_speaks_typed_text_turn_by_turn(models, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    s = Served(create_app(models, voices_root=tmp_path))
+    try:
+        browser.get(s.url + "/")
+        wait_for(browser, "return document.getElementById('live').hidden", False, 10)
+        start_live(browser)
+        wait_for(browser, STATUS, "live: type or paste")
+        box = browser.find_element(By.ID, "live-text")
+        box.send_keys(TEXT)                         # one input event per key: deltas
+        # End, then more text in the same JS task: it is typed before turn_done can arrive,
+        # and must wait for it (a turn sent earlier would cut the first turn short)
+        browser.execute_script(
+            "document.getElementById('live-end').click();"
+            "const box = document.getElementById('live-text'); box.value += arguments[0];"
+            "box.dispatchEvent(new Event('input'));", MORE)
+        wait_for(browser, "return window.liveDone.length", 1)
+        want, _ = models["moss-tts-realtime"].synthesize(TEXT, seed=5)
+        done = browser.execute_script("return window.liveDone[0]")
+        assert done["interrupted"] is False                  # the first turn was not cut
+        assert done["seconds"] == pytest.approx(len(want) / 3200, abs=1e-3)
+        browser.find_element(By.ID, "live-end").click()
+        wait_for(browser, "return window.liveDone.length", 2)
+        assert browser.execute_script("return window.liveDone[1].seconds") > 0
+        assert browser.execute_script(STATUS).startswith("turn done: ")
+        assert browser.execute_script("return window.liveBytes") > len(pcm_bytes(want)) > 0
+        browser.find_element(By.ID, "live-start").click()     # Stop
+        wait_for(browser, STATUS, "closed", 10)
+    finally:
+        s.stop()
+
+
+@needs_browser
+def test_live_mode_is_hidden_without_a_live_model(models, browser, tmp_path):
+    s = Served(create_app({"moss-tts-nano": models["moss-tts-nano"]}, voices_root=tmp_path))
+    try:
+        browser.get(s.url + "/")
+        # the section starts hidden: the check means something only once the page has read
+        # /v1/models, which it marks by setting window.liveModel (null: no live model)
+        wait_for(browser, MODEL_LIST_READ, None, 60)
+        assert live_hidden(browser)
+    finally:
+        s.stop()
+
+
+@needs_browser
+def test_live_mode_sends_the_api_key(models, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    s = Served(create_app(models, voices_root=tmp_path, api_key="sk-live"))
+    try:
+        browser.get(s.url + "/")
+        assert live_hidden(browser)                 # /v1/models needs the key too
+        browser.find_element(By.ID, "key").send_keys("sk-live")
+        browser.find_element(By.ID, "text").click()        # the key field's change event
+        wait_for(browser, "return document.getElementById('live').hidden", False, 10)
+        start_live(browser)
+        wait_for(browser, STATUS, "live: type or paste")
+        browser.find_element(By.ID, "live-start").click()     # Stop
+        wait_for(browser, STATUS, "closed", 10)
+        browser.execute_script("document.getElementById('key').value = ''")   # no event
+        browser.find_element(By.ID, "live-start").click()     # again, without the key
+        wait_for(browser, STATUS, "error: refused (is the API key right?)")
+    finally:
+        s.stop()
