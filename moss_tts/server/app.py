@@ -30,8 +30,8 @@ from ..voices import add_voice, check_name, codec_info, list_voices, remove_voic
 from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
 from .live import live_endpoint
-from .request import (RequestError, check_content_type, decode_upload, parse_speech, parse_voice,
-                      read_body)
+from .request import (MAX_INPUT_CHARS, RequestError, check_content_type, decode_upload,
+                      parse_speech, parse_voice, read_body)
 from .responses import (AudioStream, busy_response, error_response, failure_response,
                         first_line, no_response, unless_client_leaves)
 from .served import ServedModels
@@ -157,7 +157,8 @@ async def models(request):
 
     return JSONResponse({"object": "list", "data": [
         {"id": name, "object": "model", "owned_by": "moss-tts", "sample_rate": m.sample_rate,
-         "channels": m.channels, "live": m.live}
+         "channels": m.channels, "live": m.live, "codec": m.codec,
+         "max_input_chars": MAX_INPUT_CHARS}     # of `input`, and of a live message's text
         for name, m in request.app.state.served.models.items()]})
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..knobs import synthesis_keywords
+from ..reference import codec_info
 from .request import RequestError, decode_upload
 from .responses import first_line
 from .worker import ModelWorker
@@ -24,6 +25,8 @@ class ServedModel:
         self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
         self.family = family(type(tts).FAMILY)
         self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
+        # what its voices must have been made by (the page lists only those); None: no codec
+        self.codec = None if getattr(tts, "codec", None) is None else codec_info(tts.codec)
         self.worker = ModelWorker(tts, queue_depth, thread_name)
 
     def stream_keywords(self, req) -> dict:

@@ -107,7 +107,7 @@ class StubTTS:
     model = "stub"      # open: CodecTTS's checks below see a loaded model
     # stored voices as every model
     voice, _need_codec, _need_open = CodecTTS.voice, CodecTTS._need_codec, CodecTTS._need_open
-    _reference = CodecTTS._reference
+    _reference, _check_voice_codec = CodecTTS._reference, CodecTTS._check_voice_codec
 
     def __init__(self, chunk_frames=32, hold_encode=False):
         self.chunk = np.full((chunk_frames, 2), 0.25, np.float32)

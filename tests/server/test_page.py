@@ -72,6 +72,44 @@ def speak(browser, text, seed="5"):
     raise AssertionError("the page did not finish")
 
 
+def wait_for(browser, script, want, seconds=60):
+    """Polls `script` in the page until it returns `want` (the page's own requests run on)."""
+    deadline = time.time() + seconds
+    while (got := browser.execute_script(script)) != want and time.time() < deadline:
+        time.sleep(0.1)
+    assert got == want, f"{script}: {got!r}, expected {want!r}"
+
+
+def open_page(browser, url, loads=1):
+    """Loads the page and waits until it has read the model and voice lists `loads` times."""
+    browser.get(url + "/")
+    wait_for(browser, f"return window.loads >= {loads}", True)
+
+
+def pick_model(browser, name):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element(By.ID, "model")).select_by_value(name)
+
+
+def enter_key(browser, key):
+    """Types the key into its field (shown once the server answered 401) and leaves the field,
+    which makes the page read its lists again."""
+    from selenium.webdriver.common.by import By
+
+    loads = browser.execute_script("return window.loads")
+    wait_for(browser, "return document.getElementById('key-row').hidden", False, 10)
+    browser.find_element(By.ID, "key").send_keys(key)
+    browser.find_element(By.ID, "seed").click()      # the key field's change event
+    wait_for(browser, f"return window.loads > {loads}", True)
+
+
+VOICES = "return [...document.getElementById('voice').options].map(o => o.value)"
+STATUS = "return document.getElementById('status').textContent"
+KEY_HINT = "return document.getElementById('key-hint').textContent"
+
+
 def player_duration(browser):
     return browser.execute_script(
         "const p = document.getElementById('player'); return new Promise(r => "
@@ -159,6 +197,48 @@ def test_the_page_works_with_an_api_key(tmp_path, browser):
         while browser.execute_script(voices) != ["", "amy"] and time.time() < deadline:
             time.sleep(0.1)
         assert browser.execute_script(voices) == ["", "amy"]
+    finally:
+        s.stop()
+
+
+@needs_browser
+def test_the_page_says_up_front_that_the_server_needs_a_key(tmp_path, browser):
+    """Issue 23, hole 9c: the key field and a hint show as the page loads, before any Speak;
+    a server without a key shows no key field."""
+    from selenium.webdriver.common.by import By
+
+    keyed = Served(create_app(FailingTTS(), voices_root=tmp_path, api_key="sk-page"))
+    open_server = Served(create_app(FailingTTS(), voices_root=tmp_path))
+    try:
+        open_page(browser, keyed.url)
+        assert browser.find_element(By.ID, "key").is_displayed()
+        assert browser.execute_script(KEY_HINT) == "this server needs an API key"
+        assert browser.execute_script(STATUS) == ""          # nothing was spoken yet
+        open_page(browser, open_server.url)
+        assert not browser.find_element(By.ID, "key").is_displayed()
+    finally:
+        keyed.stop()
+        open_server.stop()
+
+
+@needs_browser
+def test_the_old_error_clears_once_the_right_key_is_entered(tmp_path, browser):
+    """Issue 23, hole 9c: the 401 of a Speak without the key stayed on screen after the right
+    key was entered; a wrong key says so."""
+    from selenium.webdriver.common.by import By
+
+    s = Served(create_app(FailingTTS(), voices_root=tmp_path, api_key="sk-page"))
+    try:
+        open_page(browser, s.url)
+        assert speak(browser, "fine").startswith("error: missing or wrong API key")
+        enter_key(browser, "sk-wrong")
+        assert browser.execute_script(KEY_HINT) == "the API key was refused: check it"
+        assert browser.execute_script(STATUS).startswith("error: missing or wrong API key")
+        browser.find_element(By.ID, "key").clear()
+        enter_key(browser, "sk-page")
+        assert browser.execute_script(STATUS) == ""          # the request with the key succeeded
+        assert browser.execute_script(KEY_HINT) == ""
+        assert speak(browser, "fine").endswith(" s")
     finally:
         s.stop()
 

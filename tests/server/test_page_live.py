@@ -1,17 +1,21 @@
 """The page's live mode in headless Chromium with the tiny MOSS-TTS-Realtime model: it shows
-only when a live model is served, text typed into it is spoken turn by turn (the bytes the page
-receives are the offline speech of that text for the seed), and it sends the API key."""
+only when a live model is picked, text typed into it is spoken turn by turn (the bytes the page
+receives are the offline speech of that text for the seed), it sends the API key, and a paste
+longer than one message may hold is sent in pieces (with a stub live model)."""
 
 import time
 
+import numpy as np
 import pytest
 
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.models.realtime_tts import RealtimeTTS
+from moss_tts.sampling import RealtimeSamplingOptions
 from moss_tts.server import create_app
 from moss_tts.server.formats import pcm_bytes
 from tests.server.helpers import Served, tiny_model_files, tiny_realtime_files
-from tests.server.test_page import browser, needs_browser  # noqa: F401  (the Chromium fixture)
+from tests.server.test_page import (browser, enter_key, needs_browser, open_page,  # noqa: F401
+                                    pick_model, wait_for)                 # (browser: the fixture)
 
 TEXT = "Hello there, this is typed live."
 MORE = " And a second turn."
@@ -27,13 +31,6 @@ def models(tmp_path_factory):
     yield {"moss-tts-nano": nano_tts, "moss-tts-realtime": rt}
     rt.close()
     nano_tts.close()
-
-
-def wait_for(browser, script, want, seconds=60):
-    deadline = time.time() + seconds
-    while (got := browser.execute_script(script)) != want and time.time() < deadline:
-        time.sleep(0.1)
-    assert got == want, f"{script}: {got!r}, expected {want!r}"
 
 
 MODEL_LIST_READ = "return window.liveModel === undefined ? 'unread' : window.liveModel"
@@ -61,8 +58,10 @@ def test_live_mode_speaks_typed_text_turn_by_turn(models, browser, tmp_path):
 
     s = Served(create_app(models, voices_root=tmp_path))
     try:
-        browser.get(s.url + "/")
-        wait_for(browser, "return document.getElementById('live').hidden", False, 10)
+        open_page(browser, s.url)
+        assert live_hidden(browser)                   # the first model, Nano, has no live mode
+        pick_model(browser, "moss-tts-realtime")
+        assert not live_hidden(browser)
         start_live(browser)
         wait_for(browser, STATUS, "live: type or paste")
         box = browser.find_element(By.ID, "live-text")
@@ -108,11 +107,11 @@ def test_live_mode_sends_the_api_key(models, browser, tmp_path):
 
     s = Served(create_app(models, voices_root=tmp_path, api_key="sk-live"))
     try:
-        browser.get(s.url + "/")
+        open_page(browser, s.url)
         assert live_hidden(browser)                 # /v1/models needs the key too
-        browser.find_element(By.ID, "key").send_keys("sk-live")
-        browser.find_element(By.ID, "text").click()        # the key field's change event
-        wait_for(browser, "return document.getElementById('live').hidden", False, 10)
+        enter_key(browser, "sk-live")
+        pick_model(browser, "moss-tts-realtime")
+        assert not live_hidden(browser)
         start_live(browser)
         wait_for(browser, STATUS, "live: type or paste")
         browser.find_element(By.ID, "live-start").click()     # Stop
@@ -120,5 +119,78 @@ def test_live_mode_sends_the_api_key(models, browser, tmp_path):
         browser.execute_script("document.getElementById('key').value = ''")   # no event
         browser.find_element(By.ID, "live-start").click()     # again, without the key
         wait_for(browser, STATUS, "error: refused (is the API key right?)")
+    finally:
+        s.stop()
+
+
+class PasteSession:
+    """Keeps the text it is pushed (one string per session in `texts`); says nothing until the
+    turn's end, then a short chunk."""
+
+    def __init__(self, texts: list):
+        self.texts = texts
+        texts.append("")
+
+    def push_text(self, ch):
+        self.texts[-1] += ch
+        return np.zeros(0, np.float32)
+
+    def end_text(self):
+        pass
+
+    def drain(self):
+        yield np.full(320, 0.1, np.float32)
+
+    def new_turn(self, user_text=None):
+        pass
+
+    def close(self):
+        pass
+
+
+class PasteModel:
+    """A live model whose sessions keep what the page sent them."""
+
+    sample_rate, channels, OPTIONS, FAMILY = 3200, 1, RealtimeSamplingOptions, RealtimeTTS.FAMILY
+
+    def __init__(self):
+        self.texts: list[str] = []
+
+    def session(self, voice=None, **kwargs):
+        return PasteSession(self.texts)
+
+
+# longer than the server takes in one message (request.MAX_INPUT_CHARS), with a character
+# outside the BMP (two UTF-16 units) across the first 4,096-unit boundary: a cut inside it
+# would send two halves the server cannot join back
+LONG_PASTE = ("A long pasted text. " * 205)[:4095] + "\U0001F600" + " And on it goes." * 80
+
+
+@needs_browser
+def test_a_long_paste_is_sent_in_pieces_and_again_after_a_restart(browser, tmp_path):
+    """Issue 23, hole 9d: a paste past the per-message limit was one message, which the server
+    refused, ending the session; a restart sent the same text and failed again."""
+    from selenium.webdriver.common.by import By
+
+    model = PasteModel()
+    s = Served(create_app({"moss-tts-realtime": model}, voices_root=tmp_path))
+    paste = ("const box = document.getElementById('live-text'); box.value = arguments[0];"
+             "box.dispatchEvent(new Event('input'));")
+    try:
+        open_page(browser, s.url)
+        start_live(browser)
+        wait_for(browser, STATUS, "live: type or paste")
+        browser.execute_script(paste, LONG_PASTE)
+        browser.find_element(By.ID, "live-end").click()
+        wait_for(browser, "return window.liveDone.length", 1)
+        assert model.texts == [LONG_PASTE]
+        assert browser.execute_script(STATUS).startswith("turn done: ")
+        browser.find_element(By.ID, "live-start").click()     # Stop
+        wait_for(browser, STATUS, "closed", 10)
+        browser.find_element(By.ID, "live-start").click()     # a restart speaks the box again
+        wait_for(browser, STATUS, "live: type or paste")
+        browser.find_element(By.ID, "live-end").click()
+        wait_for(browser, "return window.liveDone.length", 1)
+        assert model.texts == [LONG_PASTE, LONG_PASTE]
     finally:
         s.stop()
