@@ -33,9 +33,6 @@ def models(tmp_path_factory):
     nano_tts.close()
 
 
-MODEL_LIST_READ = "return window.liveModel === undefined ? 'unread' : window.liveModel"
-
-
 def live_hidden(browser) -> bool:
     return browser.execute_script("return document.getElementById('live').hidden")
 
@@ -92,10 +89,10 @@ def test_live_mode_speaks_typed_text_turn_by_turn(models, browser, tmp_path):
 def test_live_mode_is_hidden_without_a_live_model(models, browser, tmp_path):
     s = Served(create_app({"moss-tts-nano": models["moss-tts-nano"]}, voices_root=tmp_path))
     try:
-        browser.get(s.url + "/")
         # the section starts hidden: the check means something only once the page has read
-        # /v1/models, which it marks by setting window.liveModel (null: no live model)
-        wait_for(browser, MODEL_LIST_READ, None, 60)
+        # /v1/models (open_page waits for that)
+        open_page(browser, s.url)
+        assert browser.execute_script("return window.liveModel") is None
         assert live_hidden(browser)
     finally:
         s.stop()
