@@ -8,6 +8,8 @@ the app's registry of served models (served.py, kept in `app.state.served`). All
 a bounded line (worker.py), so one model object is never used by two threads; a full line
 answers 503 with Retry-After. Requests are checked before any work (request.py), access rules
 sit in front (access.py), audio encodings are in formats.py, answers in responses.py.
+No exception reaches Starlette's or
+uvicorn's plain-text 500: the Guard (responses.py) answers it in OpenAI's shape.
 
 Endpoints: POST /v1/audio/speech, WebSocket /v1/audio/live (live.py), GET /v1/models,
 GET/POST/DELETE /v1/audio/voices, GET /health, and a browser page at / (page.html).
@@ -27,12 +29,12 @@ import numpy as np
 from ..audio import time_stretch
 from ..errors import InputError
 from ..voices import add_voice, check_name, codec_info, list_voices, remove_voice
-from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name
+from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_denials
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
 from .live import live_endpoint
 from .request import (RequestError, check_content_type, decode_upload, parse_speech, parse_voice,
                       read_body)
-from .responses import (AudioStream, busy_response, error_response, failure_response,
+from .responses import (AudioStream, Guard, busy_response, error_response, failure_response,
                         first_line, no_response, unless_client_leaves)
 from .served import ServedModels
 from .worker import AudioChannel
@@ -52,6 +54,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     this call; a voice upload is encoded by the codec of the model it names (default: the
     first), and a voice is refused by a model whose codec did not make it."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute
 
     app = Starlette(routes=[
@@ -63,11 +66,12 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
         WebSocketRoute("/v1/audio/live", live_endpoint),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, middleware=[Middleware(Guard)])
     app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
                                     queue_depth, voices_root, write_timeout or WRITE_TIMEOUT)
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
-    gated = Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None)
+    quiet_uvicorn_denials()
+    gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
     return AccessLog(gated) if access_log else gated
 
 
