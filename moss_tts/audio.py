@@ -340,7 +340,9 @@ def _patch_offset(stream) -> int | None:
 
 def time_stretch(x: np.ndarray, rate: float, sample_rate: int) -> np.ndarray:
     """Change tempo by `rate` (> 1 faster) keeping pitch: a phase vocoder over 2048-sample
-    frames (about 43 ms at 48 kHz), x [n, channels] → [≈ n / rate, channels]."""
+    frames (about 43 ms at 48 kHz), x [n, channels] → [round(n / rate), channels]. Any length
+    works: the input gets a frame of silence after it, so audio shorter than a frame (a
+    one-word answer) still fills whole frames, and the output is cut to the stretched length."""
     if rate == 1.0:
         return x
     if not 0.25 <= rate <= 4.0:
@@ -349,6 +351,10 @@ def time_stretch(x: np.ndarray, rate: float, sample_rate: int) -> np.ndarray:
 
     nfft = 2048 if sample_rate >= 16000 else 256
     hop = nfft // 4
+    n_out = round(len(x) / rate)
+    if n_out == 0:
+        return np.zeros((0, x.shape[1]), np.float32)
+    x = np.concatenate([x, np.zeros((nfft, x.shape[1]), x.dtype)])
     out = []
     for ch in range(x.shape[1]):
         _, _, spec = stft(x[:, ch], nperseg=nfft, noverlap=nfft - hop, boundary="zeros")
@@ -365,7 +371,7 @@ def time_stretch(x: np.ndarray, rate: float, sample_rate: int) -> np.ndarray:
             phase = phase + advance + (delta - 2 * np.pi * np.round(delta / (2 * np.pi)))
         _, y = istft(frames, nperseg=nfft, noverlap=nfft - hop, boundary=True)
         out.append(y)
-    n = min(len(y) for y in out)
+    n = min(n_out, *(len(y) for y in out))
     return np.stack([y[:n] for y in out], axis=1).astype(np.float32)
 
 

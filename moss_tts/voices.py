@@ -85,16 +85,32 @@ def list_voices(root: Path | None = None) -> list[dict]:
     root = Path(root) if root else voices_dir()
     if not root.is_dir():
         return []
-    names = {p.name[: -len(SUFFIX)] for p in root.glob(f"*{SUFFIX}")}
-    names |= {p.stem for p in root.glob("*.npy")}
-    out = []
-    for name in sorted(names):
-        try:
-            info = _stored(name, root)[1]
-        except InputError:  # a bad file name or a damaged file: list it, without details
-            info = {}
-        out.append({"name": name, **info})
-    return out
+    names = {name for p in root.iterdir() if (name := voice_of(p.name)) is not None}
+    return [{"name": name, **voice_info(name, root)} for name in sorted(names)]
+
+
+def voice_of(file_name: str) -> str | None:
+    """The voice that a file of the voices directory stores (NAME.voice.npz, or an older
+    NAME.npy), or None for any other file (a hidden `.….partial` being written, NAME.json)."""
+    if file_name.startswith("."):
+        return None
+    if file_name.endswith(SUFFIX):
+        return file_name[: -len(SUFFIX)]
+    return file_name[: -len(".npy")] if file_name.endswith(".npy") else None
+
+
+def voice_info(name: str, root: Path | None = None) -> dict:
+    """What `add_voice` recorded of a stored voice (codec, frames, source), read without its
+    codes; {} for a bad name or a damaged file, which a listing shows without details."""
+    try:
+        path, legacy = _paths(name, root)
+        if path.exists():
+            with np.load(path, allow_pickle=False) as z:   # an npz reads members on demand
+                return json.loads(str(z["info"]))
+        info_path = legacy.with_suffix(".json")
+        return json.loads(info_path.read_text()) if info_path.exists() else {}
+    except (InputError, OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return {}
 
 
 def remove_voice(name: str, *, root: Path | None = None) -> None:

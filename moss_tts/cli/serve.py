@@ -29,7 +29,7 @@ def _serve(args) -> int:
     app = create_app(models, queue_depth=args.queue, api_key=api_key,
                      cors_origins=args.cors_origin, allowed_hosts=args.allowed_host,
                      bind_host=args.host, access_log=args.access_log,
-                     write_timeout=args.write_timeout)
+                     write_timeout=args.write_timeout, max_voices=args.max_voices)
     say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
                f"/v1/audio/speech{', API key required' if api_key else ''})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -38,6 +38,7 @@ def _serve(args) -> int:
 
 def add_parser(sub, common) -> None:
     from ..models.registry import DEFAULT
+    from ..server.voice_index import MAX_VOICES
 
     p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
                        parents=[common])
@@ -64,6 +65,9 @@ def add_parser(sub, common) -> None:
     p.add_argument("--access-log", action="store_true", help="log one line per request")
     p.add_argument("--write-timeout", type=positive_float, default=None, metavar="SECONDS",
                    help="drop a streaming client that reads nothing for this long (default 15)")
+    p.add_argument("--max-voices", type=positive_int, default=MAX_VOICES, metavar="N",
+                   help="voices the voices directory may hold before POST /v1/audio/voices "
+                        "answers 409 (default %(default)s)")
     add_runtime_flags(p)
     p.set_defaults(func=_serve)
 

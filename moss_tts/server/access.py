@@ -4,11 +4,13 @@ foreign Origins (cross-site writes), the optional API key, CORS, and the access 
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import json
 import logging
 import time
 
+logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("moss_tts.access")
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -41,15 +43,17 @@ def split_host(value: str) -> tuple[str, int | None]:
     name, sep, port = value.rpartition(":")
     if not sep or name.endswith(":") or (value.startswith("[") and not name.endswith("]")):
         return value.lower(), None          # no port (or a bare IPv6 literal)
-    return name.lower(), int(port) if port.isdigit() else -1
+    # a port's five digits at most: int() of 4,300 digits raises (a plain-text 500 once)
+    return name.lower(), int(port) if port.isdigit() and len(port) <= 5 else -1
 
 
 class Gate:
-    """Refuses, before any work: a Host outside the allow-list (400), a foreign Origin (403),
-    and — with an API key — a request without `Authorization: Bearer KEY` (401) on every path
-    but /health and the page. WebSocket handshakes pass the same checks (the key may also come
-    as `?api_key=`). CORS preflights are answered by the inner CORS layer, which sits between
-    the origin check and the key check."""
+    """Refuses, before any work: a Host outside the allow-list (400), a foreign Origin or more
+    than one Origin header (403: of two, the last one won, so a foreign one could hide behind
+    the page's own), and — with an API key — a request without `Authorization: Bearer KEY`
+    (401) on every path but /health and the page. WebSocket handshakes pass the same checks
+    (the key may also come as `?api_key=`). CORS preflights are answered by the inner CORS
+    layer, which sits between the origin check and the key check."""
 
     def __init__(self, app, *, hosts: set[str], origins: set[str], api_key: str | None):
         from starlette.middleware.cors import CORSMiddleware
@@ -72,7 +76,11 @@ class Gate:
                 server_port is not None and (port or (443 if secure else 80)) != server_port)):
             return await refuse(scope, receive, send, 400, f"Host {host!r} is not served here; "
                                 "start the server with --allowed-host NAME to add a name")
-        origin = headers.get("origin")
+        origins = [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"origin"]
+        if len(origins) > 1:
+            return await refuse(scope, receive, send, 403, f"{len(origins)} Origin headers: a "
+                                "request comes from one origin; send one Origin header")
+        origin = origins[0] if origins else None
         if origin is not None and origin not in self.origins \
                 and origin != f"{'https' if secure else 'http'}://{host}":
             return await refuse(scope, receive, send, 403, f"cross-origin requests from "
@@ -112,9 +120,13 @@ def given_key(scope) -> str:
 async def refuse(scope, receive, send, status: int, message: str, code: str | None = None,
                  headers: tuple = ()) -> None:
     """An HTTP error answer; for a WebSocket handshake the same answer when the server can send
-    one (ASGI's denial-response extension), else a close before accept (the client sees 403)."""
+    one (ASGI's denial-response extension), else a close before accept (the client sees 403).
+    A refused handshake is one INFO line, as the access log is for HTTP."""
     if scope["type"] == "http":
         return await send_error(send, status, message, code, headers)
+    client = scope.get("client") or ("-", 0)
+    logger.info("refused a WebSocket handshake from %s: %d %s", client[0], status, message)
+    DENIED.set(True)    # this connection's task: see DenialNoise
     await receive()   # websocket.connect
     if "websocket.http.response" not in scope.get("extensions", {}):
         return await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
@@ -123,6 +135,28 @@ async def refuse(scope, receive, send, status: int, message: str, code: str | No
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "websocket.http.response.body", "body": body})
+
+
+DENIED = contextvars.ContextVar("moss_tts_handshake_denied", default=False)
+UVICORN_DENIAL_NOISE = "ASGI callable returned without completing handshake."
+
+
+class DenialNoise(logging.Filter):
+    """uvicorn's websockets-sansio protocol (0.54; Kludex/uvicorn#3138, open) logs
+    UVICORN_DENIAL_NOISE at ERROR after every denial response, though the client got the
+    answer. uvicorn logs it in the connection's task right after the app returns, where
+    refuse() has set DENIED: only that record is dropped, any other stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (DENIED.get() and record.getMessage() == UVICORN_DENIAL_NOISE)
+
+
+DENIAL_NOISE = DenialNoise()
+
+
+def quiet_uvicorn_denials() -> None:
+    """Installs DenialNoise on uvicorn's error logger (once: addFilter skips a filter it has)."""
+    logging.getLogger("uvicorn.error").addFilter(DENIAL_NOISE)
 
 
 class AccessLog:

@@ -7,7 +7,9 @@ the app's registry of served models (served.py, kept in `app.state.served`). All
 (synthesis, reference decode + encode, voice uploads) runs on its model's worker thread behind
 a bounded line (worker.py), so one model object is never used by two threads; a full line
 answers 503 with Retry-After. Requests are checked before any work (request.py), access rules
-sit in front (access.py), audio encodings are in formats.py, answers in responses.py.
+sit in front (access.py), audio encodings are in formats.py, answers in responses.py, and
+stored voices are listed from an index (voice_index.py). No exception reaches Starlette's or
+uvicorn's plain-text 500: the Guard (responses.py) answers it in OpenAI's shape.
 
 Endpoints: POST /v1/audio/speech, WebSocket /v1/audio/live (live.py), GET /v1/models,
 GET/POST/DELETE /v1/audio/voices, GET /health, and a browser page at / (page.html).
@@ -26,15 +28,16 @@ import numpy as np
 
 from ..audio import time_stretch
 from ..errors import InputError
-from ..voices import add_voice, check_name, codec_info, list_voices, remove_voice
-from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name
+from ..voices import check_name, codec_info
+from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_denials
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
 from .live import live_endpoint
 from .request import (MAX_INPUT_CHARS, RequestError, check_content_type, decode_upload,
                       parse_speech, parse_voice, read_body)
-from .responses import (AudioStream, busy_response, error_response, failure_response,
+from .responses import (AudioStream, Guard, busy_response, error_response, failure_response,
                         first_line, no_response, unless_client_leaves)
 from .served import ServedModels
+from .voice_index import MAX_VOICES, VoiceIndex
 from .worker import AudioChannel
 
 logger = logging.getLogger(__name__)
@@ -46,12 +49,14 @@ STREAM_BUFFER = 32       # chunks (frames) buffered per streaming client
 def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                voices_root=None, api_key: str | None = None, cors_origins=(),
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
-               write_timeout: float | None = None):
+               write_timeout: float | None = None, max_voices: int = MAX_VOICES):
     """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
     name → TTS, the first being the default. Only a model's worker thread touches it after
     this call; a voice upload is encoded by the codec of the model it names (default: the
-    first), and a voice is refused by a model whose codec did not make it."""
+    first), and a voice is refused by a model whose codec did not make it, or when
+    `max_voices` are stored."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute
 
     app = Starlette(routes=[
@@ -63,11 +68,13 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
         WebSocketRoute("/v1/audio/live", live_endpoint),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, middleware=[Middleware(Guard)])
     app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
-                                    queue_depth, voices_root, write_timeout or WRITE_TIMEOUT)
+                                    queue_depth, VoiceIndex(voices_root, max_voices),
+                                    write_timeout or WRITE_TIMEOUT)
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
-    gated = Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None)
+    quiet_uvicorn_denials()
+    gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
     return AccessLog(gated) if access_log else gated
 
 
@@ -101,13 +108,14 @@ async def upload_voice(request):
         name, audio, model_name = parse_voice(await read_body(request))
         check_name(name)
         owner = served.pick(model_name)
+        await asyncio.to_thread(served.voices.check_room)   # before the audio is decoded
     except (RequestError, InputError) as e:
         return error_response(getattr(e, "status", 400), first_line(e))
 
     def job(model):
         ref = model.encode_reference(*decode_upload(audio, "audio"))
-        add_voice(name, ref.codes, {"source": "upload", "model": owner.name} |
-                  codec_info(model.codec), root=served.voices_root)
+        served.voices.add(name, ref.codes, {"source": "upload", "model": owner.name} |
+                          codec_info(model.codec))
         return int(ref.codes.shape[0])
 
     future = owner.worker.submit(job)
@@ -126,7 +134,9 @@ async def upload_voice(request):
 async def voices(request):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"voices": list_voices(request.app.state.served.voices_root)})
+    # from the index, in a thread: the event loop never reads voice files
+    listing = await asyncio.to_thread(request.app.state.served.voices.listing)
+    return JSONResponse({"voices": listing})
 
 
 async def delete_voice(request):
@@ -134,7 +144,7 @@ async def delete_voice(request):
 
     name = request.path_params["name"]
     try:
-        remove_voice(name, root=request.app.state.served.voices_root)
+        await asyncio.to_thread(request.app.state.served.voices.remove, name)
     except InputError as e:
         return error_response(404 if "no voice" in str(e) else 400, first_line(e))
     return JSONResponse({"deleted": name})

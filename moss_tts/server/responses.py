@@ -1,6 +1,7 @@
 """How the speech server answers: errors in OpenAI's shape (4xx for the caller's mistakes, a
-logged 500 for ours), the busy answer, a response for a client that already left, and the
-streamed response fed by a worker's AudioChannel."""
+logged 500 for ours), the guard that gives any escaped exception that shape, the busy answer,
+a response for a client that already left, and the streamed response fed by a worker's
+AudioChannel."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import logging
 
 from ..errors import MossTTSError
-from .access import error_body
+from .access import error_body, refuse
 from .formats import StreamEncoder
 from .request import RequestError
 from .worker import AudioChannel
@@ -33,8 +34,60 @@ def failure_response(e: BaseException):
         return error_response(e.status, first_line(e))
     if isinstance(e, MossTTSError):
         return error_response(400, first_line(e))
-    logger.error("speech request failed", exc_info=e)
+    log_internal("speech request failed", e)
     return error_response(500, f"internal error: {first_line(e)}")
+
+
+def log_internal(what: str, e: BaseException) -> None:
+    """One ERROR line for a failure of ours (the type, message and the innermost frame); the
+    traceback goes to debug logging (`--debug`), so a failing route cannot flood the log."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+    logger.error("%s: %s: %s%s", what, type(e).__name__, first_line(e), where)
+    logger.debug("%s", what, exc_info=e)
+
+
+class Guard:
+    """ASGI middleware with the last word on an exception a route did not answer: OpenAI's JSON
+    500 and one ERROR line (log_internal), where Starlette and uvicorn would answer a plain-text
+    500 and log tracebacks; a WebSocket not yet accepted is refused the same way. A client that
+    leaves while its request body arrives (Starlette's ClientDisconnect) is an INFO line and
+    no answer. create_app puts one inside Starlette (before its ServerErrorMiddleware answers
+    in plain text) and one around the access rules."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        from starlette.requests import ClientDisconnect
+
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        started = received = False
+
+        async def watched_send(message):
+            nonlocal started
+            started = True
+            await send(message)
+
+        async def watched_receive():
+            nonlocal received
+            received = True
+            return await receive()
+        try:
+            await self.app(scope, watched_receive, watched_send)
+        except ClientDisconnect:
+            logger.info("a client left while sending %s %s", scope.get("method", "its request"),
+                        scope["path"])
+        except Exception as e:  # our bug: the client still gets an answer it can parse
+            log_internal(f"{scope.get('method', 'WebSocket')} {scope['path']} failed", e)
+            if started:          # once an answer has begun, the server can only end it
+                return
+            if scope["type"] == "websocket" and received:   # refuse() would wait for a connect
+                return await send({"type": "websocket.close", "code": 1011})
+            await refuse(scope, receive, send, 500, f"internal error: {first_line(e)}")
 
 
 def busy_response():
@@ -78,8 +131,14 @@ class AudioStream:
             await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.channel.cancelled.set()      # the worker stops at its next chunk
+            # asyncio.wait_for (Python ≤ 3.11) swallows a cancel that arrives as its write
+            # completes: the pump then waits on the channel, which the stopped worker never
+            # feeds again (left behind, it was collected pending: "Task was destroyed but it
+            # is pending!"). This item wakes it; the pump is awaited, never left behind.
+            self.channel.finish("cancelled")
             pump.cancel()
             gone.cancel()
+            await asyncio.gather(pump, gone, return_exceptions=True)
 
     async def _send(self, send, body: bytes, more: bool) -> bool:
         try:
@@ -104,6 +163,8 @@ class AudioStream:
             kind, value = await self.channel.get()
         if kind == "end":
             await self._send(send, self.encoder.end(), False)
+            return
+        if kind == "cancelled":     # the client left (or stopped reading): nothing more to say
             return
         logger.error("speech stream failed after it started: %s", first_line(value),
                      exc_info=value if not isinstance(value, MossTTSError) else None)

@@ -9,6 +9,7 @@ from ..knobs import synthesis_keywords
 from ..reference import codec_info
 from .request import RequestError, decode_upload
 from .responses import first_line
+from .voice_index import VoiceIndex
 from .worker import ModelWorker
 
 # OpenAI's model names: a request naming one (or none) is served by the first model
@@ -42,15 +43,16 @@ class ServedModel:
 
 class ServedModels:
     """name → ServedModel, the first being the default (it also answers to OpenAI's names);
-    each model gets its own worker. `voices_root` is where stored voices live (None: the
-    user's voices directory); `write_timeout` how long any response may wait for its client."""
+    each model gets its own worker. `voices` indexes the stored voices (voice_index.py);
+    `write_timeout` is how long any response may wait for its client."""
 
-    def __init__(self, models: dict, queue_depth: int, voices_root, write_timeout: float):
+    def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float):
         self.models = {name: ServedModel(name, tts, queue_depth,
                                          "moss-tts-model" if i == 0 else f"moss-tts-model-{name}")
                        for i, (name, tts) in enumerate(models.items())}
         self.default = next(iter(self.models.values()))
-        self.voices_root, self.write_timeout = voices_root, write_timeout
+        self.voices, self.write_timeout = voices, write_timeout
+        self.voices_root = voices.root
 
     def pick(self, name: str | None) -> ServedModel:
         """The request's model: by its name; OpenAI's names (or none) mean the first."""
@@ -66,12 +68,11 @@ class ServedModels:
         return [name for name, m in self.models.items() if m.live]
 
     def reference_for(self, model, req):
-        """Worker side: the request's voice, from uploaded audio or a stored name."""
-        from ..voices import list_voices
-
+        """Worker side: the request's voice, from uploaded audio or a stored name (looked up
+        in the index: reading every voice file per request slowed even `alloy`)."""
         if req.reference_audio:
             return model.encode_reference(*decode_upload(req.reference_audio, "reference_audio"))
-        if req.voice and req.voice in {v["name"] for v in list_voices(self.voices_root)}:
+        if req.voice and self.voices.known(req.voice):
             return model.voice(req.voice, root=self.voices_root)
         return None   # OpenAI's voice names (alloy, ...) fall back to the default voice
 

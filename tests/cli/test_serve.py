@@ -6,9 +6,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
-from tests.server.helpers import call, tiny_model_files
+from moss_tts.voices import add_voice
+from tests.server.helpers import call, silent_wav_b64, tiny_model_files
 
 
 def free_port() -> int:
@@ -23,10 +25,12 @@ def served(tmp_path_factory):
     model, codec = tiny_model_files(d)
     port = free_port()
     env = os.environ | {"MOSS_TTS_API_KEY": "sk-env", "MOSS_TTS_VOICES": str(d / "voices")}
+    add_voice("stored", np.zeros((4, 2), np.int32), {}, root=d / "voices")
     proc = subprocess.Popen([sys.executable, "-m", "moss_tts", "serve", "--model", model,
                              "--codec", codec, "--port", str(port), "--threads", "1",
                              "--access-log", "--cors-origin", "http://app.example",
-                             "--allowed-host", "tts.lan", "--write-timeout", "3"],
+                             "--allowed-host", "tts.lan", "--write-timeout", "3",
+                             "--max-voices", "1"],
                             env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -39,6 +43,15 @@ def served(tmp_path_factory):
     yield url, port, proc
     proc.terminate()
     proc.wait(10)
+
+
+def test_max_voices_reaches_the_server(served):
+    """One voice is stored and serve has --max-voices 1 (this runs before the next test,
+    which stops the server)."""
+    url, _, _ = served
+    status, _, body = call(url, "/v1/audio/voices", {"name": "more", "audio": silent_wav_b64()},
+                           headers={"Authorization": "Bearer sk-env"})
+    assert status == 409 and "--max-voices" in body.decode()
 
 
 def test_serve_flags_reach_the_server(served):

@@ -1,15 +1,19 @@
-"""Who may talk to the speech server: Host allow-list, foreign Origins, JSON-only POSTs, the API
-key, CORS and the access log, against a real uvicorn on loopback (a stub stands in for the
-model; nothing here reaches it unless allowed)."""
+"""Who may talk to the speech server: Host allow-list, foreign Origins (and one Origin header at
+most), JSON-only POSTs, the API key, CORS and the access log, against a real uvicorn on loopback
+(a stub stands in for the model; nothing here reaches it unless allowed)."""
 
+import asyncio
+import http.client
 import json
 import logging
 
 import openai
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from moss_tts.server import create_app
-from moss_tts.server.access import split_host
+from moss_tts.server.access import Gate, split_host
 from tests.server.helpers import Served, StubTTS, call, silent_wav_b64
 
 SPEECH = {"model": "tts-1", "input": "hi", "response_format": "pcm"}
@@ -152,6 +156,59 @@ def test_no_access_log_unless_asked(open_server, caplog):
 @pytest.mark.parametrize("value,want", [
     ("localhost:8080", ("localhost", 8080)), ("[::1]:80", ("[::1]", 80)),
     ("[::1]", ("[::1]", None)),
-    ("Example.COM", ("example.com", None)), ("h:x", ("h", -1))])
+    ("Example.COM", ("example.com", None)), ("h:x", ("h", -1)),
+    pytest.param("h:" + "9" * 5000, ("h", -1), id="a port too long for int()")])
 def test_split_host(value, want):
     assert split_host(value) == want
+
+
+# --- two Origin headers (issue 23, hole 8): the last one won ------------------------------------
+
+
+def test_a_request_with_two_origin_headers_is_refused(open_server):
+    """A foreign Origin followed by the page's own: refused, whichever order."""
+    own = open_server.url
+    for origins in (("http://evil.example", own), (own, "http://evil.example"), (own, own)):
+        conn = http.client.HTTPConnection("127.0.0.1", open_server.port, timeout=20)
+        conn.putrequest("GET", "/v1/models")
+        for origin in origins:
+            conn.putheader("Origin", origin)
+        conn.endheaders()
+        r = conn.getresponse()
+        assert r.status == 403 and "Origin headers" in json.loads(r.read())["error"]["message"]
+        conn.close()
+
+
+def test_a_websocket_handshake_with_two_origin_headers_is_refused(open_server):
+    """On loopback uvicorn's websockets protocol refuses it first (400); the Gate's own check
+    is seen below, where no protocol stands in front of it."""
+    url = open_server.url.replace("http://", "ws://") + "/v1/audio/live"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, additional_headers=[("Origin", "http://evil.example"),
+                                         ("Origin", open_server.url)]).close()
+    assert refused.value.response.status_code in (400, 403)
+
+
+def test_the_gate_refuses_a_websocket_with_two_origin_headers():
+    """A WebSocket scope as a server that passes both headers on (uvicorn's wsproto protocol
+    does) hands it to the app: refused with 403, the inner app never reached."""
+    reached, sent = [], []
+
+    async def inner(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    async def send(message):
+        sent.append(message)
+    own = "http://127.0.0.1:8080"
+    scope = {"type": "websocket", "path": "/v1/audio/live", "scheme": "ws", "query_string": b"",
+             "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5000),
+             "extensions": {"websocket.http.response": {}},
+             "headers": [(b"host", b"127.0.0.1:8080"), (b"origin", b"http://evil.example"),
+                         (b"origin", own.encode())]}
+    gate = Gate(inner, hosts={"127.0.0.1"}, origins=set(), api_key=None)
+    asyncio.run(gate(scope, receive, send))
+    assert reached == [] and sent[0]["type"] == "websocket.http.response.start"
+    assert sent[0]["status"] == 403 and b"Origin headers" in sent[1]["body"]
