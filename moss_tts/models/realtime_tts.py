@@ -273,6 +273,12 @@ class LiveSession(NativeResource):
         return list(self._text_ids)
 
     @property
+    def rows(self) -> tuple[int, int]:
+        """(backbone rows the conversation holds, the most it may hold: max_rows rounded up
+        to the cache's slot alignment)."""
+        return self._stream.position, self._stream.backbone.capacity
+
+    @property
     def closed(self) -> bool:
         """True once `close` ran (by the owner, or the server when its client left)."""
         return getattr(self, "_closed", True)
