@@ -53,10 +53,14 @@ def room_for_connections(n: int) -> None:
     need = n + SPARE_FILES
     if need <= soft:
         return
-    if hard != resource.RLIM_INFINITY and need > hard:
+    try:
+        if hard != resource.RLIM_INFINITY and need > hard:
+            raise ValueError("past the hard limit")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    except (ValueError, OSError):
+        most = soft if hard == resource.RLIM_INFINITY else hard
         raise InputError(f"--max-connections {n} needs {need} open files; this process may "
-                         f"open {hard} (ulimit -n): give at most {hard - SPARE_FILES}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+                         f"open {most} (ulimit -n): give at most {most - SPARE_FILES}") from None
 
 
 def add_parser(sub, common) -> None:

@@ -279,6 +279,13 @@ class LiveSession(NativeResource):
         return self._stream.position, self._stream.backbone.capacity
 
     @property
+    def budget_cut(self) -> bool:
+        """True once this turn's audio ended at max_frames, not at the model's end of speech
+        (the drain's BudgetWarning, for a caller on another thread than warnings reach)."""
+        return self._prefilled and self._frames >= self.max_frames and \
+            not self._stream.finished
+
+    @property
     def closed(self) -> bool:
         """True once `close` ran (by the owner, or the server when its client left)."""
         return getattr(self, "_closed", True)

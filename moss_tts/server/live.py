@@ -11,7 +11,9 @@ Protocol (all client messages are JSON text; the server sends JSON text events a
   server → binary s16le PCM chunks as audio is ready
   client → {"type": "end"}                               no more text this turn
   server → (the rest of the audio) {"type": "turn_done", "interrupted": false, "seconds": S,
-            "context_left": ROWS}                      rows the conversation has left
+            "context_left": ROWS}                      rows the conversation has left; with
+                                                         "cut": "max_frames" when the turn's
+                                                         audio ended at its frame budget
   server → {"type": "context_low", "context_left", "message"}   once, when under a quarter
             is left: the conversation will end soon; when it is full, the turn speaking ends
             with "interrupted": true, "context_full": true, then an error event
@@ -336,8 +338,9 @@ async def speak_one(turn: "Turn", inbox: Inbox, kind: str, text: str | None) -> 
         await connection.end()
         while not inbox.cutting and (chunk := await connection.next_chunk()) is not None:
             await turn.send(chunk)
-        if not inbox.cutting:
-            await turn.done(interrupted=False)
+        if not inbox.cutting:     # a turn cut at its frame budget says so
+            cut = await connection.run(lambda model: connection.session.budget_cut)
+            await turn.done(interrupted=False, **({"cut": "max_frames"} if cut else {}))
     else:
         if turn.speaking:
             await turn.done(interrupted=True)
@@ -368,7 +371,7 @@ class Turn:
             "seconds": round(self.sent / self.connection.channels / self.rate, 3),
             "context_left": left, **extra})
         self.sent, self.speaking = 0, False
-        if left < limit * CONTEXT_LOW and not self.warned and not extra:
+        if left < limit * CONTEXT_LOW and not self.warned and "context_full" not in extra:
             self.warned = True
             await self.websocket.send_json({
                 "type": "context_low", "context_left": left,

@@ -130,6 +130,20 @@ def test_a_conversation_that_fills_its_context_is_warned_then_ended_saying_so(se
     assert free_places(s) == 5                           # its place is back (queue 4 + 1)
 
 
+@pytest.mark.filterwarnings("ignore::moss_tts.errors.BudgetWarning")
+def test_a_turn_cut_at_its_frame_budget_says_so(serve):
+    s = serve()
+    for max_frames, cut in ((5, "max_frames"), (None, None)):   # a cap, and the model's end
+        with connect(ws_url(s)) as ws:
+            send(ws, {"seed": 1} | ({"max_frames": max_frames} if max_frames else {}))
+            assert next_event(ws)[1]["type"] == "started"
+            send(ws, {"type": "text", "text": TEXT})
+            send(ws, {"type": "end"})
+            audio, done = next_event(ws)
+        assert done["type"] == "turn_done" and not done["interrupted"] and audio > 0
+        assert done.get("cut") == cut, done
+
+
 @pytest.mark.parametrize("configured", [True, False])
 def test_an_idle_live_client_is_closed_with_a_reason_and_frees_its_place(serve, configured):
     s = serve(queue_depth=0, live_idle=0.5)              # one place: the idle client's
