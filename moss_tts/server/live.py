@@ -171,7 +171,12 @@ async def live_endpoint(websocket) -> None:
         if lane is None:
             raise RequestError(503, "busy: too many requests are waiting; retry shortly")
         connection = LiveConnection(lane, model.channels)
-        await connection.open(lambda m: m.session(voice=served.reference_for(m, config), **words))
+        try:
+            await connection.open(lambda m: m.session(voice=served.reference_for(m, config),
+                                                      **words))
+        except ContextFull as e:       # the server's setting, not the client's doing
+            raise RequestError(400, f"the conversation's context (serve --live-context) cannot "
+                                    f"hold its system and voice block: {first_line(e)}") from None
         _, context = await connection.rows()
         await websocket.send_json({"type": "started", "model": model.name,
                                    "sample_rate": model.sample_rate, "channels": model.channels,

@@ -131,6 +131,17 @@ def test_a_conversation_that_fills_its_context_is_warned_then_ended_saying_so(se
 
 
 @pytest.mark.filterwarnings("ignore::moss_tts.errors.BudgetWarning")
+def test_a_context_too_small_for_the_system_block_names_the_flag(serve):
+    s = serve(live_context=32)                 # the tiny model's system block is longer
+    with connect(ws_url(s)) as ws:
+        send(ws, {"seed": 1})
+        _, error = next_event(ws)
+        code, _ = closed_with(ws)
+    assert error["type"] == "error" and code == 1008
+    assert "--live-context" in error["message"] and "system" in error["message"]
+
+
+@pytest.mark.filterwarnings("ignore::moss_tts.errors.BudgetWarning")   # the session's own
 def test_a_turn_cut_at_its_frame_budget_says_so(serve):
     s = serve()
     for max_frames, cut in ((5, "max_frames"), (None, None)):   # a cap, and the model's end
