@@ -106,9 +106,9 @@ def add_parser(sub, common) -> None:
                    "nothing is spoken, freeing its place in the line (default %(default)g)")
     p.add_argument("--live-context", type=positive_int, default=None, metavar="ROWS",
                    help="backbone rows of a live conversation (its turns' text and audio); "
-                   "when they are spent the conversation ends, with a warning event when a "
-                   "quarter is left (default: the model's own size, which the live "
-                   "'started' event states)")
+                   "short of room, a new turn drops the oldest turns, the system and voice "
+                   "blocks kept (default: the model's own size, which the live 'started' "
+                   "event states)")
     add_runtime_flags(p)
     p.set_defaults(func=_serve)
 

@@ -14,9 +14,10 @@ Protocol (all client messages are JSON text; the server sends JSON text events a
             "context_left": ROWS}                      rows the conversation has left; with
                                                          "cut": "max_frames" when the turn's
                                                          audio ended at its frame budget
-  server → {"type": "context_low", "context_left", "message"}   once, when under a quarter
-            is left: the conversation will end soon; when it is full, the turn speaking ends
-            with "interrupted": true, "context_full": true, then an error event
+  server → {"type": "context_trimmed", "turns_dropped": N, "context_left"}   when a new turn
+            found the context short of room and its oldest turns were dropped (the system and
+            voice blocks kept); a single turn that fills it ends with "interrupted": true,
+            "context_full": true, then an error event
   client → {"type": "turn", "user_text": T}              next turn, the model's cache kept (or
                                                          first: the user's words); sent while a
                                                          turn speaks it cuts that turn short
@@ -52,7 +53,6 @@ MESSAGE_FIELDS = ("type", "text", "user_text")
 SLICE_CHARS = 32     # text handed to one worker job: a leaving client waits at most one slice
 CLOSE_ERROR, CLOSE_INTERNAL = 1008, 1011      # WebSocket close codes: policy, server failure
 LIVE_IDLE = 60.0     # seconds a live client may send nothing while nothing is spoken
-CONTEXT_LOW = 0.25   # the share of the context left under which the client is warned, once
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,13 @@ class LiveConnection:
         """The drain's next chunk, None once the turn's audio is done."""
         return await self.run(lambda model: next(self.drain, None))
 
-    async def new_turn(self, user_text: str | None) -> None:
-        await self.run(lambda model: self.session.new_turn(user_text))
+    async def new_turn(self, user_text: str | None) -> int:
+        """Starts the next turn → how many old turns it dropped to make room."""
+        def job(model):
+            before = self.session.turns_dropped
+            self.session.new_turn(user_text)
+            return self.session.turns_dropped - before
+        return await self.run(job)
 
     async def rows(self) -> tuple[int, int]:
         """(backbone rows the conversation holds, the most it may hold)."""
@@ -349,16 +354,19 @@ async def speak_one(turn: "Turn", inbox: Inbox, kind: str, text: str | None) -> 
     else:
         if turn.speaking:
             await turn.done(interrupted=True)
-        await connection.new_turn(text)
+        if dropped := await connection.new_turn(text):
+            used, limit = await connection.rows()
+            await turn.websocket.send_json({"type": "context_trimmed", "turns_dropped": dropped,
+                                            "context_left": limit - used})
 
 
 class Turn:
     """The turn speaking: the samples sent, whether its text began (no turn_done yet), and
-    the conversation's context, told in each turn_done and once when it runs low."""
+    the conversation's context left, told in each turn_done."""
 
     def __init__(self, websocket, connection: LiveConnection, rate: int):
         self.websocket, self.connection, self.rate = websocket, connection, rate
-        self.sent, self.speaking, self.warned = 0, False, False
+        self.sent, self.speaking = 0, False
 
     async def send(self, audio) -> None:
         """One chunk (nothing when it is empty); a client that stops reading is cut at the
@@ -376,10 +384,3 @@ class Turn:
             "seconds": round(self.sent / self.connection.channels / self.rate, 3),
             "context_left": left, **extra})
         self.sent, self.speaking = 0, False
-        if left < limit * CONTEXT_LOW and not self.warned and "context_full" not in extra:
-            self.warned = True
-            await self.websocket.send_json({
-                "type": "context_low", "context_left": left,
-                "message": f"{left} of the conversation's {limit} rows are left: it ends when "
-                           "they are spent (serve --live-context); open a new connection "
-                           "for a long one"})

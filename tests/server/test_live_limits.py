@@ -1,7 +1,8 @@
 """WebSocket /v1/audio/live at its limits (issue 23, holes 4, 5 and 6), with the `websockets`
-client on loopback and the tiny MOSS-TTS-Realtime model: a conversation that fills its
-context is warned before and ended saying so; an idle client is closed with a reason and its
-place freed, as /v1/models counts; a client that never reads is cut by the write deadline.
+client on loopback and the tiny MOSS-TTS-Realtime model: a long conversation drops its oldest
+turns and goes on, a turn too long for the context ends saying so; an idle client is closed
+with a reason and its place freed, as /v1/models counts; a client that never reads is cut by
+the write deadline.
 Each waits on an event (a message, a close frame, a log line) with a generous bound."""
 
 import base64
@@ -102,20 +103,39 @@ def free_places(server) -> int:
     return json.loads(body)["data"][0]["free_places"]
 
 
-def test_a_conversation_that_fills_its_context_is_warned_then_ended_saying_so(serve):
-    s = serve(live_context=320)
+def test_a_long_conversation_drops_its_oldest_turns_and_goes_on(serve):
+    s = serve(live_context=640)       # the system block and about seven turns of TEXT
+    trimmed, spoken = [], 0
     with connect(ws_url(s)) as ws:
         send(ws, {"seed": 1})
         _, started = next_event(ws)
-        assert started["type"] == "started" and started["context"] == 320
+        assert started["type"] == "started" and started["context"] == 640
+        for turn in range(16):        # more rows in all than the context holds
+            if turn:
+                send(ws, {"type": "turn", "user_text": "And again?"})
+            send(ws, {"type": "text", "text": TEXT})
+            send(ws, {"type": "end"})
+            audio, event = next_event(ws)
+            if event["type"] == "context_trimmed":      # told before the turn's audio
+                trimmed.append(event)
+                audio, event = next_event(ws)
+            assert event["type"] == "turn_done" and not event["interrupted"], event
+            assert audio > 0 and "cut" not in event
+            spoken += 1
+    assert spoken == 16 and trimmed and all(t["turns_dropped"] > 0 for t in trimmed)
+    assert all(t["context_left"] >= 640 / 2 for t in trimmed)
+
+
+def test_a_turn_that_fills_the_context_ends_saying_so(serve):
+    s = serve(live_context=320)       # the system block and one turn: nothing to drop
+    with connect(ws_url(s)) as ws:
+        send(ws, {"seed": 1})
+        assert next_event(ws)[1]["context"] == 320
         send(ws, {"type": "text", "text": TEXT})
         send(ws, {"type": "end"})
         audio, done = next_event(ws)
         assert done["type"] == "turn_done" and not done["interrupted"] and audio > 0
-        assert 0 < done["context_left"] < 320 / 4      # the system block and one turn
-        _, low = next_event(ws)                          # warned before the context is full
-        assert low["type"] == "context_low" and low["context_left"] == done["context_left"]
-        assert "--live-context" in low["message"]
+        assert 0 < done["context_left"] < 320 / 4
         send(ws, {"type": "turn", "user_text": "Again, longer."})
         send(ws, {"type": "text", "text": TEXT * 3})
         send(ws, {"type": "end"})
@@ -130,7 +150,6 @@ def test_a_conversation_that_fills_its_context_is_warned_then_ended_saying_so(se
     assert free_places(s) == 5                           # its place is back (queue 4 + 1)
 
 
-@pytest.mark.filterwarnings("ignore::moss_tts.errors.BudgetWarning")
 def test_a_context_too_small_for_the_system_block_names_the_flag(serve):
     s = serve(live_context=32)                 # the tiny model's system block is longer
     with connect(ws_url(s)) as ws:
