@@ -30,6 +30,11 @@ class InputError(MossTTSError):
     """User input (text, audio, codes, options) is unusable."""
 
 
+class ContextFull(InputError):
+    """A decode session has no room for the rows asked of it (a live conversation that filled
+    its context): the server ends such a conversation saying so."""
+
+
 class BudgetWarning(UserWarning):
     """Speech was cut at its frame budget before the model ended it: emitted once per
     `synthesize`/`stream` call (however many text chunks were cut), naming the knob to raise

@@ -18,6 +18,7 @@ def _serve(args) -> int:
     import uvicorn
 
     from ..server.app import create_app
+    from ..server.connections import Limits, uvicorn_config
 
     api_key = args.api_key or os.environ.get("MOSS_TTS_API_KEY") or None
     if args.access_log:
@@ -25,20 +26,48 @@ def _serve(args) -> int:
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it "
               "can use it", file=sys.stderr)
+    room_for_connections(args.max_connections)
     models = load_models(args)
     app = create_app(models, queue_depth=args.queue, api_key=api_key,
                      cors_origins=args.cors_origin, allowed_hosts=args.allowed_host,
                      bind_host=args.host, access_log=args.access_log,
-                     write_timeout=args.write_timeout, max_voices=args.max_voices)
+                     write_timeout=args.write_timeout, max_voices=args.max_voices,
+                     live_idle=args.live_idle, live_context=args.live_context)
+    limits = Limits(args.max_connections, args.header_timeout, args.write_timeout)
     say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
                f"/v1/audio/speech{', API key required' if api_key else ''})")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(uvicorn_config(app, limits, host=args.host, port=args.port)).run()
     return 0
+
+
+# descriptors the process needs beside its connections: model files, logs, the listener
+SPARE_FILES = 64
+
+
+def room_for_connections(n: int) -> None:
+    """Raise the open-file limit to fit --max-connections (up to the hard limit), or refuse it:
+    past the file limit the server could accept nothing, not even /health."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = n + SPARE_FILES
+    if need <= soft:
+        return
+    try:
+        if hard != resource.RLIM_INFINITY and need > hard:
+            raise ValueError("past the hard limit")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    except (ValueError, OSError):
+        most = soft if hard == resource.RLIM_INFINITY else hard
+        raise InputError(f"--max-connections {n} needs {need} open files; this process may "
+                         f"open {most} (ulimit -n): give at most {most - SPARE_FILES}") from None
 
 
 def add_parser(sub, common) -> None:
     from ..models.registry import DEFAULT
     from ..server.voice_index import MAX_VOICES
+    from ..server.connections import HEADER_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT
+    from ..server.live import LIVE_IDLE
 
     p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
                        parents=[common])
@@ -63,8 +92,24 @@ def add_parser(sub, common) -> None:
                    help="also answer to Host NAME (besides 127.0.0.1, localhost, [::1] and "
                         "--host); repeatable, '*' allows any")
     p.add_argument("--access-log", action="store_true", help="log one line per request")
-    p.add_argument("--write-timeout", type=positive_float, default=None, metavar="SECONDS",
-                   help="drop a streaming client that reads nothing for this long (default 15)")
+    p.add_argument("--write-timeout", type=positive_float, default=WRITE_TIMEOUT,
+                   metavar="SECONDS", help="cut a client whose socket takes no bytes for this "
+                   "long, for every response: whole, streamed and live (default %(default)g)")
+    p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
+                   metavar="N", help="open connections (HTTP and live) at most; more get a "
+                   "503 at once (default %(default)s)")
+    p.add_argument("--header-timeout", type=positive_float, default=HEADER_TIMEOUT,
+                   metavar="SECONDS", help="close a connection that sends no complete request "
+                   "headers for this long after it opens or after its last response "
+                   "(default %(default)g)")
+    p.add_argument("--live-idle", type=positive_float, default=LIVE_IDLE, metavar="SECONDS",
+                   help="close a live connection that sends nothing for this long while "
+                   "nothing is spoken, freeing its place in the line (default %(default)g)")
+    p.add_argument("--live-context", type=positive_int, default=None, metavar="ROWS",
+                   help="backbone rows of a live conversation (its turns' text and audio); "
+                   "short of room, a new turn drops the oldest turns, the system and voice "
+                   "blocks kept (default: the model's own size, which the live 'started' "
+                   "event states)")
     p.add_argument("--max-voices", type=positive_int, default=MAX_VOICES, metavar="N",
                    help="voices the voices directory may hold before POST /v1/audio/voices "
                         "answers 409 (default %(default)s)")

@@ -231,6 +231,7 @@ class FrameStream(SessionsOwner):
         with released_on_error(self.backbone):
             self.local = model.make_local()
         self.frames: list[np.ndarray] = []
+        self.fed: list[np.ndarray] = []     # every row the backbone holds, in order
 
     @property
     def position(self) -> int:
@@ -255,7 +256,20 @@ class FrameStream(SessionsOwner):
         """Append rows (a prompt, or text rows of a lead arriving token by token) → the last
         row's hidden state [H]."""
         rows = check_rows(rows, self.model.config)
+        self.fed.append(rows)
         return self.backbone.prefill(row_feed(rows), len(rows), variant=True)[-1]["hidden"][0]
+
+    def refeed(self, rows) -> None:
+        """Empty the backbone's cache and feed `rows` (what a trimmed conversation keeps): the
+        cache is then exactly a fresh stream's fed the same rows. Frames and randomness go on."""
+        self.backbone.reset()
+        self.fed = []
+        self.feed(rows)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The rows the backbone holds [position, 1 + rvq]."""
+        return np.vstack(self.fed)
 
     def start(self, rows) -> np.ndarray:
         """Append rows ending on the lead's BOS row → the turn's first frame, unpenalized."""

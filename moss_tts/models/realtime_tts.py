@@ -27,6 +27,10 @@ from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 # Backbone rows a live session holds (system block, voice, every turn's text and frames):
 # ~2.7 min of speech; 230 MB of f16 KV cache at the 1.7B shape
 SESSION_ROWS = 2048
+# A conversation short of room drops its oldest turns (as a chat server drops old messages,
+# the system and voice blocks kept) when a new turn starts with less than TRIM_BELOW of its
+# rows left, down to at most TRIM_TO of them used (always keeping the latest turn)
+TRIM_BELOW, TRIM_TO = 0.25, 0.5
 # Upstream's segmenting of text deltas: cut after sentence or clause punctuation once the
 # buffer holds MIN_SEGMENT characters, else at the last space once it holds MAX_BUFFER
 SEGMENT_END = re.compile(r"[。！？!?.\u2026]\s*|[,，;；:：\u2014\u2013\-]\s*|\)\s*|\]\s*|\n")
@@ -195,6 +199,10 @@ class LiveSession(NativeResource):
             self._stream.feed(system)
             self._audio = tts._frame_audio()
         self._closed = False
+        # rows of the system (and voice) block; the row where each opened turn's
+        # `<|im_start|>` is: a trim keeps the block and the turns from one such row on (P17)
+        self._system_rows, self._turn_starts = len(system), []
+        self.turns_dropped = 0           # the oldest turns trimmed away so far
         self._first = True               # no turn has opened yet: the next opens without <|im_end|>
         self._start_turn(None, None)
 
@@ -259,6 +267,7 @@ class LiveSession(NativeResource):
             user = prompts.user_turn_rows(
                 self.tts.tokenizer, self.ids, user_text or "",
                 None if user_audio is None else user_audio.codes, first=self._first)
+        self._trim()
         self._start_turn(head, user)
 
     @property
@@ -271,6 +280,25 @@ class LiveSession(NativeResource):
     def text_ids(self) -> list[int]:
         """This turn's text ids the backbone has taken (what the frames are paced by)."""
         return list(self._text_ids)
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """(backbone rows the conversation holds, the most it may hold: max_rows rounded up
+        to the cache's slot alignment)."""
+        return self._stream.position, self._stream.backbone.capacity
+
+    @property
+    def cache_rows(self) -> np.ndarray:
+        """The rows the conversation's cache holds [rows, 1 + rvq]: the system (and voice)
+        block, then the turns not trimmed away."""
+        return self._stream.rows
+
+    @property
+    def budget_cut(self) -> bool:
+        """True once this turn's audio ended at max_frames, not at the model's end of speech
+        (the drain's BudgetWarning, for a caller on another thread than warnings reach)."""
+        return self._prefilled and self._frames >= self.max_frames and \
+            not self._stream.finished
 
     @property
     def closed(self) -> bool:
@@ -287,6 +315,10 @@ class LiveSession(NativeResource):
     # -- the turn ---------------------------------------------------------------------------
     def _start_turn(self, head: np.ndarray | None, user: np.ndarray | None) -> None:
         self._head = head
+        # the prompt's rows before its `<|im_start|>`: the EOS row and `<|im_end|>\n` that
+        # close the turn before it belong to that turn
+        closing = 0 if self._first else 1 + len(self.tts.tokenizer.encode("\n"))
+        self._opening = (0 if head is None else len(head)) + closing
         parts = [p for p in (head, user) if p is not None]
         parts.append(prompts.assistant_prefix_rows(self.tts.tokenizer, self.ids,
                                                    first=self._first and user is None))
@@ -306,6 +338,7 @@ class LiveSession(NativeResource):
         if not self._pending:
             return
         if not self._opened:     # text arrived: the turn is on, its prompt rows go in now
+            self._turn_starts.append(self._stream.position + self._opening)
             self._stream.feed(self._prompt)
             self._opened, self._first = True, False
         if not self._prefilled:
@@ -317,6 +350,25 @@ class LiveSession(NativeResource):
                 yield self._frame(self._stream.start(prompts.lead_rows([self._take()], self.ids)))
         while self._prefilled and self._pending and not self._done:
             yield self._frame(self._stream.step(self._take()))
+
+    def _trim(self) -> None:
+        """Drop the oldest turns when less than TRIM_BELOW of the rows is left, keeping the
+        system and voice blocks and the newest turns that fit in TRIM_TO (at least the
+        latest): the cache is refed with those rows, exactly as a conversation that began
+        with the first turn kept (its `<|im_start|>` follows the block, the first-turn
+        layout, P17)."""
+        used, capacity = self.rows
+        starts = self._turn_starts
+        if capacity - used >= capacity * TRIM_BELOW or len(starts) < 2:
+            return
+        keep = next((j for j in range(1, len(starts))
+                     if self._system_rows + used - starts[j] <= capacity * TRIM_TO),
+                    len(starts) - 1)
+        rows = self.cache_rows
+        self._stream.refeed(np.vstack([rows[:self._system_rows], rows[starts[keep]:]]))
+        shift = starts[keep] - self._system_rows
+        self._turn_starts = [start - shift for start in starts[keep:]]
+        self.turns_dropped += keep
 
     def _take(self) -> int:
         token = self._pending.pop(0)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import ContextFull, InputError
 from ..ggml.backend import Allocator, Backend, NativeResource
 from ..ggml.graph import Graph
 from ..ggml.types import F32, GGMLType
@@ -90,7 +90,7 @@ class DecodeSession(NativeResource):
     def run(self, feed: dict, n_rows: int, *, variant=None) -> dict[str, np.ndarray]:
         """Append n_rows rows (the graph's own inputs in `feed`) → the graph's outputs."""
         if self.position + n_rows > self.capacity:
-            raise InputError(f"{self.name}: {self.position} + {n_rows} rows exceed the session's "
+            raise ContextFull(f"{self.name}: {self.position} + {n_rows} rows exceed the session's "
                              f"capacity of {self.capacity}; make a larger one")
         positions = np.arange(self.position, self.position + n_rows)
         if n_rows == 1:

@@ -30,8 +30,9 @@ from ..audio import time_stretch
 from ..errors import InputError
 from ..voices import check_name, codec_info
 from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_denials
+from .connections import WRITE_TIMEOUT
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
-from .live import live_endpoint
+from .live import LIVE_IDLE, live_endpoint
 from .request import (MAX_INPUT_CHARS, RequestError, check_content_type, decode_upload,
                       parse_speech, parse_voice, read_body)
 from .responses import (AudioStream, Guard, busy_response, error_response, failure_response,
@@ -42,19 +43,20 @@ from .worker import AudioChannel
 
 logger = logging.getLogger(__name__)
 
-WRITE_TIMEOUT = 15.0     # seconds a streamed response may wait for its client to read
 STREAM_BUFFER = 32       # chunks (frames) buffered per streaming client
 
 
 def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                voices_root=None, api_key: str | None = None, cors_origins=(),
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
-               write_timeout: float | None = None, max_voices: int = MAX_VOICES):
+               write_timeout: float | None = None, max_voices: int = MAX_VOICES,
+               live_idle: float = LIVE_IDLE, live_context: int | None = None):
     """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
     name → TTS, the first being the default. Only a model's worker thread touches it after
     this call; a voice upload is encoded by the codec of the model it names (default: the
     first), and a voice is refused by a model whose codec did not make it, or when
-    `max_voices` are stored."""
+    `max_voices` are stored. `live_idle` and `live_context` are serve's --live-idle and
+    --live-context (live.py)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute
@@ -71,7 +73,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     ], lifespan=lifespan, middleware=[Middleware(Guard)])
     app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
                                     queue_depth, VoiceIndex(voices_root, max_voices),
-                                    write_timeout or WRITE_TIMEOUT)
+                                    write_timeout or WRITE_TIMEOUT, live_idle, live_context)
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
     quiet_uvicorn_denials()
     gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
@@ -168,7 +170,8 @@ async def models(request):
     return JSONResponse({"object": "list", "data": [
         {"id": name, "object": "model", "owned_by": "moss-tts", "sample_rate": m.sample_rate,
          "channels": m.channels, "live": m.live, "codec": m.codec,
-         "max_input_chars": MAX_INPUT_CHARS}     # of `input`, and of a live message's text
+         "max_input_chars": MAX_INPUT_CHARS,     # of `input`, and of a live message's text
+         "free_places": m.worker.free_places}
         for name, m in request.app.state.served.models.items()]})
 
 
@@ -261,4 +264,4 @@ async def streamed(request, served: ServedModels, served_model, req):
         return failure_response(first[1])
     encoder = StreamEncoder(req.stream_format, req.response_format, req.pcm_layout,
                             served_model.sample_rate, served_model.channels)
-    return AudioStream(first, channel, encoder, write_timeout)
+    return AudioStream(first, channel, encoder)

@@ -4,16 +4,28 @@ them, s16le PCM out as it is made, one live session (MOSS-TTS-Realtime) per conn
 Protocol (all client messages are JSON text; the server sends JSON text events and binary audio):
   client → {"model", "voice", "reference_audio", "format": "pcm", and any knob the model
             takes: "seed", "temperature", ...}         the config, first and once (all optional)
-  server → {"type": "started", "model", "sample_rate", "channels", "format": "pcm_s16le"}
+  server → {"type": "started", "model", "sample_rate", "channels", "format": "pcm_s16le",
+            "context": ROWS}                           the conversation's size (serve
+                                                         --live-context), in backbone rows
   client → {"type": "text", "text": DELTA} ...           the assistant's text as it arrives
   server → binary s16le PCM chunks as audio is ready
   client → {"type": "end"}                               no more text this turn
-  server → (the rest of the audio) {"type": "turn_done", "interrupted": false, "seconds": S}
+  server → (the rest of the audio) {"type": "turn_done", "interrupted": false, "seconds": S,
+            "context_left": ROWS}                      rows the conversation has left; with
+                                                         "cut": "max_frames" when the turn's
+                                                         audio ended at its frame budget
+  server → {"type": "context_trimmed", "turns_dropped": N, "context_left"}   when a new turn
+            found the context short of room and its oldest turns were dropped (the system and
+            voice blocks kept); a single turn that fills it ends with "interrupted": true,
+            "context_full": true, then an error event
   client → {"type": "turn", "user_text": T}              next turn, the model's cache kept (or
                                                          first: the user's words); sent while a
                                                          turn speaks it cuts that turn short
                                                          (barge-in: "interrupted": true)
   server → {"type": "error", "message": M}               then the server closes the socket
+                                                         (1008, M as the close reason); also
+                                                         after --live-idle s without a message
+                                                         while nothing is spoken
 The session's work runs on its model's worker, one short job at a time (a slice of text, one
 chunk of the drain), held in the line by a Lane; leaving closes the session and frees the slot.
 """
@@ -27,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import MossTTSError
+from ..errors import ContextFull, MossTTSError
 from ..knobs import SPELLINGS
 from ..live import as_frames, push_as_typed
 from .formats import pcm_bytes
@@ -40,6 +52,7 @@ LIVE_FIELDS = ("model", "voice", "reference_audio", "format", *SPELLINGS)   # kn
 MESSAGE_FIELDS = ("type", "text", "user_text")
 SLICE_CHARS = 32     # text handed to one worker job: a leaving client waits at most one slice
 CLOSE_ERROR, CLOSE_INTERNAL = 1008, 1011      # WebSocket close codes: policy, server failure
+LIVE_IDLE = 60.0     # seconds a live client may send nothing while nothing is spoken
 
 
 @dataclass(frozen=True)
@@ -116,8 +129,17 @@ class LiveConnection:
         """The drain's next chunk, None once the turn's audio is done."""
         return await self.run(lambda model: next(self.drain, None))
 
-    async def new_turn(self, user_text: str | None) -> None:
-        await self.run(lambda model: self.session.new_turn(user_text))
+    async def new_turn(self, user_text: str | None) -> int:
+        """Starts the next turn → how many old turns it dropped to make room."""
+        def job(model):
+            before = self.session.turns_dropped
+            self.session.new_turn(user_text)
+            return self.session.turns_dropped - before
+        return await self.run(job)
+
+    async def rows(self) -> tuple[int, int]:
+        """(backbone rows the conversation holds, the most it may hold)."""
+        return await self.run(lambda model: self.session.rows)
 
     def close(self) -> None:
         """Close the session on the worker (its job needs no room in the line) and free the
@@ -140,27 +162,33 @@ async def live_endpoint(websocket) -> None:
     await websocket.accept()
     connection = None
     try:
-        config = parse_config(await next_text(websocket))
+        raw = await next_text(websocket, served.live_idle)
+        if raw is None:
+            raise idle_error(served.live_idle)
+        config = parse_config(raw)
         model = served.pick(config.model)
         if not model.live:
             raise RequestError(400, f"model {model.name!r} has no live mode; pick a "
                                     f"MOSS-TTS-Realtime model: "
                                     f"{', '.join(served.live_names()) or 'none is served'}")
-        words = model.stream_keywords(config)
+        words = model.stream_keywords(config) | served.live_rows()
         lane = model.worker.open_lane()
         if lane is None:
             raise RequestError(503, "busy: too many requests are waiting; retry shortly")
         connection = LiveConnection(lane, model.channels)
-        await connection.open(lambda m: m.session(voice=served.reference_for(m, config), **words))
+        try:
+            await connection.open(lambda m: m.session(voice=served.reference_for(m, config),
+                                                      **words))
+        except ContextFull as e:       # the server's setting, not the client's doing
+            raise RequestError(400, f"the conversation's context (serve --live-context) cannot "
+                                    f"hold its system and voice block: {first_line(e)}") from None
+        _, context = await connection.rows()
         await websocket.send_json({"type": "started", "model": model.name,
-                                   "sample_rate": model.sample_rate,
-                                   "channels": model.channels, "format": "pcm_s16le"})
-        await converse(websocket, connection, model.sample_rate, served.write_timeout)
-    except WebSocketDisconnect:
+                                   "sample_rate": model.sample_rate, "channels": model.channels,
+                                   "format": "pcm_s16le", "context": context})
+        await converse(websocket, connection, model.sample_rate, served.live_idle)
+    except WebSocketDisconnect:   # it left, or the write deadline cut it (connections.py)
         logger.info("live client left; its session was closed")
-    except asyncio.TimeoutError:
-        logger.warning("dropped a live client that stopped reading for %.0f s",
-                       served.write_timeout)
     except Exception as e:  # told to the client, then the socket closes
         await send_error(websocket, e)
     finally:
@@ -175,17 +203,24 @@ async def send_error(websocket, e: Exception) -> None:
         f"internal error: {first_line(e)}"
     try:
         await websocket.send_json({"type": "error", "message": message})
-        await websocket.close(CLOSE_ERROR if isinstance(e, MossTTSError) else CLOSE_INTERNAL)
+        await websocket.close(CLOSE_ERROR if isinstance(e, MossTTSError) else CLOSE_INTERNAL,
+                              reason=close_reason(message))
     except Exception:  # the client left meanwhile: nobody to tell  # noqa: BLE001
         pass
 
 
-async def converse(websocket, connection: LiveConnection, rate: int, timeout: float) -> None:
+def close_reason(message: str) -> str:
+    """The message cut to fit a close frame's reason (123 bytes of UTF-8)."""
+    data = message.encode()
+    return message if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
+
+
+async def converse(websocket, connection: LiveConnection, rate: int, idle: float) -> None:
     """Reads messages while the session speaks them: text waits in `inbox` while a job runs,
     and a client that leaves is seen at once (the reader ends the speaker)."""
     inbox = Inbox()
-    speaker = asyncio.ensure_future(speak(websocket, connection, inbox, rate, timeout))
-    reader = asyncio.ensure_future(read_messages(websocket, inbox))
+    speaker = asyncio.ensure_future(speak(websocket, connection, inbox, rate))
+    reader = asyncio.ensure_future(read_messages(websocket, inbox, idle))
     try:
         done, _ = await asyncio.wait({speaker, reader}, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -196,11 +231,15 @@ async def converse(websocket, connection: LiveConnection, rate: int, timeout: fl
         await asyncio.gather(speaker, reader, return_exceptions=True)
 
 
-async def next_text(websocket) -> str:
-    """The next client message's text; a binary one is refused, a departure raises."""
+async def next_text(websocket, within: float) -> str | None:
+    """The next client message's text, None when none came within `within` s; a binary one
+    is refused, a departure raises."""
     from starlette.websockets import WebSocketDisconnect
 
-    message = await websocket.receive()
+    try:
+        message = await asyncio.wait_for(websocket.receive(), max(0.0, within))
+    except asyncio.TimeoutError:
+        return None
     if message["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(message.get("code", 1000))
     if message.get("text") is None:
@@ -208,13 +247,21 @@ async def next_text(websocket) -> str:
     return message["text"]
 
 
+def idle_error(idle: float) -> RequestError:
+    return RequestError(408, f"idle: no message for {idle:g} s while nothing was spoken "
+                             "(serve --live-idle); reconnect to go on")
+
+
 class Inbox:
     """Client messages waiting for the session. A `turn` is a barge-in: the text and `end` still
-    waiting for the turns before it are dropped, and `cutting` tells the speaker to stop."""
+    waiting for the turns before it are dropped, and `cutting` tells the speaker to stop.
+    `idle_since` is when the speaker began waiting for a message with none left (None while
+    it works): the idle limit counts from then, or from the last message if later."""
 
     def __init__(self):
         self._items: deque = deque()
         self._ready = asyncio.Event()
+        self.idle_since: float | None = None
 
     def put(self, kind: str, text: str | None) -> None:
         if kind == "turn":
@@ -229,7 +276,11 @@ class Inbox:
     async def get(self) -> tuple[str, str | None]:
         while not self._items:
             self._ready.clear()
-            await self._ready.wait()
+            self.idle_since = asyncio.get_running_loop().time()
+            try:
+                await self._ready.wait()
+            finally:
+                self.idle_since = None
         return self._items.popleft()
 
     def take_text(self) -> str:
@@ -240,12 +291,22 @@ class Inbox:
         return text
 
 
-async def read_messages(websocket, inbox: Inbox) -> None:
+async def read_messages(websocket, inbox: Inbox, idle: float) -> None:
     """Checks each message against the turn's state as it arrives: text after `end` is refused
-    before the session sees it."""
-    ended = False
+    before the session sees it. A client silent for `idle` s while nothing is spoken (its
+    session waits for text) is closed: it would hold its place in the line for ever."""
+    ended, loop = False, asyncio.get_running_loop()
+    last = loop.time()
     while True:
-        kind, text = parse_message(await next_text(websocket))
+        quiet = loop.time() - max(last, inbox.idle_since or loop.time())   # 0 while speaking
+        raw = await next_text(websocket, idle - quiet)
+        if raw is None:
+            if inbox.idle_since is not None and \
+                    loop.time() - max(last, inbox.idle_since) >= idle:
+                raise idle_error(idle)
+            continue     # it spoke meanwhile, or went idle only lately: wait again
+        last = loop.time()
+        kind, text = parse_message(raw)
         if kind == "text" and ended:
             raise RequestError(400, "text after 'end': send {\"type\": \"turn\"} to start the "
                                     "next turn first")
@@ -255,43 +316,71 @@ async def read_messages(websocket, inbox: Inbox) -> None:
         inbox.put(kind, text)
 
 
-async def speak(websocket, connection: LiveConnection, inbox: Inbox, rate: int,
-                timeout: float) -> None:
+async def speak(websocket, connection: LiveConnection, inbox: Inbox, rate: int) -> None:
     """The session's side: text (all that waits, in slices) → audio, end → the drain to EOS
     and `turn_done`, turn → a new turn, cutting short the one still speaking (its `turn_done`
-    says `interrupted`)."""
-    sent, speaking = 0, False    # samples of this turn; its text began, no turn_done yet
-
-    async def turn_done(interrupted: bool) -> None:
-        nonlocal sent, speaking
-        await websocket.send_json({"type": "turn_done", "interrupted": interrupted,
-                                   "seconds": round(sent / connection.channels / rate, 3)})
-        sent, speaking = 0, False
-
+    says `interrupted`). A full context ends the turn speaking with a `turn_done` that says
+    so, then the connection."""
+    turn = Turn(websocket, connection, rate)
     while True:
         kind, text = await inbox.get()
-        speaking = speaking or kind != "turn"
-        if kind == "text":
-            for piece in text_slices(text + inbox.take_text()):
-                if inbox.cutting:
-                    break
-                for audio in await connection.push(piece):
-                    sent += await send_audio(websocket, connection, audio, timeout)
-        elif kind == "end":
-            await connection.end()
-            while not inbox.cutting and (chunk := await connection.next_chunk()) is not None:
-                sent += await send_audio(websocket, connection, chunk, timeout)
-            if not inbox.cutting:
-                await turn_done(interrupted=False)
-        else:
-            if speaking:
-                await turn_done(interrupted=True)
-            await connection.new_turn(text)
+        turn.speaking = turn.speaking or kind != "turn"
+        try:
+            await speak_one(turn, inbox, kind, text)
+        except ContextFull:
+            _, limit = await connection.rows()
+            if turn.speaking:
+                await turn.done(interrupted=True, context_full=True)
+            raise RequestError(413, f"the conversation filled its context of {limit} rows "
+                                    "(serve --live-context): open a new connection to go "
+                                    "on") from None
 
 
-async def send_audio(websocket, connection: LiveConnection, audio, timeout: float) -> int:
-    """Sends one chunk (nothing when it is empty); the samples sent."""
-    data = connection.pcm(audio)
-    if data:
-        await asyncio.wait_for(websocket.send_bytes(data), timeout)
-    return len(data) // 2
+async def speak_one(turn: "Turn", inbox: Inbox, kind: str, text: str | None) -> None:
+    connection = turn.connection
+    if kind == "text":
+        for piece in text_slices(text + inbox.take_text()):
+            if inbox.cutting:
+                break
+            for audio in await connection.push(piece):
+                await turn.send(audio)
+    elif kind == "end":
+        await connection.end()
+        while not inbox.cutting and (chunk := await connection.next_chunk()) is not None:
+            await turn.send(chunk)
+        if not inbox.cutting:     # a turn cut at its frame budget says so
+            cut = await connection.run(lambda model: connection.session.budget_cut)
+            await turn.done(interrupted=False, **({"cut": "max_frames"} if cut else {}))
+    else:
+        if turn.speaking:
+            await turn.done(interrupted=True)
+        if dropped := await connection.new_turn(text):
+            used, limit = await connection.rows()
+            await turn.websocket.send_json({"type": "context_trimmed", "turns_dropped": dropped,
+                                            "context_left": limit - used})
+
+
+class Turn:
+    """The turn speaking: the samples sent, whether its text began (no turn_done yet), and
+    the conversation's context left, told in each turn_done."""
+
+    def __init__(self, websocket, connection: LiveConnection, rate: int):
+        self.websocket, self.connection, self.rate = websocket, connection, rate
+        self.sent, self.speaking = 0, False
+
+    async def send(self, audio) -> None:
+        """One chunk (nothing when it is empty); a client that stops reading is cut at the
+        socket by the write deadline (connections.py), seen here as its departure."""
+        data = self.connection.pcm(audio)
+        if data:
+            await self.websocket.send_bytes(data)
+        self.sent += len(data) // 2
+
+    async def done(self, interrupted: bool, **extra) -> None:
+        used, limit = await self.connection.rows()
+        left = max(0, limit - used)
+        await self.websocket.send_json({
+            "type": "turn_done", "interrupted": interrupted,
+            "seconds": round(self.sent / self.connection.channels / self.rate, 3),
+            "context_left": left, **extra})
+        self.sent, self.speaking = 0, False

@@ -118,11 +118,11 @@ async def unless_client_leaves(receive, awaitable):
 
 
 class AudioStream:
-    """A streamed response fed by an AudioChannel. A client that leaves, or whose socket stays
-    full for `timeout` s, is dropped and its generation cancelled."""
+    """A streamed response fed by an AudioChannel. A client that leaves, or that the write
+    deadline cuts (connections.py), is dropped and its generation cancelled."""
 
-    def __init__(self, first, channel: AudioChannel, encoder: StreamEncoder, timeout: float):
-        self.first, self.channel, self.encoder, self.timeout = first, channel, encoder, timeout
+    def __init__(self, first, channel: AudioChannel, encoder: StreamEncoder):
+        self.first, self.channel, self.encoder = first, channel, encoder
 
     async def __call__(self, scope, receive, send):
         pump = asyncio.ensure_future(self._pump(send))
@@ -140,15 +140,11 @@ class AudioStream:
             gone.cancel()
             await asyncio.gather(pump, gone, return_exceptions=True)
 
-    async def _send(self, send, body: bytes, more: bool) -> bool:
-        try:
-            await asyncio.wait_for(send({"type": "http.response.body", "body": body,
-                                         "more_body": more}), self.timeout)
-            return True
-        except asyncio.TimeoutError:
-            logger.warning("dropped a streaming client that stopped reading for %.0f s",
-                           self.timeout)
-            return False
+    @staticmethod
+    async def _send(send, body: bytes, more: bool) -> None:
+        # a client that stops reading is cut at the socket after the write deadline
+        # (connections.py), which this response sees as the client leaving
+        await send({"type": "http.response.body", "body": body, "more_body": more})
 
     async def _pump(self, send):
         r = self.encoder.layout
@@ -158,8 +154,7 @@ class AudioStream:
             (b"x-audio-channels", str(r.channels).encode())]})
         kind, value = self.first
         while kind == "audio":
-            if not await self._send(send, self.encoder.chunk(value), True):
-                return
+            await self._send(send, self.encoder.chunk(value), True)
             kind, value = await self.channel.get()
         if kind == "end":
             await self._send(send, self.encoder.end(), False)

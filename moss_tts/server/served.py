@@ -44,15 +44,19 @@ class ServedModel:
 class ServedModels:
     """name → ServedModel, the first being the default (it also answers to OpenAI's names);
     each model gets its own worker. `voices` indexes the stored voices (voice_index.py);
-    `write_timeout` is how long any response may wait for its client."""
+    `write_timeout` is how long any response may wait for its client; `live_idle` how long a
+    live client may send nothing while nothing is spoken; `live_context` a live
+    conversation's backbone rows (None: the model's own size)."""
 
-    def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float):
+    def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float,
+                 live_idle: float, live_context: int | None = None):
         self.models = {name: ServedModel(name, tts, queue_depth,
                                          "moss-tts-model" if i == 0 else f"moss-tts-model-{name}")
                        for i, (name, tts) in enumerate(models.items())}
         self.default = next(iter(self.models.values()))
         self.voices, self.write_timeout = voices, write_timeout
         self.voices_root = voices.root
+        self.live_idle, self.live_context = live_idle, live_context
 
     def pick(self, name: str | None) -> ServedModel:
         """The request's model: by its name; OpenAI's names (or none) mean the first."""
@@ -63,6 +67,10 @@ class ServedModels:
                                     f"{', '.join(self.models)} (or {', '.join(OPENAI_MODELS)} "
                                     f"for {self.default.name})")
         return self.models[name]
+
+    def live_rows(self) -> dict:
+        """The session keyword for --live-context (none: the model's own default)."""
+        return {} if self.live_context is None else {"max_rows": self.live_context}
 
     def live_names(self) -> list[str]:
         return [name for name, m in self.models.items() if m.live]

@@ -42,6 +42,7 @@ class ModelWorker:
 
     def __init__(self, model, depth: int, name: str = "moss-tts-model"):
         self._slots = threading.BoundedSemaphore(depth + 1)
+        self._free, self._count = depth + 1, threading.Lock()   # what the semaphore holds
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.model = OwnedModel(model, self._thread)
@@ -49,14 +50,30 @@ class ModelWorker:
 
     def submit(self, job) -> Future | None:
         """A future of job(model), or None when the line is full (the server answers 503)."""
-        if not self._slots.acquire(blocking=False):
+        if not self._take_slot():
             return None
         return self._put(job, frees_slot=True)
 
     def open_lane(self) -> Lane | None:
         """A slot held for a long-lived client (a live connection), or None when the line is
         full: the client counts as one request in the line until `Lane.release`."""
-        return Lane(self) if self._slots.acquire(blocking=False) else None
+        return Lane(self) if self._take_slot() else None
+
+    @property
+    def free_places(self) -> int:
+        """Places in the line free now (the running job's included): what /v1/models says."""
+        return self._free
+
+    def _take_slot(self) -> bool:
+        with self._count:
+            taken = self._slots.acquire(blocking=False)
+            self._free -= taken
+            return taken
+
+    def _free_slot(self) -> None:
+        with self._count:
+            self._slots.release()
+            self._free += 1
 
     def _put(self, job, *, frees_slot: bool) -> Future:
         future: Future = Future()
@@ -78,7 +95,7 @@ class ModelWorker:
                 # the slot comes back before the result is seen: a client that has its answer
                 # and asks again at once finds the line as free as it left it
                 if frees_slot:
-                    self._slots.release()
+                    self._free_slot()
             if ran and error is not None:
                 future.set_exception(error)
             elif ran:
@@ -102,7 +119,7 @@ class Lane:
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._worker._slots.release()
+            self._worker._free_slot()
 
 
 class AudioChannel:

@@ -80,3 +80,11 @@ def test_serve_warns_when_it_binds_beyond_loopback_without_a_key(tmp_path):
                           "--model", tmp_path / "missing.gguf", "--codec", tmp_path / "c.gguf"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert "without --api-key" in out.stderr and out.returncode != 0
+
+
+def test_serve_refuses_more_connections_than_the_process_may_open(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "moss_tts", "serve", "--max-connections",
+                          str(10 ** 9), "--model", tmp_path / "missing.gguf"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--max-connections" in out.stderr
+    assert "ulimit -n" in out.stderr and len(out.stderr.strip().splitlines()) == 1

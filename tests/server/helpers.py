@@ -23,6 +23,7 @@ from fixtures.make_realtime import make_tiny_realtime_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from moss_tts.errors import InputError
 from moss_tts.sampling import SamplingOptions
+from moss_tts.server.connections import Limits, uvicorn_config
 from moss_tts.tts import CodecTTS
 from moss_tts.tts import Reference
 
@@ -30,15 +31,20 @@ SR = 1600  # the tiny codec's rate
 
 
 class Served:
-    """uvicorn in a thread on an ephemeral loopback port; stopped at teardown."""
+    """uvicorn in a thread on an ephemeral loopback port, configured as `serve` runs it
+    (connections.py, with `limits`); stopped at teardown. `sndbuf` sets the send buffer of the
+    sockets it accepts (they inherit the listener's), so a client that stops reading fills it
+    soon."""
 
-    def __init__(self, app):
+    def __init__(self, app, limits=Limits(), sndbuf=None):
         import uvicorn
         self.sock = socket.socket()
+        if sndbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn_config(app, limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
         self.thread.start()

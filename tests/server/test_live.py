@@ -13,7 +13,7 @@ from websockets.sync.client import connect
 
 from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
-from moss_tts.models.realtime_tts import RealtimeTTS
+from moss_tts.models.realtime_tts import SESSION_ROWS, RealtimeTTS
 from moss_tts.sampling import RealtimeSamplingOptions
 from moss_tts.server import create_app
 from moss_tts.server.formats import pcm_bytes
@@ -124,7 +124,7 @@ def test_live_audio_is_the_sessions_audio_turn_after_turn(serve, models):
         send(ws, {"model": "moss-tts-realtime", "seed": 5})
         _, started = until_event(ws, "started")
         assert started == {"type": "started", "model": "moss-tts-realtime", "sample_rate": 3200,
-                           "channels": 1, "format": "pcm_s16le"}
+                           "channels": 1, "format": "pcm_s16le", "context": SESSION_ROWS}
         first, done = speak_turn(ws, DELTAS)
         assert done["interrupted"] is False
         send(ws, {"type": "turn", "user_text": "And now?"})

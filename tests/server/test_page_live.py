@@ -124,6 +124,9 @@ class PasteSession:
     """Keeps the text it is pushed (one string per session in `texts`); says nothing until the
     turn's end, then a short chunk."""
 
+    # what the live server reads of a session after each turn (its context, a budget cut)
+    rows, budget_cut, turns_dropped = (0, 2048), False, 0
+
     def __init__(self, texts: list):
         self.texts = texts
         texts.append("")

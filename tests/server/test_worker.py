@@ -15,6 +15,7 @@ import pytest
 
 from moss_tts.errors import BackendError
 from moss_tts.server import create_app
+from moss_tts.server.connections import WRITE_TIMEOUT, Limits
 from moss_tts.server.worker import ModelWorker
 from tests.server.helpers import SR, Served, StubTTS, call, silent_wav_b64
 
@@ -65,7 +66,7 @@ def serve(tmp_path):
 
     def start(tts, **kwargs):
         app = Watched(create_app(tts, voices_root=tmp_path / "voices", **kwargs))
-        s = Served(app)
+        s = Served(app, Limits(write_timeout=kwargs.get("write_timeout", WRITE_TIMEOUT)))
         s.watched = app
         started.append(s)
         return s
