@@ -131,10 +131,11 @@ class AudioStream:
             await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.channel.cancelled.set()      # the worker stops at its next chunk
-            # asyncio.wait_for (Python ≤ 3.11) swallows a cancel that arrives as its write
-            # completes: the pump then waits on the channel, which the stopped worker never
-            # feeds again (left behind, it was collected pending: "Task was destroyed but it
-            # is pending!"). This item wakes it; the pump is awaited, never left behind.
+            # a cancel that arrives as a write completes can be lost (asyncio.wait_for on
+            # Python ≤ 3.11 swallowed it; a send layer may too): the pump then waits on the
+            # channel, which the stopped worker never feeds again (left behind, it was collected
+            # pending: "Task was destroyed but it is pending!"). This item wakes it; the pump
+            # is awaited, never left behind.
             self.channel.finish("cancelled")
             pump.cancel()
             gone.cancel()

@@ -184,7 +184,7 @@ def test_a_stream_whose_write_loses_the_cancel_still_ends_with_no_task_behind(mo
                     await asyncio.sleep(0)
         channel = AudioChannel(asyncio.get_running_loop(), 4, 60.0)
         stream = AudioStream(("audio", np.zeros((32, 2), np.float32)), channel,
-                             StreamEncoder("sse", "pcm", "native", SR, 2), 60.0)
+                             StreamEncoder("sse", "pcm", "native", SR, 2))
         done, _ = await asyncio.wait({asyncio.ensure_future(stream({}, receive, send))},
                                      timeout=GUARD_SECONDS)
         assert done, "the stream never ended"
