@@ -12,24 +12,10 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from moss_tts.server import create_app
 from moss_tts.server.access import Gate, split_host
-from tests.server.helpers import Served, StubTTS, call, silent_wav_b64
+from tests.server.helpers import call, silent_wav_b64
 
 SPEECH = {"model": "tts-1", "input": "hi", "response_format": "pcm"}
-
-
-@pytest.fixture
-def serve(tmp_path):
-    started = []
-
-    def start(**kwargs):
-        s = Served(create_app(StubTTS(), voices_root=tmp_path / "voices", **kwargs))
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.stop()
 
 
 @pytest.fixture

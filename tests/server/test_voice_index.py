@@ -8,11 +8,9 @@ import json
 import threading
 
 import numpy as np
-import pytest
 
-from moss_tts.server import create_app
 from moss_tts.voices import add_voice, remove_voice
-from tests.server.helpers import Served, StubTTS, call, silent_wav_b64
+from tests.server.helpers import call, silent_wav_b64
 
 MANY = 300       # voices in the directory: enough that reading them all is real work
 GUARD_SECONDS = 20
@@ -22,19 +20,6 @@ INFO = {"variant": "stub", "sample_rate": 1600, "codebooks": 4, "source": "test"
 def store(root, names):
     for name in names:
         add_voice(name, np.zeros((5, 2), np.int32), INFO, root=root)
-
-
-@pytest.fixture
-def serve(tmp_path):
-    started = []
-
-    def start(**kwargs):
-        s = Served(create_app(StubTTS(), voices_root=tmp_path / "voices", **kwargs))
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.stop()
 
 
 class VoiceReads:
