@@ -1,5 +1,6 @@
-"""What the server tests share: `serve(**create_app keywords)` starts a loopback server over a
-StubTTS with its voices under tmp_path, stopped after the test."""
+"""What the server tests share: `served(app, limits, sndbuf=...)` runs an app on a loopback
+port and stops it after the test; `serve(**create_app keywords)` does so for a StubTTS with its
+voices under tmp_path."""
 
 import pytest
 
@@ -8,13 +9,24 @@ from tests.server.helpers import Served, StubTTS
 
 
 @pytest.fixture
-def serve(tmp_path):
+def served():
+    """`served(app, *Served args)` → a running Served; `served.stop_all()` stops them (done at
+    teardown; a fixture that owns the models calls it first, before closing them)."""
     started = []
 
-    def start(**kwargs):
-        s = Served(create_app(StubTTS(), voices_root=tmp_path / "voices", **kwargs))
-        started.append(s)
-        return s
+    def start(app, *args, **kwargs) -> Served:
+        started.append(Served(app, *args, **kwargs))
+        return started[-1]
+
+    def stop_all():
+        for s in started:
+            s.stop()
+    start.stop_all = stop_all
     yield start
-    for s in started:
-        s.stop()
+    stop_all()
+
+
+@pytest.fixture
+def serve(tmp_path, served):
+    return lambda **kwargs: served(create_app(StubTTS(), voices_root=tmp_path / "voices",
+                                              **kwargs))

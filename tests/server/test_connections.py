@@ -14,7 +14,7 @@ import pytest
 
 from moss_tts.server import create_app
 from moss_tts.server.connections import Limits
-from tests.server.helpers import SR, Served, StubTTS, call
+from tests.server.helpers import SR, StubTTS, call
 
 BOUND = 60     # seconds: only a broken server makes a test wait this long
 
@@ -80,17 +80,9 @@ def read_to_end(sock: socket.socket) -> bytes:
 
 
 @pytest.fixture
-def serve(tmp_path):
-    started = []
-
-    def start(tts, limits, **kwargs):
-        s = Served(create_app(tts, voices_root=tmp_path / "voices", **kwargs), limits,
-                   sndbuf=4096)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.stop()
+def serve(tmp_path, served):
+    return lambda tts, limits, **kwargs: served(
+        create_app(tts, voices_root=tmp_path / "voices", **kwargs), limits, sndbuf=4096)
 
 
 def test_held_connections_are_bounded_and_health_still_answers(serve):

@@ -27,7 +27,7 @@ from moss_tts.server import create_app
 from moss_tts.server.formats import StreamEncoder
 from moss_tts.server.responses import AudioStream
 from moss_tts.server.worker import AudioChannel
-from tests.server.helpers import SR, Served, StubTTS, call
+from tests.server.helpers import SR, StubTTS, call
 
 GUARD_SECONDS = 20     # how long a test waits for the server's side: only a broken test waits
 
@@ -59,19 +59,14 @@ class Finished:
 
 
 @pytest.fixture
-def serve(tmp_path):
-    started = []
-
+def serve(tmp_path, served):
     def start(tts=None, wrap=lambda app: app, **kwargs):
         app = Finished(wrap(create_app(tts or StubTTS(), voices_root=tmp_path / "voices",
                                        **kwargs)))
-        s = Served(app)
+        s = served(app)
         s.finished = app
-        started.append(s)
         return s
-    yield start
-    for s in started:
-        s.stop()
+    return start
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.server import create_app
 from moss_tts.server.connections import Limits
-from tests.server.helpers import Served, call, tiny_realtime_files
+from tests.server.helpers import call, tiny_realtime_files
 from tests.server.test_connections import LogRecords
 
 TEXT = "Hello there, this is a live test. It speaks as the text arrives!"
@@ -57,19 +57,16 @@ def files(tmp_path_factory):
 
 
 @pytest.fixture
-def serve(tmp_path, files):
-    started, loaded = [], []
+def serve(tmp_path, files, served):
+    loaded = []
 
     def start(model_class=RealtimeTTS, limits=Limits(), sndbuf=None, **kwargs):
         tts = model_class.load(files[0], codec=files[1], threads=1)
         loaded.append(tts)
-        s = Served(create_app({"moss-tts-realtime": tts}, voices_root=tmp_path / "voices",
-                              **kwargs), limits, sndbuf=sndbuf)
-        started.append(s)
-        return s
+        return served(create_app({"moss-tts-realtime": tts}, voices_root=tmp_path / "voices",
+                                 **kwargs), limits, sndbuf=sndbuf)
     yield start
-    for s in started:
-        s.stop()
+    served.stop_all()     # before the models close (`served` tears down after this fixture)
     for tts in loaded:
         tts.close()
 

@@ -3,7 +3,6 @@ only when a live model is picked, text typed into it is spoken turn by turn (the
 receives are the offline speech of that text for the seed), it sends the API key, and a paste
 longer than one message may hold is sent in pieces (with a stub live model)."""
 
-import time
 
 import numpy as np
 import pytest

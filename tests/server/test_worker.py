@@ -17,7 +17,7 @@ from moss_tts.errors import BackendError
 from moss_tts.server import create_app
 from moss_tts.server.connections import WRITE_TIMEOUT, Limits
 from moss_tts.server.worker import ModelWorker
-from tests.server.helpers import SR, Served, StubTTS, call, silent_wav_b64
+from tests.server.helpers import SR, StubTTS, call, silent_wav_b64
 
 
 class Watched:
@@ -61,18 +61,13 @@ class Watched:
 
 
 @pytest.fixture
-def serve(tmp_path):
-    started = []
-
+def serve(tmp_path, served):
     def start(tts, **kwargs):
         app = Watched(create_app(tts, voices_root=tmp_path / "voices", **kwargs))
-        s = Served(app, Limits(write_timeout=kwargs.get("write_timeout", WRITE_TIMEOUT)))
+        s = served(app, Limits(write_timeout=kwargs.get("write_timeout", WRITE_TIMEOUT)))
         s.watched = app
-        started.append(s)
         return s
-    yield start
-    for s in started:
-        s.stop()
+    return start
 
 
 def in_thread(target, *args):
