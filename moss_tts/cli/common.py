@@ -37,23 +37,15 @@ def _number(text: str, kind):
 
 
 def positive_int(text: str) -> int:
-    """A count that must be at least 1 (threads, frames, tokens, codebooks)."""
+    """A count that must be at least 1 (threads, codebooks, queue places)."""
     value = _number(text, int)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
 
 
-def non_negative_int(text: str) -> int:
-    """0 or more (a seed; top-k where 0 means off)."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
-
-
 def positive_float(text: str) -> float:
-    """A finite number above 0 (seconds, temperatures, penalties)."""
+    """A finite number above 0 (seconds, timeouts)."""
     value = _number(text, float)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
@@ -68,14 +60,6 @@ def at_most(upper: float):
             raise argparse.ArgumentTypeError(f"{text!r} must be at most {upper:g}")
         return value
     return check
-
-
-def probability(text: str) -> float:
-    """A finite number in (0, 1] (top-p)."""
-    value = _number(text, float)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and at most 1")
-    return value
 
 
 def port(text: str) -> int:
