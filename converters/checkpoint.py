@@ -18,7 +18,8 @@ from moss_tts.ggml.backend import NativeResource, released_on_error
 logger = logging.getLogger(__name__)
 
 
-def resolve_model_dir(model: str, *, allow_patterns=("*.json", "*.safetensors", "*.model")) -> Path:
+def resolve_model_dir(model: str, *,
+                      allow_patterns=("*.json", "*.safetensors", "*.model", "*.md")) -> Path:
     """`model` is a directory, or a Hugging Face repo id downloaded (once) into the HF cache."""
     path = Path(model).expanduser()
     if path.is_dir():

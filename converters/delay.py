@@ -1,8 +1,10 @@
-"""MossTTSDelay checkpoint (MOSS-TTS, MOSS-TTS-v1.5) → one GGUF holding the weights, the config
-and the tokenizer.json text (design §4; docs/upstream-notes.md §family-2.1-2.2).
+"""MossTTSDelay checkpoint (MOSS-TTS v1.0 / v1.5, MOSS-TTSD, MOSS-VoiceGenerator,
+MOSS-SoundEffect) → one GGUF holding the weights, the config, the tokenizer.json text and the
+name of the published checkpoint it is (design §4; docs/upstream-notes.md §family-2.1-2.2,
+§family-9).
 
-    python -m moss_tts convert delay --model DIR_OR_REPO --out delay.gguf [--outtype q4_K]
-        [--head-type q8_0] [--embed-type f16]
+    python -m moss_tts convert delay|ttsd|voicegen|sfx --model DIR_OR_REPO --out delay.gguf
+        [--outtype q4_K] [--head-type q8_0] [--embed-type f16]
 
 Sharded bf16 safetensors are read one tensor at a time. The backbone takes llama.cpp's Qwen3
 names (as upstream's own llama.cpp converter does), the audio tables keep upstream names.
@@ -110,9 +112,38 @@ def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
     return group_types(delay_group, outtype, head=head, embed=embed)
 
 
+def checkpoint_of(model_dir: Path, given=None, *, source: str | None = None):
+    """Which published checkpoint `model_dir` is (a registry row): the one asked for (`given`,
+    from `convert ttsd`, ...) unless its names or shape say it is another one — converting
+    MOSS-TTSD as MOSS-TTS would give it the wrong prompt — else the one they say."""
+    from moss_tts.models.registry import family_of_checkpoint
+
+    try:
+        found = family_of_checkpoint(model_dir, source=source)
+    except ConfigError:
+        if given is None:
+            raise
+        return given
+    if given is not None and found.arch and found is not given:
+        raise ConfigError(f"{source or model_dir} is {found.checkpoint}, not {given.checkpoint}: "
+                          f"convert it with `python -m moss_tts convert {found.kind}`")
+    return given or found
+
+
 def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,
-            embed_type: str = "f32", strict: bool = False, progress=None) -> Path:
-    return convert_checkpoint(model, out, parse_config=delay_config, find_tokenizer=find_tokenizer,
-                              map_tensors=map_tensors, tokenizer_key=TOKENIZER_KEY, kind=KIND,
-                              version=FORMAT_VERSION, strict=strict, progress=progress,
-                              type_for=tensor_types(outtype, head=head_type, embed=embed_type))
+            embed_type: str = "f32", strict: bool = False, progress=None,
+            checkpoint=None) -> Path:
+    """`checkpoint`: the registry row of the published checkpoint being converted (default:
+    recognized from the checkpoint, `checkpoint_of`); its name goes into the GGUF."""
+    from moss_tts.models.registry import CHECKPOINT_KEY
+
+    from .checkpoint import resolve_model_dir
+
+    model_dir = resolve_model_dir(model)
+    row = checkpoint_of(model_dir, checkpoint, source=model)
+    return convert_checkpoint(str(model_dir), out, parse_config=delay_config,
+                              find_tokenizer=find_tokenizer, map_tensors=map_tensors,
+                              tokenizer_key=TOKENIZER_KEY, kind=KIND, version=FORMAT_VERSION,
+                              strict=strict, progress=progress,
+                              type_for=tensor_types(outtype, head=head_type, embed=embed_type),
+                              meta={CHECKPOINT_KEY: row.checkpoint})

@@ -34,10 +34,10 @@ def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[st
 
 def convert_checkpoint(model: str, out, *, parse_config, find_tokenizer, map_tensors,
                        tokenizer_key: str, kind: str, version: int, type_for, strict: bool,
-                       progress=None, refine=None) -> Path:
+                       progress=None, refine=None, meta: dict | None = None) -> Path:
     """The common route of a TTS converter: resolve the checkpoint, parse its config.json,
     embed its tokenizer, map its tensors lazily, then `finish`. `refine(cfg, ckpt) -> cfg`
-    settles what only the tensors tell (a tied head stored once)."""
+    settles what only the tensors tell (a tied head stored once); `meta`: more GGUF keys."""
     from .checkpoint import open_checkpoint, read_config, resolve_model_dir
 
     model_dir = resolve_model_dir(model)
@@ -47,7 +47,7 @@ def convert_checkpoint(model: str, out, *, parse_config, find_tokenizer, map_ten
     with open_checkpoint(model_dir) as ckpt:
         if refine is not None:
             cfg = refine(cfg, ckpt)
-        meta = cfg.to_metadata() | {tokenizer_key: tokenizer}
+        meta = cfg.to_metadata() | {tokenizer_key: tokenizer} | (meta or {})
         tensors, unmapped = map_tensors(ckpt, cfg)
         return finish(model_dir, out, tensors, unmapped, cfg.tensor_shapes(), meta, kind=kind,
                       version=version, type_for=type_for, strict=strict, progress=progress)

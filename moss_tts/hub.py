@@ -63,15 +63,17 @@ def _outtype(family: str) -> str:
 
 
 def _family(source: str, family: str) -> str:
-    """"model" → the TTS family its config.json names (only the JSON files are fetched)."""
+    """"model" → the TTS family its config.json names, and for an architecture with several
+    published checkpoints, which one (its name, its model card's title, its shape); only the
+    JSON and Markdown files are fetched."""
     if family != "model":
         return family
-    from converters.checkpoint import read_config, resolve_model_dir
+    from converters.checkpoint import resolve_model_dir
 
-    from .models.registry import family_of_config
+    from .models.registry import family_of_checkpoint
 
-    found = family_of_config(read_config(resolve_model_dir(source,
-                                                           allow_patterns=("*.json",)))).kind
+    found = family_of_checkpoint(resolve_model_dir(source, allow_patterns=("*.json", "*.md")),
+                                 source=source).kind
     if found == "codec":
         raise ModelFileError(f"{source} is an audio codec checkpoint, not a speech model: pass "
                              "it as --codec")

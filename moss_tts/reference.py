@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,11 +20,13 @@ from .errors import InputError
 class Reference:
     """A voice: the codec codes [frames, n_vq] of reference speech. `codec` is `codec_info` of
     the codec that made them (None: unknown, taken as it is); `name` a stored voice's name, for
-    messages."""
+    messages; `transcript` what the speech says, where known (a voice stored with it: MOSS-TTSD
+    needs each speaker's words)."""
 
     codes: np.ndarray
     codec: dict | None = None
     name: str | None = None
+    transcript: str | None = None
 
 
 def codec_info(codec) -> dict:
@@ -78,7 +80,7 @@ def as_reference(value, what: str, *, n_vq: int, max_width: int | None,
         return None
     if isinstance(value, Reference):
         codes = check_codes(value.codes, what, n_vq, max_width)
-        return value if codes is value.codes else Reference(codes, value.codec, value.name)
+        return value if codes is value.codes else replace(value, codes=codes)
     if isinstance(value, tuple):
         if len(value) != 2:
             raise InputError(f"{what}: a tuple must be (samples, sample_rate), got {len(value)} "

@@ -219,6 +219,39 @@ class LocalSamplingOptions(DelaySamplingOptions):
         return super().audio_channel
 
 
+# MossTTSDelay's other published checkpoints decode with their cards' recommended audio knobs
+# (docs/upstream-notes.md §family-9); the text channel keeps upstream's generate defaults
+@dataclass(frozen=True)
+class DialogueSamplingOptions(DelaySamplingOptions):
+    """MOSS-TTSD v1.0: audio 1.1 / 0.9 / 50 / 1.1 (its card, §1.4; its app's defaults)."""
+
+    audio_temperature: float = 1.1
+    audio_top_p: float = 0.9
+    audio_top_k: int = 50
+    audio_repetition_penalty: float = 1.1
+
+
+@dataclass(frozen=True)
+class VoiceDesignSamplingOptions(DelaySamplingOptions):
+    """MOSS-VoiceGenerator: audio 1.5 / 0.6 / 50 / 1.1 (its card, §1.3: it is "sensitive to
+    decoding hyperparameters")."""
+
+    audio_temperature: float = 1.5
+    audio_top_p: float = 0.6
+    audio_top_k: int = 50
+    audio_repetition_penalty: float = 1.1
+
+
+@dataclass(frozen=True)
+class SoundEffectSamplingOptions(DelaySamplingOptions):
+    """MOSS-SoundEffect: audio 1.5 / 0.6 / 50 / 1.2 (its card, §1.4)."""
+
+    audio_temperature: float = 1.5
+    audio_top_p: float = 0.6
+    audio_top_k: int = 50
+    audio_repetition_penalty: float = 1.2
+
+
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
     """For every id already generated (boolean `seen`, broadcast over the rows: one row per

@@ -120,7 +120,7 @@ def family_stream(stream):
     signature = inspect.signature(stream)
 
     @functools.wraps(stream)
-    def checked(self, text, **kw):
+    def checked(self, text=None, **kw):
         self._need_open()
         try:
             signature.bind(self, text, **kw)
@@ -147,6 +147,8 @@ class CodecTTS(NativeResource):
     OPTIONS: type = object    # the family's sampling dataclass: its defaults are the only ones
     PROMPT_FIELDS: tuple[str, ...] = ()   # prompt keywords of `stream` (instruction, language, ...)
     TEXT_FIELDS: tuple[str, ...] = ()     # those of them that are text (checked by check_text)
+    TEXT_OPTIONAL = False                 # True: `text` may be None (what is made is described
+                                          # by another field: MOSS-SoundEffect's `sound`)
     BUDGET: FrameBudget       # each family declares its own: keyword, default, limit, unit
     CHANNELS = 1              # of the audio `stream` yields
     model = codec = None
@@ -206,7 +208,7 @@ class CodecTTS(NativeResource):
         for field in ("prompt_text",) + self.TEXT_FIELDS:
             if fields.get(field) is not None:
                 check_text(fields[field], field)
-        return check_text(text, "text")
+        return None if text is None and self.TEXT_OPTIONAL else check_text(text, "text")
 
     def _bounded(self, kwargs: dict, keyword: str) -> dict:
         """A research call's budget (`keyword`: the model's own name for it) within the

@@ -63,7 +63,8 @@ def load_voice(name: str, *, root: Path | None = None) -> tuple[Reference, dict]
     codec's codebooks] and the codec that made them, so any model can refuse a voice of another
     codec by name (`tts.voice(name)` is this, fitted to the model)."""
     codes, info = _stored(name, root)   # info holds codec_info's keys (older voices: none)
-    return Reference(codes, info if "variant" in info else None, name), info
+    return Reference(codes, info if "variant" in info else None, name,
+                     info.get("transcript")), info
 
 
 def _stored(name: str, root: Path | None) -> tuple[np.ndarray, dict]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
-from ..errors import InputError
+from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
@@ -68,6 +68,23 @@ class DelayTTS(Qwen3TTS):
     BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, 40960, "rows", per_chunk=True)
     DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
 
+    def __init__(self, model, codec):
+        super().__init__(model, codec)
+        self._check_checkpoint()
+
+    def _check_checkpoint(self) -> None:
+        """A GGUF of one published checkpoint (MOSS-TTSD, ...) loaded by another's class would
+        get the other's prompt: refused, naming the class that fits (`load_tts` picks it)."""
+        from .registry import BY_KIND, CHECKPOINT_KEY, checkpoint_row
+
+        weights = getattr(self.model, "weights", None)
+        recorded = weights.file.get(CHECKPOINT_KEY) if weights is not None else None
+        row = checkpoint_row(BY_KIND[KIND], recorded)
+        if recorded and row.kind != self.FAMILY:
+            raise ModelFileError(f"{weights.file.path}: a {row.checkpoint} GGUF, not "
+                                 f"{self.NAME}: load it with load_tts() (or "
+                                 f"{row.tts.split(':')[1]}.load)")
+
     @staticmethod
     def prompt_ids(c) -> DelayPromptIds:
         return DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
@@ -90,9 +107,17 @@ class DelayTTS(Qwen3TTS):
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
         """Reference speech → codes [frames, n_vq]: cut to max_seconds (as Nano's), mono mix, the
         codec's rate, loudness normalization (§family-1.3, on what is kept), then the codec."""
+        return self._encoded_speech(self._speech(samples, sample_rate, max_seconds))
+
+    def _speech(self, samples, sample_rate: int, max_seconds: float | None) -> np.ndarray:
+        """Reference speech as the codec takes it, before loudness: cut, mono, the codec's rate."""
         codec = self._need_codec()
         x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
-        x = resample(to_channels(x, 1), sample_rate, codec.sample_rate)
+        return resample(to_channels(x, 1), sample_rate, codec.sample_rate)
+
+    def _encoded_speech(self, x: np.ndarray) -> Reference:
+        """`_speech` output → its codes, loudness-normalized as a whole first (§family-1.3)."""
+        codec = self._need_codec()
         return self._encoded(codec.encode(loudness_normalize(x), codec.sample_rate,
                                           n_quantizers=self.config.n_vq))
 
@@ -161,6 +186,14 @@ class DelayTTS(Qwen3TTS):
         generated frames without a pad code go to `frames`."""
         rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
                          normalize=normalize, **fields)
+        yield from self._spoken(rows, prompt, options=options, seed=seed,
+                                max_new_rows=max_new_rows, frames=frames)
+
+    def _spoken(self, rows: np.ndarray, prompt: Reference | None, *, options, seed,
+                max_new_rows: int, frames: list) -> Iterator[np.ndarray]:
+        """The audio of prompt rows (`plan`): generated rows → frames → codec; with a
+        continuation `prompt` (the one the rows end on), its frames start the codec stream and
+        their audio is dropped."""
         assembler, pad = FrameAssembler(self.config.n_vq), self.config.audio_pad_code
         skip = 0
         if prompt is not None:   # the prompt's (cut) staircase: its last rows start the buffer

@@ -37,6 +37,17 @@ class Family:
     codec_name: str              # what to pass as --codec, in words
     hub_outtype: str = "f32"     # what a repo id converts to when no type is asked for
     convert_flags: tuple[str, ...] = ()   # converters.registry.CONVERT_FLAGS it takes
+    # A published checkpoint of another row's architecture (MOSS-TTSD on MossTTSDelay): `arch`
+    # is the GGUF `moss.kind` its weights carry, `checkpoint` the name the GGUF records
+    # (CHECKPOINT_KEY), `names` the marks (lower case, no separators) that name it in a repo
+    # id, a directory, config.json's `_name_or_path` or its model card's title
+    arch: str = ""
+    checkpoint: str = ""
+    names: tuple[str, ...] = ()
+
+    @property
+    def gguf_kind(self) -> str:
+        return self.arch or self.kind
 
     def tts_class(self):
         return _attribute(self.tts)
@@ -45,7 +56,10 @@ class Family:
         return _attribute(self.options)
 
     def convert(self, *args, **kwargs):
-        """The family converter's `convert(model, out, *, outtype, strict, progress, ...)`."""
+        """The family converter's `convert(model, out, *, outtype, strict, progress, ...)`; a
+        converter shared by several checkpoints is told which one it writes."""
+        if self.checkpoint:
+            kwargs["checkpoint"] = self
         return importlib.import_module(self.converter).convert(*args, **kwargs)
 
 
@@ -90,7 +104,29 @@ FAMILIES = (
            _is_delay,
            ("max_new_rows", "language", "instruction", "tokens", "seconds", "prompt_text"),
            "OpenMOSS-Team/MOSS-TTS", CODEC_24K, "the MOSS-Audio-Tokenizer (24 kHz) GGUF",
-           hub_outtype="q6_K", convert_flags=("head_type", "embed_type")),
+           hub_outtype="q6_K", convert_flags=("head_type", "embed_type"),
+           checkpoint="MOSS-TTS", names=("mosstts",)),
+    # MossTTSDelay's other published checkpoints (docs/upstream-notes.md §family-9): the same
+    # runtime, another prompt and task each
+    Family("ttsd", "MOSS-TTSD v1.0 (dialogue)", "TTSD", "moss_tts.models.delay_tasks:DialogueTTS",
+           "moss_tts.sampling:DialogueSamplingOptions", "converters.delay", _is_delay,
+           ("max_new_rows", "speakers", "language"),
+           "OpenMOSS-Team/MOSS-TTSD-v1.0", CODEC_24K, "the MOSS-Audio-Tokenizer (24 kHz) GGUF",
+           hub_outtype="q6_K", convert_flags=("head_type", "embed_type"),
+           arch="delay", checkpoint="MOSS-TTSD-v1.0", names=("mossttsd", "ttsd")),
+    Family("voicegen", "MOSS-VoiceGenerator", "VoiceGenerator",
+           "moss_tts.models.delay_tasks:VoiceDesignTTS",
+           "moss_tts.sampling:VoiceDesignSamplingOptions", "converters.delay", _is_delay,
+           ("max_new_rows", "instruction", "language", "tokens", "seconds"),
+           "OpenMOSS-Team/MOSS-VoiceGenerator", CODEC_24K,
+           "the MOSS-Audio-Tokenizer (24 kHz) GGUF", convert_flags=("head_type", "embed_type"),
+           arch="delay", checkpoint="MOSS-VoiceGenerator", names=("voicegenerator", "voicegen")),
+    Family("sfx", "MOSS-SoundEffect", "SoundEffect", "moss_tts.models.delay_tasks:SoundEffectTTS",
+           "moss_tts.sampling:SoundEffectSamplingOptions", "converters.delay", _is_delay,
+           ("max_new_rows", "sound", "tokens", "seconds"),
+           "OpenMOSS-Team/MOSS-SoundEffect", CODEC_24K, "the MOSS-Audio-Tokenizer (24 kHz) GGUF",
+           hub_outtype="q6_K", convert_flags=("head_type", "embed_type"),
+           arch="delay", checkpoint="MOSS-SoundEffect", names=("soundeffect", "sfx")),
     Family("local", "MOSS-TTS-Local-Transformer", "Local",
            "moss_tts.models.local_tts:LocalTTS", "moss_tts.sampling:LocalSamplingOptions",
            "converters.local",
@@ -119,6 +155,8 @@ CODEC = Family("codec", "MOSS-Audio-Tokenizer", "codec", "moss_tts.codec:Codec",
                "converters.codec", _is_codec, (), CODEC_NANO, CODEC_NANO, "")
 DEFAULT = FAMILIES[0]            # what `tts` and `serve` speak with when no --model is given
 BY_KIND = {f.kind: f for f in FAMILIES}
+BASES = [f.kind for f in FAMILIES if not f.arch]        # the GGUF kinds of speech models
+CHECKPOINT_KEY = "moss.checkpoint"      # which published checkpoint a GGUF's weights are
 CONVERTIBLE = {f.kind: f for f in (CODEC, *FAMILIES)}
 
 
@@ -132,8 +170,9 @@ def family(kind: str) -> Family:
 
 
 def family_of_config(config: dict) -> Family:
-    """The family (or the codec) a checkpoint's config.json holds."""
-    found = [f for f in (CODEC, *FAMILIES) if f.detect(config)]
+    """The architecture (or the codec) a checkpoint's config.json holds: its base row, the one
+    whose GGUF kind it is (`family_of_checkpoint` tells its published checkpoints apart)."""
+    found = [f for f in (CODEC, *FAMILIES) if not f.arch and f.detect(config)]
     if len(found) != 1:
         which = "matches no family" if not found else \
             f"matches {' and '.join(f.kind for f in found)}"
@@ -142,9 +181,68 @@ def family_of_config(config: dict) -> Family:
     return found[0]
 
 
+def checkpoints_of(base: Family) -> list[Family]:
+    """The rows sharing `base`'s architecture (itself first)."""
+    return [base] + [f for f in FAMILIES if f.arch == base.kind]
+
+
+def family_of_checkpoint(model_dir, *, source: str | None = None) -> Family:
+    """The row of a checkpoint directory: its architecture from config.json, then which of that
+    architecture's published checkpoints it is, from the names it goes by (config.json's
+    `_name_or_path`, the model card's title, the repo id or directory it came from, nearest
+    first), else from its shape: 16 codebooks at 2048 wide is MOSS-VoiceGenerator; 16 at 8B
+    is MOSS-TTSD or MOSS-SoundEffect, which only a name tells apart (an error says how to
+    name it); anything else is MOSS-TTS (docs/upstream-notes.md §family-9)."""
+    from converters.checkpoint import read_config
+
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    base = family_of_config(config)
+    rows = checkpoints_of(base)
+    if len(rows) == 1:
+        return base
+    by_name = named_checkpoint(rows, _names_of(model_dir, config, source))
+    if by_name is not None:
+        return by_name
+    n_vq = config.get("n_vq")
+    width = (config.get("language_config") or {}).get("hidden_size", 0)
+    if n_vq == 16 and width <= 2048:
+        return BY_KIND["voicegen"]
+    if n_vq == 16:
+        raise ConfigError(f"{model_dir}: a MossTTSDelay checkpoint with 16 codebooks at width "
+                          f"{width} is MOSS-TTSD or MOSS-SoundEffect, and nothing names which: "
+                          "convert it with `python -m moss_tts convert ttsd` (or `sfx`)")
+    return base
+
+
+def named_checkpoint(rows: list[Family], names: list[str]) -> Family | None:
+    """The first row one of `names` (nearest first) marks, or None; a name marking the base
+    (MOSS-TTS) ends the search too, so a folder above it cannot name another checkpoint."""
+    for name in names:
+        flat = "".join(ch for ch in name.lower() if ch.isalnum())
+        for row in sorted(rows, key=lambda r: not r.arch):     # "mossttsd" before "mosstts"
+            if any(mark in flat for mark in row.names):
+                return row
+    return None
+
+
+def _names_of(model_dir: Path, config: dict, source: str | None) -> list[str]:
+    names = [str(config.get("_name_or_path") or "")]
+    card = model_dir / "README.md"
+    if card.is_file():
+        heading = next((line for line in card.read_text(errors="replace").splitlines()
+                        if line.startswith("# ")), "")
+        names.append(heading)
+    if source:
+        names.append(source)
+    # a Hugging Face cache directory is models--OWNER--NAME/snapshots/HASH: the name is above
+    names += [part for part in reversed(model_dir.resolve().parts)]
+    return [n for n in names if n]
+
+
 def family_of_model(model) -> Family:
     """The family of a model GGUF or upstream's published MOSS-TTS-GGUF directory, from its
-    metadata only (no weights are loaded)."""
+    metadata only (no weights are loaded): its kind, then the published checkpoint it records."""
     from ..ggml.weights import KIND_KEY, GGUFFile
     from .delay_published import is_published_dir
 
@@ -155,13 +253,20 @@ def family_of_model(model) -> Family:
                              "(embeddings/, lm_heads/) — convert a checkpoint with "
                              "`python -m moss_tts convert <family>`")
     with GGUFFile(model) as f:
-        kind = f.get(KIND_KEY)
-    if kind not in BY_KIND:
+        kind, checkpoint = f.get(KIND_KEY), f.get(CHECKPOINT_KEY)
+    if kind not in BY_KIND or BY_KIND[kind].arch:
         found = f"a {kind!r} GGUF" if kind else "not a moss-tts GGUF (no moss.kind)"
-        *rest, last = BY_KIND
+        *rest, last = BASES
         raise ModelFileError(f"{model}: {found}, not a speech model — pass a "
                              f"{', '.join(rest)} or {last} model GGUF")
-    return BY_KIND[kind]
+    return checkpoint_row(BY_KIND[kind], checkpoint)
+
+
+def checkpoint_row(base: Family, checkpoint: str | None) -> Family:
+    """The row of `base`'s published checkpoint named `checkpoint` (None, or one this version
+    does not know, as a fine-tune may record: the base row, whose prompt it was made from)."""
+    return next((f for f in checkpoints_of(base) if checkpoint and f.checkpoint == checkpoint),
+                base)
 
 
 def resolve_model(spec, *, resolve) -> tuple[str, Family]:

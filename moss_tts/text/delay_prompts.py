@@ -78,7 +78,8 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
     """The prompt rows [S, 1 + n_vq] of one request: `<|im_start|>user\\n{content}<|im_end|>\\n
     <|im_start|>assistant\\n`, then (start_audio) the AUDIO_START row. references: a list of
     codes [T, n_vq] (or None entries); fields: instruction, tokens, quality, sound_event,
-    ambient_sound, language.
+    ambient_sound, language. text None is written as the word None, as upstream's template
+    writes a user message without text (MOSS-SoundEffect's).
 
     Continuation (P28, `prompt_codes` [T, n_vq], the text then holding the prompt's transcript
     and the new text): the assistant turn carries that audio and is cut after its T-th GEN
@@ -91,10 +92,10 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
     if unknown:
         raise InputError(f"unknown prompt field(s) {', '.join(sorted(unknown))}; known: "
                          f"{', '.join(FIELDS)}")
-    if not isinstance(text, str) or not text.strip():
+    if text is not None and (not isinstance(text, str) or not text.strip()):
         raise InputError("text is empty")
-    if normalize:   # upstream's HF build_user_message normalizes the text field only (§family-7)
-        text = normalize_tts_text(text)
+    if normalize and text is not None:   # upstream's build_user_message normalizes the text
+        text = normalize_tts_text(text)  # field only (§family-7); no text is the word None
     n = ids.n_vq
     text_ids, blocks = [ids.im_start], []
     pieces = user_pieces(text, references, fields)

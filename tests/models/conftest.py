@@ -209,3 +209,44 @@ def realtime_tts(realtime_files, v1_codec_gguf):
     yield get
     for tts in made.values():
         tts.close()
+
+
+@pytest.fixture(scope="session")
+def published_files(tmp_path_factory):
+    """(kind, gen_bias) → a tiny published MossTTSDelay checkpoint (fixtures.make_delay
+    PUBLISHED: ttsd, voicegen, sfx; seed 0) as (checkpoint dir, config.json dict, GGUF through
+    the real converter with --strict, recognized by its name); each made once."""
+    from converters.delay import convert as convert_delay
+    from fixtures.make_delay import PUBLISHED_N_VQ, make_tiny_published_checkpoint, tiny_config
+
+    made = {}
+
+    def get(kind, gen_bias=4.0):
+        if (kind, gen_bias) not in made:
+            root = tmp_path_factory.mktemp(f"{kind}_bias{gen_bias:g}")
+            ckpt = make_tiny_published_checkpoint(kind, root, seed=0, gen_bias=gen_bias)
+            gguf = convert_delay(str(ckpt), root / f"{kind}.gguf", strict=True)
+            made[kind, gen_bias] = (ckpt, tiny_config(n_vq=PUBLISHED_N_VQ), gguf)
+        return made[kind, gen_bias]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def published_tts(published_files, v1_codec_gguf):
+    """kind → its TTS (load_tts picks the class from the GGUF; f32 KV) with the tiny v1 codec."""
+    from moss_tts.ggml import F32
+    from moss_tts.models.registry import family_of_model
+
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            gguf = published_files(kind)[2]
+            made[kind] = family_of_model(gguf).tts_class().load(
+                gguf, codec=v1_codec_gguf, threads=THREADS, kv_type=F32)
+        return made[kind]
+
+    yield get
+    for tts in made.values():
+        tts.close()
