@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import InputError
+from .speakers import speaker_specs
 
 SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
 MAX_PROMPT_CHARS = 1024              # a style instruction or a language name, not a text
@@ -26,7 +27,10 @@ class Knob:
     `field` sets the family's options class (sampling), `keyword` a `stream` keyword; `low` and
     `high` bound it for every family (a string's length for `high`), `limit(tts_class)` is the
     family's own upper bound where it has one; `aliases` are older spellings every surface
-    still accepts (the first is also a flag)."""
+    still accepts (the first is also a flag). A list knob (`kind` list) has a form of its own:
+    `items(value, name, surface, from_text=)` checks it as JSON gives it (a request's field, a
+    manifest's column), and its CLI flag `cli` gives one item, repeated (cli/tts.py parses
+    those)."""
 
     name: str
     kind: type
@@ -37,10 +41,12 @@ class Knob:
     high: float | None = None
     limit: Callable | None = None
     aliases: tuple[str, ...] = ()
+    items: Callable | None = None
+    cli: str | None = None
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + (self.cli or self.name).replace("_", "-")
 
 
 KNOBS = (
@@ -66,12 +72,19 @@ KNOBS = (
          aliases=("max_text_tokens",)),
     Knob("language", str, "the language of the text (e.g. en, zh)", keyword="language",
          high=MAX_PROMPT_CHARS),
-    Knob("instruction", str, "a style instruction for the voice", keyword="instruction",
+    Knob("instruction", str, "a description of the voice (e.g. 'a calm, low female voice')", keyword="instruction",
          high=MAX_PROMPT_CHARS, aliases=("instructions",)),    # OpenAI's speech field
     Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens"),
     Knob("seconds", float, "the duration in seconds (or tokens)", keyword="seconds", low=0),
     Knob("n_vq", int, "codebooks to generate and decode (variable bitrate; default all)",
          keyword="n_vq_for_inference"),
+    Knob("sound", str, "the sound to make, described (e.g. 'rain on a tin roof'; instead of "
+         "the text)", keyword="sound", high=MAX_PROMPT_CHARS),
+    # a request's or manifest's list of speakers (speakers.py); the CLI's --speaker
+    # N=SRC[:TRANSCRIPT] gives one, SRC a stored voice or an audio file
+    Knob("speakers", list, "speaker N's voice, N=SRC[:TRANSCRIPT], repeated: SRC a stored "
+         "voice (its stored transcript unless one follows) or an audio file, then ':' and "
+         "what it says", keyword="speakers", items=speaker_specs, cli="speaker"),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 SPELLINGS = {alias: k for k in KNOBS for alias in (k.name, *k.aliases)}   # every accepted name
@@ -103,6 +116,8 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
     knob's type, checked against the bounds that hold for every family; InputError names the
     knob."""
     name = spelled(knob, surface)
+    if knob.kind is list:
+        return knob.items(value, name, surface, from_text=from_text)
     if from_text and isinstance(value, str) and knob.kind is not str:
         value = _from_text(knob, value, name)
     if knob.kind is bool:
@@ -201,6 +216,19 @@ def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str,
                              f"{knob.limit(cls)} for {family.name}, got {value}")
         words[knob.keyword] = value
     return words
+
+
+def check_required(family, words: dict, surface: str) -> None:
+    """The knobs `family` cannot speak without (its row's `required`: MOSS-VoiceGenerator's
+    instruction) are among its `stream` keywords `words` (synthesis_keywords' result), or an
+    InputError names the first one missing as the surface spells it (a request: every
+    spelling, so an OpenAI client reads its `instructions`)."""
+    for keyword in family.required:
+        if words.get(keyword) is None:
+            knob = next(k for k in KNOBS if k.keyword == keyword)
+            names = spelled(knob, surface) + "".join(
+                f" (or {a!r})" for a in knob.aliases if surface == "request")
+            raise InputError(f"{names} is required for {family.name}: {knob.help}")
 
 
 def renamed(error: InputError, surface: str, given_as: dict | None = None) -> InputError:

@@ -86,8 +86,12 @@ def _plain(value):
 
 
 def _print_info(f, meta: dict, tensors: list, full: bool) -> None:
+    from ..models.registry import CHECKPOINT_KEY
+
     total = sum(t.nbytes for t in tensors)
-    print(f"{f.path}: GGUF v{f.version}, kind {f.get('moss.kind', '(none)')}, "
+    # which published checkpoint of its architecture the weights are (MOSS-TTSD on Delay's)
+    checkpoint = f", checkpoint {meta[CHECKPOINT_KEY]}" if meta.get(CHECKPOINT_KEY) else ""
+    print(f"{f.path}: GGUF v{f.version}, kind {f.get('moss.kind', '(none)')}{checkpoint}, "
           f"{len(tensors)} tensors, {total / 2**20:.1f} MiB")
     print("metadata:")
     for key, value in meta.items():

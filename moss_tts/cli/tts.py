@@ -33,17 +33,102 @@ def check_prompt_flags(args, family) -> None:
                                  "leave it out, or use a model of a family that takes it")
 
 
-def knob_keywords(args, family) -> dict:
-    """The knob flags given → the family's `stream` keywords (knobs.synthesis_keywords)."""
-    from ..knobs import KNOBS, synthesis_keywords
+def check_reference_flags(args, family) -> None:
+    """--reference / --voice need a family that clones one voice (MOSS-TTSD takes a voice per
+    speaker, the voice designer and the sound maker none)."""
+    if family.takes_reference:
+        return
+    for flag in ("reference", "voice"):
+        if getattr(args, flag):
+            per_speaker = "speakers" in family.keywords
+            raise InputError(f"--{flag} is not a {family.name} option: "
+                             + ("give each speaker's voice with --speaker N=SRC:TRANSCRIPT"
+                                if per_speaker else "leave it out, or use a model of a family "
+                                "that takes it"))
 
-    return synthesis_keywords(family, {k.name: getattr(args, k.name) for k in KNOBS}, "cli")
+
+def knob_keywords(args, family) -> dict:
+    """The knob flags given → the family's `stream` keywords (knobs.synthesis_keywords);
+    the --speaker flags as the speakers list every surface gives (speakers.py)."""
+    from ..knobs import KNOBS, check_required, synthesis_keywords
+
+    given = {k.name: getattr(args, k.name) for k in KNOBS}
+    given["speakers"] = speaker_list(args.speakers)
+    words = synthesis_keywords(family, given, "cli")
+    check_required(family, words, "cli")
+    return words
+
+
+def speaker_flag(text: str) -> tuple[int, dict]:
+    """One `--speaker N=SRC[:TRANSCRIPT]` → (N, its speakers.py entry): SRC an audio file if
+    one is there, else a stored voice; the transcript is what follows the first ':' after
+    SRC (a file needs one; a stored voice brings its own unless one is given)."""
+    from ..speakers import max_speakers, speaker_spec
+
+    number, equals, rest = text.partition("=")
+    if not equals or not number.strip().isdigit() or not rest:
+        raise argparse.ArgumentTypeError(f"{text!r}: write N=SRC[:TRANSCRIPT] (N the speaker, "
+                                         "SRC an audio file or a stored voice)")
+    n = int(number)
+    if not 1 <= n <= max_speakers():
+        raise argparse.ArgumentTypeError(f"{text!r}: speakers are 1 to {max_speakers()} "
+                                         f"([S1] … [S{max_speakers()}]), got {n}")
+    src, colon, transcript = rest.partition(":")
+    if Path(src).is_file():
+        if not colon or not transcript.strip():
+            raise argparse.ArgumentTypeError(
+                f"{n}={src}: a reference file needs its transcript after ':' "
+                f"(--speaker {n}={src}:\"what it says\")")
+        entry = {"reference": src, "transcript": transcript}
+    else:
+        entry = {"voice": src, "transcript": transcript if colon else None}
+    try:
+        return n, speaker_spec(entry, f"{n}={src}", "reference")
+    except InputError as e:
+        if "voice name" in str(e):
+            raise argparse.ArgumentTypeError(f"{n}={src}: no such file, and not a stored "
+                                             "voice's name") from None
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def speaker_list(flags: list | None) -> list | None:
+    """The --speaker flags, (N, entry) each → the speakers list (entry N-1 is speaker N, None
+    where a speaker has no flag)."""
+    if not flags:
+        return None
+    out = [None] * max(n for n, _ in flags)
+    for n, entry in flags:
+        if out[n - 1] is not None:
+            raise InputError(f"--speaker {n} is given twice: give each speaker once")
+        out[n - 1] = entry
+    return out
+
+
+def check_speaker_voices(specs: list | None) -> None:
+    """Each --speaker naming a stored voice: stored, and with a transcript (stored with it, or
+    given after ':'), before the model loads."""
+    from ..voices import load_voice
+
+    for n, spec in enumerate(specs or [], 1):
+        if spec is None or "voice" not in spec:
+            continue
+        name = spec["voice"]
+        try:
+            voice = load_voice(name)[0]
+        except InputError as e:
+            raise InputError(f"--speaker {n}={name}: no such file, and {e}") from None
+        if not (spec["transcript"] or voice.transcript):
+            raise InputError(f"--speaker {n}={name}: the voice has no stored transcript: give "
+                             f"it (--speaker {n}={name}:\"what it says\"), or store it with "
+                             f"`voice add {name} REF.wav --transcript \"...\" --force`")
 
 
 def _tts(args) -> int:
     from ..knobs import renamed
 
-    text = None if args.live else _read_text(args)   # --live: stdin is read as it arrives
+    # --live: stdin is read as it arrives; --sound: the sound is described instead of a text
+    described = args.sound is not None and args.text is None and args.text_file is None
+    text = None if args.live or described else _read_text(args)
     check_audio_output(args, stdout_ok=True)
     _check_tts_flags(args)
     model, family = resolve_model(args.model, args.quiet)
@@ -54,24 +139,33 @@ def _tts(args) -> int:
     if args.live:
         check_live(args, cls)
     check_prompt_flags(args, family)
+    check_reference_flags(args, family)
     words = knob_keywords(args, family)     # every knob checked before anything loads
+    check_speaker_voices(words.get("speakers"))
     codec = resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
     try:
-        return _speak(args, cls, model, codec, text, words)
+        return _speak(args, family, model, codec, text, words)
     except InputError as e:                 # the API names its parameters; say the flags
         raise renamed(e, "cli") from None
 
 
-def _speak(args, cls, model, codec, text, words) -> int:
+def _speak(args, family, model, codec, text, words) -> int:
+    from ..audio import REFERENCE_MAX_SECONDS, read_audio
     from ..live import live_chunks
+    from ..speakers import speaker_entries
 
-    with cls.load(model, codec=codec, backend=args.backend, threads=args.threads) as tts:
+    with family.tts_class().load(model, codec=codec, backend=args.backend,
+                                 threads=args.threads) as tts:
+        if words.get("speakers") is not None:
+            words["speakers"] = speaker_entries(
+                words["speakers"], voice=tts.voice,
+                speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS))
+        voice = {"reference": _reference(args, tts)} if family.takes_reference else {}
         if args.live:                        # --max-frames caps a turn
-            session = tts.session(voice=_reference(args, tts), **words)
+            session = tts.session(voice=voice["reference"], **words)
             chunks = live_chunks(session, stdin_deltas(sys.stdin.fileno()), tts.channels)
         else:
-            chunks = tts.stream(text, reference=_reference(args, tts), **_prompt(args, tts),
-                                **words)
+            chunks = tts.stream(text, **voice, **_prompt(args, tts), **words)
         with Progress("generating", args.quiet) as bar, contextlib.closing(chunks):
             if args.out == "-":
                 _stream_to_stdout(args, chunks, tts, bar)
@@ -116,6 +210,9 @@ def _check_tts_flags(args) -> None:
                          "voice: use one of the two")
     if args.tokens is not None and args.seconds is not None:
         raise InputError("--tokens and --seconds both set the duration: give one")
+    if args.sound is not None and (args.text is not None or args.text_file is not None):
+        raise InputError("--sound describes the sound instead of a text: leave out "
+                         f"--text{'-file' if args.text is None else ''}")
 
 
 def _read_text(args) -> str:
@@ -132,7 +229,8 @@ def _read_text(args) -> str:
             raise InputError(f"{args.text_file}: cannot read ({e.strerror})") from None
         return utf8(data, args.text_file)
     if sys.stdin is None or sys.stdin.isatty():
-        raise InputError("no text: pass --text, --text-file, or pipe text on stdin")
+        raise InputError("no text: pass --text, --text-file, or pipe text on stdin (a sound "
+                         "effect: --sound)")
     return utf8(sys.stdin.buffer.read(), "stdin")
 
 
@@ -218,14 +316,17 @@ def add_knob_flags(p: argparse.ArgumentParser, families) -> None:
         defaults = family_defaults(knob, families)
         text = who + knob.help + (f" (default: {defaults})" if defaults else "")
         flags = [knob.flag, *("--" + a.replace("_", "-") for a in knob.aliases)]
-        if knob.kind is bool:
+        if knob.kind is list:       # one item a flag, repeated (each parsed by the CLI's form)
+            p.add_argument(*flags, dest=knob.name, type=_list_item_type(knob), action="append",
+                           metavar="N=SRC[:TRANSCRIPT]", default=None, help=text)
+        elif knob.kind is bool:
             p.add_argument(*flags, dest=knob.name, action="store_true", default=None, help=text)
         else:
-            p.add_argument(*flags, dest=knob.name, type=_knob_type(knob), default=None,
+            p.add_argument(*flags, dest=knob.name, type=knob_type(knob), default=None,
                            help=text)
 
 
-def _knob_type(knob):
+def knob_type(knob):
     """argparse `type=` for a knob: its parse, the message without the flag (argparse names it)."""
     from ..knobs import parse
 
@@ -236,6 +337,13 @@ def _knob_type(knob):
             raise argparse.ArgumentTypeError(str(e).removeprefix(knob.flag + " ")) from None
 
     typed.__name__ = knob.name      # argparse says "invalid <name> value" for other errors
+    return typed
+
+
+def _list_item_type(knob):
+    """argparse `type=` for one item of a list knob, in the CLI's own form."""
+    typed = {"speakers": speaker_flag}[knob.name]
+    typed.__name__ = knob.cli        # argparse says "invalid <name> value" for other errors
     return typed
 
 

@@ -5,6 +5,7 @@ its converter, its options class and its defaults here, and nowhere else."""
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -44,6 +45,8 @@ class Family:
     arch: str = ""
     checkpoint: str = ""
     names: tuple[str, ...] = ()
+    # `keywords` a request must give (MOSS-VoiceGenerator makes its voice from `instruction`)
+    required: tuple[str, ...] = ()
 
     @property
     def gguf_kind(self) -> str:
@@ -54,6 +57,12 @@ class Family:
 
     def options_class(self):
         return _attribute(self.options)
+
+    @property
+    def takes_reference(self) -> bool:
+        """Whether its `stream` clones a voice (`reference=`): the published checkpoints that
+        design a voice, make a sound or take one per speaker do not."""
+        return "reference" in inspect.signature(self.tts_class().stream).parameters
 
     def convert(self, *args, **kwargs):
         """The family converter's `convert(model, out, *, outtype, strict, progress, ...)`; a
@@ -120,7 +129,8 @@ FAMILIES = (
            ("max_new_rows", "instruction", "language", "tokens", "seconds"),
            "OpenMOSS-Team/MOSS-VoiceGenerator", CODEC_24K,
            "the MOSS-Audio-Tokenizer (24 kHz) GGUF", convert_flags=("head_type", "embed_type"),
-           arch="delay", checkpoint="MOSS-VoiceGenerator", names=("voicegenerator", "voicegen")),
+           arch="delay", checkpoint="MOSS-VoiceGenerator", names=("voicegenerator", "voicegen"),
+           required=("instruction",)),
     Family("sfx", "MOSS-SoundEffect", "SoundEffect", "moss_tts.models.delay_tasks:SoundEffectTTS",
            "moss_tts.sampling:SoundEffectSamplingOptions", "converters.delay", _is_delay,
            ("max_new_rows", "sound", "tokens", "seconds"),

@@ -170,6 +170,7 @@ def test_help_shows_each_familys_default_from_its_dataclass(capsys):
     with pytest.raises(SystemExit):
         main(["tts", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert ("(default: Nano 0.8, Delay 1.7, Local 1.0, Local v1.5 1.7, Realtime 0.8)"
-            in text)                                                      # --temperature
-    assert "(default: Delay 50, Local 50, Local v1.5 50)" in text         # --text-top-k
+    assert ("(default: Nano 0.8, Delay 1.7, TTSD 1.1, VoiceGenerator 1.5, SoundEffect 1.5, "
+            "Local 1.0, Local v1.5 1.7, Realtime 0.8)" in text)           # --temperature
+    assert ("(default: Delay 50, TTSD 50, VoiceGenerator 50, SoundEffect 50, Local 50, "
+            "Local v1.5 50)" in text)                                     # --text-top-k
