@@ -28,6 +28,7 @@ import numpy as np
 
 from ..audio import time_stretch
 from ..errors import InputError
+from ..knobs import renamed
 from ..voices import check_name, codec_info
 from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_denials
 from .connections import WRITE_TIMEOUT
@@ -186,9 +187,12 @@ async def health(request):
 # --- speech: a whole file, or a stream ----------------------------------------------------------
 
 
-def generate(served: ServedModels, model, req, words):
-    """Worker side: the request's audio chunks."""
-    return model.stream(req.text, reference=served.reference_for(model, req), **words)
+def generate(served: ServedModels, served_model, model, req, words):
+    """Worker side: the request's audio chunks; the API's errors name the request's fields."""
+    try:
+        return model.stream(req.text, **served.stream_inputs(model, served_model, req, words))
+    except InputError as e:
+        raise renamed(e, "request", req.given_as) from None
 
 
 async def whole(request, served: ServedModels, served_model, req):
@@ -199,7 +203,7 @@ async def whole(request, served: ServedModels, served_model, req):
 
     def job(model):
         parts = []
-        for part in generate(served, model, req, words):
+        for part in generate(served, served_model, model, req, words):
             if cancel.is_set():       # the client left: stop generating
                 return None
             parts.append(part)
@@ -243,7 +247,7 @@ async def streamed(request, served: ServedModels, served_model, req):
         if channel.cancelled.is_set():      # the client left while this waited
             return
         try:
-            for part in generate(served, model, req, words):
+            for part in generate(served, served_model, model, req, words):
                 if not channel.put(part):
                     if channel.stalled:
                         logger.warning("a streaming client stopped reading; its synthesis "

@@ -36,7 +36,7 @@ class RequestError(InputError):
 @dataclass(frozen=True)
 class SpeechRequest:
     model: str | None                # None: the server's first model
-    text: str
+    text: str | None                 # None: a sound described by the `sound` knob instead
     response_format: str
     stream_format: str | None
     speed: float
@@ -123,11 +123,13 @@ def parse_speech(raw: bytes) -> SpeechRequest:
     """POST /v1/audio/speech → a checked request (OpenAI fields plus this server's extensions)."""
     body = parse_object(raw, SPEECH_FIELDS)
     text = body.get("input")
-    if not isinstance(text, str):
+    if text is None and body.get("sound") is not None:
+        pass                 # a sound effect described by `sound` (or `input`) has no text
+    elif not isinstance(text, str):
         raise RequestError(400, f"'input' must be a string, got {kind_of(text)}")
-    if not text.strip():
+    elif not text.strip():
         raise RequestError(400, "'input' is empty: give the text to speak")
-    if len(text) > MAX_INPUT_CHARS:
+    elif len(text) > MAX_INPUT_CHARS:
         raise RequestError(413, f"'input' is longer than {MAX_INPUT_CHARS} characters")
     stream_format = string_field(body, "stream_format", None, ("sse", "audio"))
     fmt = string_field(body, "response_format", "pcm" if stream_format == "sse" else "mp3",

@@ -5,8 +5,9 @@ event loop may know of it without touching it, and how a request picks one. The 
 from __future__ import annotations
 
 from ..errors import InputError
-from ..knobs import synthesis_keywords
+from ..knobs import check_required, synthesis_keywords
 from ..reference import codec_info
+from ..speakers import speaker_entries
 from .request import RequestError, decode_upload
 from .responses import first_line
 from .voice_index import VoiceIndex
@@ -25,6 +26,7 @@ class ServedModel:
 
         self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
         self.family = family(type(tts).FAMILY)
+        self.clones = self.family.takes_reference    # `voice` / `reference_audio` clone one
         self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
         # what its voices must have been made by (the page lists only those); None: no codec
         self.codec = None if getattr(tts, "codec", None) is None else codec_info(tts.codec)
@@ -35,10 +37,22 @@ class ServedModel:
         each knob checked against the family's own bounds. OpenAI clients send `instructions`
         to any model: a family without a style prompt ignores it."""
         try:
-            return synthesis_keywords(self.family, req.knobs, "request",
-                                      lenient=("instruction",), given_as=req.given_as)
+            words = synthesis_keywords(self.family, req.knobs, "request",
+                                       lenient=("instruction",), given_as=req.given_as)
+            check_required(self.family, words, "request")
         except InputError as e:
             raise RequestError(400, first_line(e)) from None
+        if req.reference_audio and not self.clones:
+            raise RequestError(400, f"'reference_audio' is not a {self.family.name} option: "
+                                    + self.voices_hint())
+        return words
+
+    def voices_hint(self) -> str:
+        """Where a family that clones no single voice takes its voices, if anywhere."""
+        if "speakers" in self.family.keywords:
+            return ("give each speaker's voice in 'speakers' ([{\"voice\": NAME}, "
+                    "{\"reference_audio\": ..., \"transcript\": ...}])")
+        return "it takes no reference voice; leave it out"
 
 
 class ServedModels:
@@ -74,6 +88,29 @@ class ServedModels:
 
     def live_names(self) -> list[str]:
         return [name for name, m in self.models.items() if m.live]
+
+    def stream_inputs(self, model, served_model: ServedModel, req, words: dict) -> dict:
+        """Worker side: `stream`'s keywords for a request: its knobs (`words`), its voice where
+        the family clones one, and its speakers read (stored voices, uploaded speech). A
+        stored voice named in `voice` for a family that clones none is refused, not dropped;
+        OpenAI's names (alloy, ...) are dropped as everywhere."""
+        kw = dict(words)
+        if served_model.clones:
+            kw["reference"] = self.reference_for(model, req)
+        elif req.voice and self.voices.known(req.voice):
+            raise RequestError(400, f"'voice' {req.voice!r} is not a {served_model.family.name}"
+                                    f" option: {served_model.voices_hint()}")
+        if kw.get("speakers") is not None:
+            kw["speakers"] = speaker_entries(
+                kw["speakers"], voice=lambda name: self.speaker_voice(model, name),
+                speech=lambda data: decode_upload(data, "speakers"))
+        return kw
+
+    def speaker_voice(self, model, name: str):
+        if not self.voices.known(name):
+            raise RequestError(400, f"'speakers': no stored voice named {name!r} (GET "
+                                    "/v1/audio/voices lists them; POST adds one)")
+        return model.voice(name, root=self.voices_root)
 
     def reference_for(self, model, req):
         """Worker side: the request's voice, from uploaded audio or a stored name (looked up
