@@ -35,7 +35,7 @@ class Line:
 
     number: int
     id: str
-    text: str
+    text: str | None          # None: a sound described by the `sound` column instead
     seed: int | None
     voice: str | None = None
     reference: str | None = None
@@ -110,7 +110,9 @@ def _line(path: Path, number: int, row: dict) -> Line:
                          "letters, digits, '_', '-' or '.', starting with a letter or digit")
     problems = []
     text = row.get("text")
-    if not isinstance(text, str):
+    if text is None and row.get("sound") is not None:
+        pass                 # a sound effect described by its `sound` column has no text
+    elif not isinstance(text, str):
         problems.append("text is missing" if text is None else
                         f"text must be a string, not {type(text).__name__} ({text!r})")
         text = ""
@@ -124,6 +126,9 @@ def _line(path: Path, number: int, row: dict) -> Line:
         problems.append("give voice or reference, not both")
     if strings["reference"]:    # relative to the manifest, so a run works from any directory
         strings["reference"] = str((path.parent / strings["reference"]).resolve())
+    for spec in options.get("speakers") or []:    # each speaker's speech file, likewise
+        if spec is not None and "reference" in spec:
+            spec["reference"] = str((path.parent / spec["reference"]).resolve())
     return Line(number=number, id=line_id, text=text, seed=seed, options=options,
                 error="; ".join(problems) or None, **strings)
 

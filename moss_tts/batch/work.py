@@ -13,7 +13,7 @@ import time
 import warnings
 
 from ..audio import DEFAULT_SAMPLE_FORMAT, container_of, encode_file
-from ..errors import MossTTSError
+from ..errors import InputError, MossTTSError
 
 # what may pass on another try; a dead worker is retried too (driver.Job.lost)
 TRANSIENT = (MemoryError, OSError)
@@ -53,9 +53,9 @@ class LineRunner:
 
     def _synthesize(self, tts, task: dict, outcome: dict) -> None:
         try:
-            audio, sr = tts.synthesize(task["text"], reference=self._voice(tts, task),
-                                       seed=task["seed"],
-                                       **synthesis_options(task["options"], type(tts)))
+            words = synthesis_options(task["options"], type(tts))
+            words |= self._voices(tts, task, words)
+            audio, sr = tts.synthesize(task["text"], seed=task["seed"], **words)
             outcome.update(status="ok", duration=len(audio) / sr,
                            audio=encode_file(audio, sr, container_of(task["id"] + task["suffix"],
                                                                    DEFAULT_SAMPLE_FORMAT),
@@ -75,6 +75,30 @@ class LineRunner:
             self.models[key] = family_of_model(model).tts_class().load(model, codec=codec,
                                                                        threads=self.threads)
         return self.models[key]
+
+    def _voices(self, tts, task: dict, words: dict) -> dict:
+        """The line's voice keywords: `reference` where the family clones a voice (a `voice`
+        or `reference` column to one that does not is the line's error), its speakers read
+        (stored voices, speech files) where it gives them."""
+        from ..audio import REFERENCE_MAX_SECONDS, read_audio
+        from ..models.registry import family
+        from ..speakers import speaker_entries
+
+        row = family(type(tts).FAMILY)
+        out = {}
+        if row.takes_reference:
+            out["reference"] = self._voice(tts, task)
+        else:
+            for column in ("voice", "reference"):
+                if task.get(column):
+                    per_speaker = "; give each speaker's in the speakers column" \
+                        if "speakers" in row.keywords else ""
+                    raise InputError(f"{column} is not a {row.name} option{per_speaker}")
+        if words.get("speakers") is not None:
+            out["speakers"] = speaker_entries(
+                words["speakers"], voice=lambda name: tts.voice(name, root=task["voices_dir"]),
+                speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS))
+        return out
 
     def _voice(self, tts, task: dict):
         """The line's voice (a stored voice or a reference file), encoded once per model; a
@@ -107,10 +131,13 @@ def synthesis_options(options: dict, tts_class) -> dict:
     """A line's knobs → synthesize() keywords for its model's family (knobs.synthesis_keywords:
     the family's options over its defaults, its own bounds; another family's knob is this
     line's error, naming its column)."""
-    from ..knobs import synthesis_keywords
+    from ..knobs import check_required, synthesis_keywords
     from ..models.registry import family
 
-    return synthesis_keywords(family(tts_class.FAMILY), options, "manifest")
+    row = family(tts_class.FAMILY)
+    words = synthesis_keywords(row, options, "manifest")
+    check_required(row, words, "manifest")
+    return words
 
 
 class _Collect(logging.Handler):
