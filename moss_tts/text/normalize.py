@@ -1,4 +1,4 @@
-"""Text normalization before tokenization (docs/upstream-notes.md §nano-7, §family-7).
+"""Text normalization before tokenization (docs/upstream-notes.md §nano-7, §family-7.1).
 
 `normalize_tts_text` is the robust, non-semantic cleanup of upstream MOSS-TTS-Nano
 `tts_robust_normalizer_single_script.py`; `normalize_delay_text` is MossTTSDelay's older copy of
@@ -350,7 +350,7 @@ class NormalizerRules:
     early_arrows: bool  # arrows → `，` before the spans are protected too (Nano)
     underscores: bool  # `_` outside protected spans → space (Nano)
     protect: tuple  # the protected-span patterns (Delay's file-like token ends in a letter/digit)
-    brackets: Callable[[str], str]  # text → text: Nano quotes every bracketed span, Delay keeps [] and {}
+    brackets: Callable[[str], str]  # Nano quotes every bracketed span, Delay keeps [] and {}
     terminal_mark: bool  # a `。` closes a text whose last visible char is no punctuation (Nano)
 
 
