@@ -25,8 +25,9 @@ class Knob:
     """`name` is the manifest column and request field; the flag is `--name` with dashes.
     `field` sets the family's options class (sampling), `keyword` a `stream` keyword; `low` and
     `high` bound it for every family (a string's length for `high`), `limit(tts_class)` is the
-    family's own upper bound where it has one; `aliases` are older spellings every surface
-    still accepts (the first is also a flag)."""
+    family's own upper bound where it has one, `check(tts_class, value)` the family's own
+    rule for a value (returning it as the family takes it); `aliases` are older spellings
+    every surface still accepts (the first is also a flag)."""
 
     name: str
     kind: type
@@ -36,11 +37,19 @@ class Knob:
     low: float = 1
     high: float | None = None
     limit: Callable | None = None
+    check: Callable | None = None
     aliases: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+
+def _model_language(tts_class, value: str) -> str:
+    """A language the family's model card lists (its TTS class's LANGUAGES), as its name."""
+    from .text.languages import language_name     # the text package is loaded on first use
+
+    return language_name(value, tts_class.LANGUAGES)
 
 
 KNOBS = (
@@ -64,8 +73,8 @@ KNOBS = (
     Knob("voice_clone_max_text_tokens", int, "text tokens per chunk of a long text",
          keyword="max_text_tokens", limit=lambda cls: cls.MAX_TEXT_TOKENS,
          aliases=("max_text_tokens",)),
-    Knob("language", str, "the language of the text (e.g. en, zh)", keyword="language",
-         high=MAX_PROMPT_CHARS),
+    Knob("language", str, "the text's language: a name or code from the model card (French, "
+         "fr, ...)", keyword="language", high=MAX_PROMPT_CHARS, check=_model_language),
     Knob("instruction", str, "a style instruction for the voice", keyword="instruction",
          high=MAX_PROMPT_CHARS, aliases=("instructions",)),    # OpenAI's speech field
     Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens"),
@@ -199,6 +208,11 @@ def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str,
         if knob.limit is not None and value > knob.limit(cls):
             raise InputError(f"{spelled(knob, surface, given_as)} must be at most "
                              f"{knob.limit(cls)} for {family.name}, got {value}")
+        if knob.check is not None:
+            try:
+                value = knob.check(cls, value)
+            except InputError as e:
+                raise renamed(e, surface, given_as) from None
         words[knob.keyword] = value
     return words
 
