@@ -128,11 +128,11 @@ def test_help_states_each_familys_frame_budget_default(capsys):
 def test_language_is_checked_against_the_familys_model_card_before_loading(row):
     """Every surface gets the card's name for a code, and one line in its own spelling of the
     knob for a language the family's card lacks (the class's LANGUAGES, text/languages.py)."""
-    assert synthesis_keywords(row, {"language": " de "}, "cli")["language"] == "German"
-    assert synthesis_keywords(row, {"language": "GERMAN"}, "request")["language"] == "German"
+    assert synthesis_keywords(row, {"language": " en "}, "cli")["language"] == "English"
+    assert synthesis_keywords(row, {"language": "ENGLISH"}, "request")["language"] == "English"
     for surface, name in (("cli", "--language"), ("request", "'language'"),
                           ("manifest", "language")):
         with pytest.raises(InputError) as e:
             synthesis_keywords(row, {"language": "xx"}, surface)
         assert str(e.value).startswith(f"{name} 'xx' is not one of this model's ")
-        assert "\n" not in str(e.value) and "German (de)" in str(e.value)
+        assert "\n" not in str(e.value) and "English (en)" in str(e.value)

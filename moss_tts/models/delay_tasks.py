@@ -63,7 +63,7 @@ class DialogueTTS(DelayTTS):
 
     FAMILY, NAME, OPTIONS = "ttsd", "MOSS-TTSD v1.0", DialogueSamplingOptions
     TEXT_FIELDS = ("language",)
-    LANGUAGES = LANGUAGES_V1              # its card's 20 (§1.5)
+    LANGUAGES = LANGUAGES_V1              # its card's 20 (section 1.5)
 
     def plan(self, text: str, *, speakers=None, cast: Cast | None = None,
              prompt: Reference | None = None, prompt_text: str | None = None,

@@ -91,7 +91,7 @@ def test_bad_dialogue_input_is_one_line_naming_it(published_tts, speakers, text,
     assert "\n" not in str(e.value)
 
 
-# -- MOSS-VoiceGenerator: upstream docs/moss_voice_generator_model_card.md (build_user_message
+# -- MOSS-VoiceGenerator: upstream's moss_voice_generator_model_card.md (build_user_message
 # with text and instruction, mode "generation") -----------------------------------------------
 def test_voice_design_prompt_carries_the_instruction(published_tts):
     rows = published_tts("voicegen").plan("Hello there.", instruction="A warm, low voice.",
@@ -113,7 +113,7 @@ def test_voice_design_takes_no_reference(published_tts):
                                              reference=codes(3, 1))
 
 
-# -- MOSS-SoundEffect: upstream docs/moss_sound_effect_model_card.md (build_user_message with
+# -- MOSS-SoundEffect: upstream's moss_sound_effect_model_card.md (build_user_message with
 # ambient_sound and tokens, no text) -----------------------------------------------------------
 def test_sound_effect_prompt_is_the_description_and_duration_without_text(published_tts):
     tts = published_tts("sfx")
