@@ -26,11 +26,12 @@ class Knob:
     """`name` is the manifest column and request field; the flag is `--name` with dashes.
     `field` sets the family's options class (sampling), `keyword` a `stream` keyword; `low` and
     `high` bound it for every family (a string's length for `high`), `limit(tts_class)` is the
-    family's own upper bound where it has one; `aliases` are older spellings every surface
-    still accepts (the first is also a flag). A list knob (`kind` list) has a form of its own:
-    `items(value, name, surface, from_text=)` checks it as JSON gives it (a request's field, a
-    manifest's column), and its CLI flag `cli` gives one item, repeated (cli/tts.py parses
-    those)."""
+    family's own upper bound where it has one, `check(tts_class, value)` the family's own
+    rule for a value (returning it as the family takes it); `aliases` are older spellings
+    every surface still accepts (the first is also a flag). A list knob (`kind` list) has a
+    form of its own: `items(value, name, surface, from_text=)` checks it as JSON gives it (a
+    request's field, a manifest's column), and its CLI flag `cli` gives one item, repeated
+    (cli/tts.py parses those)."""
 
     name: str
     kind: type
@@ -40,6 +41,7 @@ class Knob:
     low: float = 1
     high: float | None = None
     limit: Callable | None = None
+    check: Callable | None = None
     aliases: tuple[str, ...] = ()
     items: Callable | None = None
     cli: str | None = None
@@ -47,6 +49,13 @@ class Knob:
     @property
     def flag(self) -> str:
         return "--" + (self.cli or self.name).replace("_", "-")
+
+
+def _model_language(tts_class, value: str) -> str:
+    """A language the family's model card lists (its TTS class's LANGUAGES), as its name."""
+    from .text.languages import language_name     # the text package is loaded on first use
+
+    return language_name(value, tts_class.LANGUAGES)
 
 
 KNOBS = (
@@ -70,10 +79,11 @@ KNOBS = (
     Knob("voice_clone_max_text_tokens", int, "text tokens per chunk of a long text",
          keyword="max_text_tokens", limit=lambda cls: cls.MAX_TEXT_TOKENS,
          aliases=("max_text_tokens",)),
-    Knob("language", str, "the language of the text (e.g. en, zh)", keyword="language",
-         high=MAX_PROMPT_CHARS),
-    Knob("instruction", str, "a description of the voice (e.g. 'a calm, low female voice')", keyword="instruction",
-         high=MAX_PROMPT_CHARS, aliases=("instructions",)),    # OpenAI's speech field
+    Knob("language", str, "the text's language: a name or code from the model card (French, "
+         "fr, ...)", keyword="language", high=MAX_PROMPT_CHARS, check=_model_language),
+    Knob("instruction", str, "a description of the voice (e.g. 'a calm, low female voice')",
+         keyword="instruction", high=MAX_PROMPT_CHARS,
+         aliases=("instructions",)),                           # OpenAI's speech field
     Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens"),
     Knob("seconds", float, "the duration in seconds (or tokens)", keyword="seconds", low=0),
     Knob("n_vq", int, "codebooks to generate and decode (variable bitrate; default all)",
@@ -214,6 +224,11 @@ def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str,
         if knob.limit is not None and value > knob.limit(cls):
             raise InputError(f"{spelled(knob, surface, given_as)} must be at most "
                              f"{knob.limit(cls)} for {family.name}, got {value}")
+        if knob.check is not None:
+            try:
+                value = knob.check(cls, value)
+            except InputError as e:
+                raise renamed(e, surface, given_as) from None
         words[knob.keyword] = value
     return words
 

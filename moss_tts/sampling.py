@@ -223,7 +223,7 @@ class LocalSamplingOptions(DelaySamplingOptions):
 # (docs/upstream-notes.md §family-9); the text channel keeps upstream's generate defaults
 @dataclass(frozen=True)
 class DialogueSamplingOptions(DelaySamplingOptions):
-    """MOSS-TTSD v1.0: audio 1.1 / 0.9 / 50 / 1.1 (its card, §1.4; its app's defaults)."""
+    """MOSS-TTSD v1.0: audio 1.1 / 0.9 / 50 / 1.1 (its card, section 1.4; its app's defaults)."""
 
     audio_temperature: float = 1.1
     audio_top_p: float = 0.9
@@ -233,7 +233,7 @@ class DialogueSamplingOptions(DelaySamplingOptions):
 
 @dataclass(frozen=True)
 class VoiceDesignSamplingOptions(DelaySamplingOptions):
-    """MOSS-VoiceGenerator: audio 1.5 / 0.6 / 50 / 1.1 (its card, §1.3: it is "sensitive to
+    """MOSS-VoiceGenerator: audio 1.5 / 0.6 / 50 / 1.1 (its card, section 1.3: it is "sensitive to
     decoding hyperparameters")."""
 
     audio_temperature: float = 1.5
@@ -244,7 +244,7 @@ class VoiceDesignSamplingOptions(DelaySamplingOptions):
 
 @dataclass(frozen=True)
 class SoundEffectSamplingOptions(DelaySamplingOptions):
-    """MOSS-SoundEffect: audio 1.5 / 0.6 / 50 / 1.2 (its card, §1.4)."""
+    """MOSS-SoundEffect: audio 1.5 / 0.6 / 50 / 1.2 (its card, section 1.4)."""
 
     audio_temperature: float = 1.5
     audio_top_p: float = 0.6

@@ -164,7 +164,7 @@ class CodecTTS(NativeResource):
     def stream(self, text: str, **options) -> Iterator[np.ndarray]:
         raise NotImplementedError
 
-    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
+    def synthesize(self, text: str | None = None, **kwargs) -> tuple[np.ndarray, int]:
         """Text → (samples float32 [n, channels], sample_rate). Same options as `stream`."""
         self._need_open()
         return np.concatenate(list(self.stream(text, **kwargs))), self.sample_rate

@@ -5,12 +5,11 @@ the families' own (issue 22 findings 7, 8 and 10)."""
 import pytest
 
 from moss_tts.errors import InputError
-from moss_tts.knobs import BY_NAME, KNOBS, SPELLINGS, parse, renamed, synthesis_keywords
+from moss_tts.knobs import BY_NAME, KNOBS, SPELLINGS, parse, renamed, synthesis_keywords, takes
 from moss_tts.models.registry import BY_KIND, FAMILIES
 
 
 def test_every_knob_is_taken_by_some_family_and_spelled_once():
-    from moss_tts.knobs import takes
     for knob in KNOBS:
         assert any(takes(f, knob) for f in FAMILIES), knob.name
     assert len(SPELLINGS) == sum(1 + len(k.aliases) for k in KNOBS)
@@ -122,3 +121,18 @@ def test_help_states_each_familys_frame_budget_default(capsys):
     for row in FAMILIES:
         budget = row.tts_class().BUDGET
         assert f"{row.short} {budget.default}" in text, row.kind
+
+
+@pytest.mark.parametrize("row", [f for f in FAMILIES if takes(f, BY_NAME["language"])],
+                         ids=lambda f: f.kind)
+def test_language_is_checked_against_the_familys_model_card_before_loading(row):
+    """Every surface gets the card's name for a code, and one line in its own spelling of the
+    knob for a language the family's card lacks (the class's LANGUAGES, text/languages.py)."""
+    assert synthesis_keywords(row, {"language": " en "}, "cli")["language"] == "English"
+    assert synthesis_keywords(row, {"language": "ENGLISH"}, "request")["language"] == "English"
+    for surface, name in (("cli", "--language"), ("request", "'language'"),
+                          ("manifest", "language")):
+        with pytest.raises(InputError) as e:
+            synthesis_keywords(row, {"language": "xx"}, surface)
+        assert str(e.value).startswith(f"{name} 'xx' is not one of this model's ")
+        assert "\n" not in str(e.value) and "English (en)" in str(e.value)

@@ -24,6 +24,7 @@ from ..reference import Reference, unwrapped
 from ..sampling import (DialogueSamplingOptions, SoundEffectSamplingOptions,
                         VoiceDesignSamplingOptions)
 from ..text.delay_prompts import build_generation_rows
+from ..text.languages import LANGUAGES_V1, language_name
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, merge_turns, normalize_dialogue,
                              split_dialogue, tag_transcript)
 from ..tts import check_text, family_stream
@@ -62,6 +63,7 @@ class DialogueTTS(DelayTTS):
 
     FAMILY, NAME, OPTIONS = "ttsd", "MOSS-TTSD v1.0", DialogueSamplingOptions
     TEXT_FIELDS = ("language",)
+    LANGUAGES = LANGUAGES_V1              # its card's 20 (section 1.5)
 
     def plan(self, text: str, *, speakers=None, cast: Cast | None = None,
              prompt: Reference | None = None, prompt_text: str | None = None,
@@ -82,6 +84,8 @@ class DialogueTTS(DelayTTS):
             text = self.dialogue(merge_turns(prompt_text + text), len(cast.references),
                                  normalize=normalize)
         references = cast.references if any(r is not None for r in cast.references) else None
+        if language is not None:
+            language = language_name(language, self.LANGUAGES)
         return build_generation_rows(self.tokenizer, self.ids, text, references=references,
                                      prompt_codes=None if prompt is None else prompt.codes,
                                      normalize=normalize, language=language)
@@ -195,6 +199,8 @@ class VoiceDesignTTS(DelayTTS):
 
     FAMILY, NAME, OPTIONS = "voicegen", "MOSS-VoiceGenerator", VoiceDesignSamplingOptions
     TEXT_FIELDS = ("instruction", "language")
+    # its card: "high-quality synthesis in Chinese and English"
+    LANGUAGES = tuple(pair for pair in LANGUAGES_V1 if pair[1] in ("zh", "en"))
 
     @family_stream
     def stream(self, text: str, *, instruction: str | None = None,

@@ -15,6 +15,7 @@ from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
+from ..text.languages import LANGUAGES_V15, language_name
 from ..text.script import CJK_OR_HANGUL
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
@@ -67,6 +68,8 @@ class DelayTTS(Qwen3TTS):
     # the prompt and the rows, 54 min of speech at 12.5 rows/s; no more can be used
     BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, 40960, "rows", per_chunk=True)
     DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
+    # the `language` field's values (name, code): one file may hold 1.0 or v1.5, so v1.5's 31
+    LANGUAGES = LANGUAGES_V15
 
     def __init__(self, model, codec):
         super().__init__(model, codec)
@@ -125,10 +128,13 @@ class DelayTTS(Qwen3TTS):
              prompt: Reference | None = None, prompt_text: str | None = None,
              normalize: bool = True, seconds: float | None = None, **fields) -> np.ndarray:
         """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
-        ambient_sound, language; `seconds` sets `tokens`, the duration in codec frames). With
+        ambient_sound, language — a name or code of LANGUAGES, written as its name; `seconds`
+        sets `tokens`, the duration in codec frames). With
         `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
         text: give the transcript as `prompt_text` (as for Nano), or both in `text`."""
         text = self._texts(text, dict(fields, prompt_text=prompt_text))
+        if fields.get("language") is not None:   # the card's name, as upstream's prompts say it
+            fields["language"] = language_name(fields["language"], self.LANGUAGES)
         reference = self._reference(reference, "reference")
         prompt = self._reference(prompt, "prompt")
         if prompt_text is not None:

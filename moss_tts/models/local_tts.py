@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalSamplingOptions
+from ..text.languages import LANGUAGES_V1
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay_tts import DelayTTS
 from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
@@ -53,6 +54,9 @@ class LocalTTS(DelayTTS):
 
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer", LocalSamplingOptions
     DELAYED = False
+    # the `language` field's values: the 1.7B is a MOSS-TTS 1.0 release (the v1.5 card's
+    # models table), and 1.0 speaks 20 languages (§family-7.2)
+    LANGUAGES = LANGUAGES_V1
     # frames of one request: the Qwen3-1.7B backbone's 40960 positions (upstream's context)
     # hold the prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames", per_chunk=True)

@@ -15,6 +15,7 @@ from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_chan
 from ..errors import InputError, whole_number
 from ..sampling import LocalV15SamplingOptions
 from ..text.delay_prompts import FIELDS
+from ..text.languages import LANGUAGES_V15, language_name
 from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
@@ -80,6 +81,7 @@ class LocalV15TTS(Qwen3TTS):
     CHANNELS = 2                      # the 48 kHz stereo codec v2
     MODEL, TOKENIZER_KEY = LocalV15Model, TOKENIZER_KEY
     PROMPT_FIELDS = FIELDS            # upstream's user-message fields, as Delay's
+    LANGUAGES = LANGUAGES_V15         # the `language` field's values (v1.5 card: 31)
     TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
     # frames of one request: the Qwen3-4B backbone's 40960 positions (its context) hold the
     # prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
@@ -106,11 +108,14 @@ class LocalV15TTS(Qwen3TTS):
     def plan(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
              seconds: float | None = None, **fields) -> np.ndarray:
         """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
-        ambient_sound, language; `seconds` sets `tokens`, the duration in frames). With
+        ambient_sound, language — a name or code of LANGUAGES, written as its name; `seconds`
+        sets `tokens`, the duration in frames). With
         `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
         text: give the transcript as `prompt_text` (joined by a space unless it is CJK) or
         write both into `text`."""
         text = self._texts(text, dict(fields, prompt_text=prompt_text))
+        if fields.get("language") is not None:   # the card's name, as upstream's prompts say it
+            fields["language"] = language_name(fields["language"], self.LANGUAGES)
         if prompt_text is not None:
             if prompt is None:
                 raise InputError("prompt_text is the transcript of a continuation prompt: give "

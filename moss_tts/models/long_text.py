@@ -1,7 +1,8 @@
 """Long text for the families that speak one prompt at a time (Delay, Local, Local v1.5): the
-text cut at sentence boundaries by Nano's rules (text/chunking.py), each chunk its own
-utterance continuing the chunk before it (its text and generated frames are the next prompt, as
-Nano's continuation), and upstream's pause between chunks (docs/upstream-notes.md §nano-5.5)."""
+text cut at sentence boundaries by Nano's rules (text/chunking.py), never inside a `[...]` /
+`{...}` tag, each chunk its own utterance continuing the chunk before it (its text and
+generated frames are the next prompt, as Nano's continuation), and upstream's pause between
+chunks (docs/upstream-notes.md §nano-5.5)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def split_long_text(text, tokenizer, max_tokens: int = MAX_CHUNK_TOKENS, *,
         return [text]
     if not isinstance(text, str) or not text.strip():
         return [text]
-    return split_into_chunks(text, tokenizer, max_tokens)
+    # tags such as [pause 1.5s] or [S1] hold marks and spaces, and are spoken whole
+    return split_into_chunks(text, tokenizer, max_tokens, keep_tags=True)
 
 
 def speak(chunks: list[str], say: Say, *, sample_rate: int, channels: int,

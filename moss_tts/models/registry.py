@@ -117,7 +117,7 @@ FAMILIES = (
            checkpoint="MOSS-TTS", names=("mosstts",)),
     # MossTTSDelay's other published checkpoints (docs/upstream-notes.md §family-9): the same
     # runtime, another prompt and task each
-    Family("ttsd", "MOSS-TTSD v1.0 (dialogue)", "TTSD", "moss_tts.models.delay_tasks:DialogueTTS",
+    Family("ttsd", "MOSS-TTSD v1.0", "TTSD", "moss_tts.models.delay_tasks:DialogueTTS",
            "moss_tts.sampling:DialogueSamplingOptions", "converters.delay", _is_delay,
            ("max_new_rows", "speakers", "language"),
            "OpenMOSS-Team/MOSS-TTSD-v1.0", CODEC_24K, "the MOSS-Audio-Tokenizer (24 kHz) GGUF",

@@ -6,7 +6,12 @@ from moss_tts.text.chunking import (
     pause_samples,
     split_into_chunks,
 )
-from moss_tts.text.normalize import PreparedTexts, normalize_tts_text, prepare_texts
+from moss_tts.text.normalize import (
+    PreparedTexts,
+    normalize_delay_text,
+    normalize_tts_text,
+    prepare_texts,
+)
 from moss_tts.text.prompts import NanoPromptIds, build_rows
 from moss_tts.text.tokenizer import SentencePieceTokenizer
 
@@ -16,6 +21,7 @@ __all__ = [
     "PreparedTexts",
     "SentencePieceTokenizer",
     "build_rows",
+    "normalize_delay_text",
     "normalize_tts_text",
     "pause_after",
     "pause_samples",

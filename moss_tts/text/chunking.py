@@ -6,6 +6,9 @@ Follows upstream HF `modeling_moss_tts_nano.py` `_split_text_into_best_sentences
 Token counts use the model's own tokenizer (anything with `encode(text) -> list[int]`).
 """
 
+import re
+from bisect import bisect_right
+
 from moss_tts.errors import InputError
 from moss_tts.text.script import CJK_OR_HANGUL, CLAUSE_END, CLOSERS, SENTENCE_END
 
@@ -19,6 +22,35 @@ _TOKEN_CUT_BOUNDARIES = SENTENCE_END | CLAUSE_END | {" "}
 _TOKEN_CUT_LOOKBACK = 24
 _SHORT_TEXT_WORDS = 5
 _SHORT_TEXT_PADDING = " " * 8
+# Tags the Delay family reads whole ([S1], [pause 1.5s], {whisper}): with keep_tags no cut
+# falls inside one, though they hold marks and spaces. Nano's normalizer quotes them instead.
+_TAG = re.compile(r"\[[^\[\]]*\]|\{[^{}]*\}")
+
+
+def tag_spans(text):
+    """(start, end) of each `[...]` / `{...}` tag in `text`, in order."""
+    return [m.span() for m in _TAG.finditer(text)]
+
+
+def _masked(text, spans):
+    """`text` with every char inside a tag (brackets excluded) made a letter: no mark, space or
+    closer inside a tag is then seen by a cut search."""
+    if not spans:
+        return text
+    parts, done = [], 0
+    for start, end in spans:
+        parts += [text[done : start + 1], "x" * (end - start - 2)]
+        done = end - 1
+    return "".join(parts) + text[done:]
+
+
+def _outside_tags(cut, spans, low):
+    """`cut` moved out of the tag it falls inside (to the tag's start when that leaves text
+    after `low`, else to its end); unchanged when it falls inside none."""
+    i = bisect_right(spans, (cut, float("inf"))) - 1
+    if i < 0 or not spans[i][0] < cut < spans[i][1]:
+        return cut
+    return spans[i][0] if spans[i][0] > low else spans[i][1]
 
 
 def contains_cjk(text):
@@ -46,15 +78,17 @@ def prepare_for_chunking(text):
     return text
 
 
-def split_at_marks(text, marks):
-    """Cut after every char in `marks` (plus any closers right after it); pieces are stripped."""
+def split_at_marks(text, marks, *, keep_tags=False):
+    """Cut after every char in `marks` (plus any closers right after it); pieces are stripped.
+    keep_tags: marks inside a `[...]` / `{...}` tag do not cut."""
+    probe = _masked(text, tag_spans(text)) if keep_tags else text
     pieces, start, i = [], 0, 0
     while i < len(text):
-        if text[i] not in marks:
+        if probe[i] not in marks:
             i += 1
             continue
         i += 1
-        while i < len(text) and text[i] in CLOSERS:
+        while i < len(text) and probe[i] in CLOSERS:
             i += 1
         piece = text[start:i].strip()
         if piece:
@@ -95,9 +129,12 @@ def _longest_prefix_within(text, start, count, max_tokens):
     return best
 
 
-def split_by_token_budget(text, count, max_tokens):
-    """Cut `text` into pieces of <= `max_tokens` tokens, preferring a space or mark near the cut."""
+def split_by_token_budget(text, count, max_tokens, *, keep_tags=False):
+    """Cut `text` into pieces of <= `max_tokens` tokens, preferring a space or mark near the cut.
+    keep_tags: no cut inside a `[...]` / `{...}` tag (one longer than the budget stays whole)."""
     pieces, text, at = [], text.strip(), 0
+    spans = tag_spans(text) if keep_tags else []
+    probe = _masked(text, spans)
     while at < len(text):
         limit = _longest_prefix_within(text, at, count, max_tokens)
         if at + limit >= len(text):
@@ -105,12 +142,14 @@ def split_by_token_budget(text, count, max_tokens):
             break
         cut = limit
         for i in range(limit - 1, max(-1, limit - 1 - _TOKEN_CUT_LOOKBACK), -1):
-            if text[at + i] in _TOKEN_CUT_BOUNDARIES:
+            if probe[at + i] in _TOKEN_CUT_BOUNDARIES:
                 cut = i + 1
                 break
+        cut = _outside_tags(at + cut, spans, at) - at
         piece = text[at : at + cut].strip()
         if not piece:
-            piece, cut = text[at : at + limit].strip(), limit
+            cut = _outside_tags(at + limit, spans, at) - at
+            piece = text[at : at + cut].strip()
         pieces.append(piece)
         at += cut
         while at < len(text) and text[at].isspace():  # upstream strips the rest
@@ -124,27 +163,29 @@ def _join(left, right):
     return left + right if contains_cjk(left) or contains_cjk(right) else f"{left} {right}"
 
 
-def _budget_pieces(sentence, count, max_tokens):
+def _budget_pieces(sentence, count, max_tokens, keep_tags):
     """(tokens, text) pieces of one sentence: whole, else by clauses, else by token budget."""
     n_tokens = count(sentence)
     if n_tokens <= max_tokens:
         return [(n_tokens, sentence)]
     pieces = []
-    for clause in split_at_marks(sentence, CLAUSE_END) or [sentence]:
+    for clause in split_at_marks(sentence, CLAUSE_END, keep_tags=keep_tags) or [sentence]:
         n_tokens = count(clause)
         if n_tokens <= max_tokens:
             pieces.append((n_tokens, clause))
             continue
-        pieces.extend((count(p), p) for p in split_by_token_budget(clause, count, max_tokens))
+        pieces.extend((count(p), p) for p in
+                      split_by_token_budget(clause, count, max_tokens, keep_tags=keep_tags))
     return pieces
 
 
-def split_into_chunks(text, tokenizer, max_tokens=DEFAULT_MAX_TEXT_TOKENS):
+def split_into_chunks(text, tokenizer, max_tokens=DEFAULT_MAX_TEXT_TOKENS, *, keep_tags=False):
     """Voice-clone chunks of at most `max_tokens` tokens each (when a piece allows it).
 
     Sentences are cut at sentence marks, too-long ones at clause marks, and too-long clauses by
     token count; the pieces are then packed greedily. A budget <= 0 disables chunking, and a
     result of one chunk returns the original `text` unchanged (not the prepared form).
+    keep_tags: no cut inside a `[...]` / `{...}` tag (the Delay family's `[pause 1.5s]`).
 
     >>> split_into_chunks("One. Two.", tok, max_tokens=75)  # doctest: +SKIP
     ['One. Two.']
@@ -153,19 +194,27 @@ def split_into_chunks(text, tokenizer, max_tokens=DEFAULT_MAX_TEXT_TOKENS):
         raise InputError("text is empty")
     if int(max_tokens) <= 0:
         return [text]
-    max_tokens = int(max_tokens)
+    chunks = pack_sentences(prepare_for_chunking(text), tokenizer, int(max_tokens),
+                            keep_tags=keep_tags)
+    return chunks if len(chunks) > 1 else [text]
+
+
+def pack_sentences(text, tokenizer, max_tokens, *, keep_tags=False, prefix=""):
+    """`split_into_chunks` without its preparation: `text` as it is, cut at sentences (then
+    clauses, then the budget) and packed greedily; each chunk is counted with `prefix` before
+    it (a speaker tag the caller will put there), so prefix + chunk fits max_tokens."""
 
     def count(piece):
-        return len(tokenizer.encode(piece))
+        return len(tokenizer.encode(prefix + piece))
 
-    prepared = prepare_for_chunking(text)
     pieces = []
-    for sentence in split_at_marks(prepared, SENTENCE_END) or [prepared.strip()]:
-        pieces.extend(_budget_pieces(sentence, count, max_tokens))
+    for sentence in split_at_marks(text, SENTENCE_END, keep_tags=keep_tags) or [text.strip()]:
+        pieces.extend(_budget_pieces(sentence, count, max_tokens, keep_tags))
 
+    shared = len(tokenizer.encode(prefix)) if prefix else 0  # counted in both terms below
     chunks, current, current_tokens = [], "", 0
     for n_tokens, piece in pieces:
-        if current and current_tokens + n_tokens > max_tokens:
+        if current and current_tokens + n_tokens - shared > max_tokens:
             chunks.append(current.strip())
             current, current_tokens = piece, n_tokens
         elif current:
@@ -175,7 +224,7 @@ def split_into_chunks(text, tokenizer, max_tokens=DEFAULT_MAX_TEXT_TOKENS):
             current, current_tokens = piece, n_tokens
     if current:
         chunks.append(current.strip())
-    return chunks if len(chunks) > 1 else [text]
+    return chunks
 
 
 def pause_after(chunk_text):

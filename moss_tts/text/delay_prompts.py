@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moss_tts.errors import InputError
-from moss_tts.text.normalize import normalize_tts_text
+from moss_tts.text.normalize import normalize_delay_text
 from moss_tts.text.qwen_tokenizer import QwenTokenizer
 
 # Field order of the user template; a field left as None is written as the word None.
@@ -94,8 +94,9 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
                          f"{', '.join(FIELDS)}")
     if text is not None and (not isinstance(text, str) or not text.strip()):
         raise InputError("text is empty")
-    if normalize and text is not None:   # upstream's build_user_message normalizes the text
-        text = normalize_tts_text(text)  # field only (§family-7); no text is the word None
+    if normalize and text is not None:   # upstream's build_user_message normalizes the
+        text = normalize_delay_text(text)  # text field only (§family-7), with Delay's copy:
+        # tags such as [pause 3.2s] stay; no text is the word None
     n = ids.n_vq
     text_ids, blocks = [ids.im_start], []
     pieces = user_pieces(text, references, fields)

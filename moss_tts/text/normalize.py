@@ -1,13 +1,17 @@
-"""Text normalization before tokenization (docs/upstream-notes.md §nano-7).
+"""Text normalization before tokenization (docs/upstream-notes.md §nano-7, §family-7.1).
 
 `normalize_tts_text` is the robust, non-semantic cleanup of upstream MOSS-TTS-Nano
-`tts_robust_normalizer_single_script.py`; `prepare_texts` is the stage order of upstream
-`text_normalization_pipeline.py` `prepare_tts_request_texts`. WeText (semantic number/date
-expansion) needs pynini and is not a dependency: callers may plug one in as `wetext=`.
+`tts_robust_normalizer_single_script.py`; `normalize_delay_text` is MossTTSDelay's older copy of
+it (`moss_tts_delay/tts_robust_normalizer_single_script.py`), which keeps `[...]` / `{...}`
+(speaker tags, `[pause 3.2s]`, sound events); one implementation runs both (`NANO`, `DELAY`).
+`prepare_texts` is the stage order of upstream `text_normalization_pipeline.py`
+`prepare_tts_request_texts`. WeText (semantic number/date expansion) needs pynini and is not a
+dependency: callers may plug one in as `wetext=`.
 """
 
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from moss_tts.text.script import CJK_CLASS, CLOSERS
@@ -70,6 +74,30 @@ _PROTECTED_PATTERNS = tuple(
         (rf"(?<![A-Za-z0-9_])[A-Za-z0-9][{_TOKEN_CHARS}]*+", _file_like),
     )
 )
+_DELAY_SEPARATOR = re.compile(r"[._/+:-]")  # Delay's file-like lookahead also counts `_`
+
+
+def _file_like_to_alnum(match):
+    """Delay's file-like token: the run must hold a letter and one of . _ / + : -, and the
+    token ends at the run's last letter or digit that no letter, digit or `_` follows.
+    Upstream: (?<![A-Za-z0-9_])(?=[TOK]*[A-Za-z])(?=[TOK]*[._/+:-])
+    [A-Za-z0-9](?:[TOK]*[A-Za-z0-9])?(?![A-Za-z0-9_]). A start that fails fails for every
+    later start in the run as well (their runs are suffixes), so the run is consumed."""
+    run = match[0]
+    if not (_LETTER.search(run) and _DELAY_SEPARATOR.search(run)):
+        return None
+    if run[-1].isalnum():  # the run is ASCII token characters
+        return run
+    for i in range(len(run) - 1, 0, -1):
+        if run[i] in "./+:-" and run[i - 1].isalnum():
+            return run[:i]
+    return None
+
+
+# Delay protects the same spans, but a file-like token must end in a letter or digit.
+_DELAY_PROTECTED_PATTERNS = _PROTECTED_PATTERNS[:-1] + (
+    (_PROTECTED_PATTERNS[-1][0], _file_like_to_alnum),
+)
 
 _MARKDOWN_LINK = re.compile(r"\[([^\[\]]+?)\]\((https?://[^)\s]+)\)")
 # Line prefixes removed in this order: heading, quote, bullet, ordered-list number.
@@ -117,6 +145,9 @@ _SPACE_RULES = tuple(
 # OPEN\s*([^STOPS]+?)\s*CLOSE rules, which rescan to the next closer from every opener.
 _QUOTED_SPANS = (("[", "]", "[]"), ("{", "}", "{}"), ("【〖『「", "】〗』」", "】〗』」"))
 _TITLE_MARKS = frozenset("。！？!?；;")
+# Delay: a 【】〖〗『』「」 span at the start or after a sentence end becomes a sentence
+_STRUCTURAL_OPEN = re.compile("[【〖『「]")
+_STRUCTURAL_CLOSE = re.compile("[】〗』」]")
 # What may follow a stand-alone 《title》: the end, a protected span, a dash run or punctuation.
 _TITLE_TAIL = re.compile(rf"\s*(?:{_PLACEHOLDER}|[—–―-]{{2,}}|$|[。！？!?；;，,])")
 _DASH_RUN = re.compile(r"(?:(?<!\s)\s+)?[—–―-]{2,}\s*")
@@ -174,21 +205,24 @@ def _with_terminal_mark(line):
     return line + "。"
 
 
-def _flatten_lines(text):
-    """Strip Markdown line prefixes and join the lines, each ending in punctuation."""
+def _flatten_lines(text, join_with_mark=False):
+    """Strip Markdown line prefixes and join the lines, each ending in punctuation (Nano), or
+    with `。` between every two (Delay: join_with_mark)."""
     text = _MARKDOWN_LINK.sub(r"\1 \2", text)
     lines = []
     for raw in text.splitlines():  # str.splitlines also splits on U+2028 / U+2029
         line = raw.strip()
         if line:
             lines.append(_apply(((p, "") for p in _LINE_PREFIXES), line))
+    if join_with_mark:
+        return "。".join(lines)
     return "".join(_with_terminal_mark(line) for line in lines[:-1]) + (lines[-1] if lines else "")
 
 
-def _protect(text):
+def _protect(text, patterns=_PROTECTED_PATTERNS):
     spans = []
 
-    for pattern, pick in _PROTECTED_PATTERNS:
+    for pattern, pick in patterns:
 
         def park(match, pick=pick):
             span = pick(match)
@@ -266,9 +300,40 @@ def _unwrap_titles(text):
 
 
 def _rewrite_brackets(text):
+    """Nano: every bracketed span quoted, then stand-alone titles unwrapped."""
     for openers, closers, stops in _QUOTED_SPANS:
         text = _quote_spans(text, openers, closers, stops)
     return _unwrap_titles(text)
+
+
+def _unwrap_structural(text):
+    """One pass of Delay's (^|[。！？!?；;]\\s*)[【〖『「]([^】〗』」]+)[】〗』」]\\s* → \\1\\2。: a
+    bracketed span at the start or after a sentence end becomes its content and a `。`. The
+    first closer after an opener serves every opener before it, so it is searched once."""
+    out, done, at, close = [], 0, 0, -1
+    while (opener := _STRUCTURAL_OPEN.search(text, at)) is not None:
+        start = opener.start()
+        if close <= start:
+            found = _STRUCTURAL_CLOSE.search(text, start + 1)
+            if found is None:  # no closer after this opener, so none after a later one either
+                break
+            close = found.start()
+        at = start + 1
+        if close == at or not _opens_title(text, start, done):
+            continue
+        end = close + 1
+        while end < len(text) and text[end].isspace():
+            end += 1
+        out += [text[done:start], text[at:close], "。"]
+        done = at = end
+    return "".join(out) + text[done:]
+
+
+def _keep_brackets(text):
+    """Delay: `[...]` and `{...}` stay as they are; 【】〖〗『』「」 spans in sentence position
+    become sentences (two passes, as upstream: a pass cannot see the `。` it just wrote), then
+    stand-alone titles are unwrapped."""
+    return _unwrap_titles(_unwrap_structural(_unwrap_structural(text)))
 
 
 def _fold_question_exclaim(match):
@@ -277,26 +342,54 @@ def _fold_question_exclaim(match):
     return "？！" if question and exclaim else ("？" if question else "！")
 
 
-def normalize_tts_text(text):
+@dataclass(frozen=True)
+class NormalizerRules:
+    """Where upstream's two copies of the cleaner differ; every other rule is shared."""
+
+    join_with_mark: bool  # lines joined by `。` (Delay), or each closed by a mark if it lacks one
+    early_arrows: bool  # arrows → `，` before the spans are protected too (Nano)
+    underscores: bool  # `_` outside protected spans → space (Nano)
+    protect: tuple  # the protected-span patterns (Delay's file-like token ends in a letter/digit)
+    brackets: Callable[[str], str]  # Nano quotes every bracketed span, Delay keeps [] and {}
+    terminal_mark: bool  # a `。` closes a text whose last visible char is no punctuation (Nano)
+
+
+NANO = NormalizerRules(False, True, True, _PROTECTED_PATTERNS, _rewrite_brackets, True)
+DELAY = NormalizerRules(True, False, False, _DELAY_PROTECTED_PATTERNS, _keep_brackets, False)
+
+
+def normalize_tts_text(text, rules=NANO):
     """Robust, non-semantic TTS text cleanup (no number/date expansion); idempotent.
 
     >>> normalize_tts_text("这是Anthropic的npm包")
     '这是 Anthropic 的 npm 包。'
     """
-    text = _flatten_lines(_drop_control_chars(text))
-    text = _ARROW.sub("，", text)
-    text, spans = _protect(text)
-    text = _underscores_to_spaces(text)
+    text = _flatten_lines(_drop_control_chars(text), rules.join_with_mark)
+    if rules.early_arrows:
+        text = _ARROW.sub("，", text)
+    text, spans = _protect(text, rules.protect)
+    if rules.underscores:
+        text = _underscores_to_spaces(text)
     text = _apply(_SPACE_RULES, text).strip()
-    text = _rewrite_brackets(text)
-    text = _ARROW.sub("，", text)  # again: spans that were protected are placeholders now
+    text = rules.brackets(text)
+    text = _ARROW.sub("，", text)  # Nano: again, as protected spans are placeholders now
     text = _DASH_RUN.sub("。", text)
     text = _apply(_REPEAT_RULES, text)
     text = _QE_RUN.sub(_fold_question_exclaim, text)
     text = _apply(_SPACE_RULES, text).strip()
     text = _restore(text, spans).strip()
     # Lines were joined above, so the text is one line: one terminal mark at the end.
-    return _with_terminal_mark(text) if text else text
+    return _with_terminal_mark(text) if text and rules.terminal_mark else text
+
+
+def normalize_delay_text(text):
+    """MossTTSDelay's cleanup: `normalize_tts_text` with upstream Delay's rules, which keep
+    `[S1]`, `[pause 3.2s]` and `{sound events}` untouched and add no final mark.
+
+    >>> normalize_delay_text("它的名字是[pause 3.2s]静夜思")
+    '它的名字是[pause 3.2s]静夜思'
+    """
+    return normalize_tts_text(text, DELAY)
 
 
 def resolve_wetext_language(text, voice=""):

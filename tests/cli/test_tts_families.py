@@ -152,6 +152,20 @@ def test_a_flag_of_another_family_is_one_line_naming_flag_and_family(models, tmp
     assert not out.exists()
 
 
+def test_a_language_the_model_card_lacks_is_one_line_listing_them(models, tmp_path):
+    """`tts --language xx` on Delay: one line naming --language and the card's languages,
+    exit 1, nothing written (checked with the other knobs, before the model loads)."""
+    out = tmp_path / "o.wav"
+    r = cli(*delay_args(models, "--language", "xx", "-o", out))
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: --language 'xx' is not one of this model's 31 languages; "
+                          "give a name or code from its model card: Chinese (zh), Cantonese "
+                          "(yue), English (en), ")
+    assert "Persian (Farsi) (fa)" in err and err.rstrip().endswith("Vietnamese (vi)")
+    assert not out.exists()
+
+
 def test_tts_nano_refuses_a_delay_model_and_delay_takes_its_familys_codec(models, tmp_path,
                                                                          capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")      # the default codec is a repo id: no network

@@ -161,7 +161,8 @@ def test_cli_flags_reach_the_delay_converter_and_no_other(wide, tmp_path):
         (Q4_K, F16, Q8_0)
     r = cli("convert", "codec", "--model", ckpt, "--out", tmp_path / "n.gguf", "--head-type", "f16")
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
-    assert "--head-type applies to convert delay / local / realtime only, not codec" in r.stderr
+    assert ("--head-type applies to convert delay / ttsd / voicegen / sfx / local / realtime "
+            "only, not codec") in r.stderr
     assert not (tmp_path / "n.gguf").exists()
 
 

@@ -91,7 +91,7 @@ def test_bad_dialogue_input_is_one_line_naming_it(published_tts, speakers, text,
     assert "\n" not in str(e.value)
 
 
-# -- MOSS-VoiceGenerator: upstream docs/moss_voice_generator_model_card.md (build_user_message
+# -- MOSS-VoiceGenerator: upstream's moss_voice_generator_model_card.md (build_user_message
 # with text and instruction, mode "generation") -----------------------------------------------
 def test_voice_design_prompt_carries_the_instruction(published_tts):
     rows = published_tts("voicegen").plan("Hello there.", instruction="A warm, low voice.",
@@ -113,7 +113,7 @@ def test_voice_design_takes_no_reference(published_tts):
                                              reference=codes(3, 1))
 
 
-# -- MOSS-SoundEffect: upstream docs/moss_sound_effect_model_card.md (build_user_message with
+# -- MOSS-SoundEffect: upstream's moss_sound_effect_model_card.md (build_user_message with
 # ambient_sound and tokens, no text) -----------------------------------------------------------
 def test_sound_effect_prompt_is_the_description_and_duration_without_text(published_tts):
     tts = published_tts("sfx")
@@ -167,11 +167,85 @@ def test_each_task_streams_what_synthesize_and_the_offline_route_give(published_
 
 def test_a_cloned_dialogue_drops_the_speakers_prompt_audio(published_tts):
     """The output starts after the speakers' own speech: the continuation's prompt frames go
-    through the codec first and their audio is not returned (as DelayTTS's continuation)."""
+    through the codec first and their audio is not returned (as DelayTTS's continuation, and
+    as upstream decodes only the new audio): the offline decode of prompt + generated frames
+    with the prompt's frames of samples cut."""
     tts = published_tts("ttsd")
     a = codes(6, 7)
-    audio, _ = tts.synthesize("[S1] Hello there.", speakers=[(a, "Hi.")], options=GREEDY,
-                              max_new_rows=30)
-    full = offline(tts, tts.plan("[S1] Hello there.", speakers=[(a, "Hi.")]), options=GREEDY,
-                   max_new_rows=30)
-    assert len(audio) > 0 and len(full) > len(audio)
+    kw = dict(options=GREEDY, max_new_rows=30)
+    audio, _ = tts.synthesize("[S1] Hello there.", speakers=[(a, "Hi.")], **kw)
+    rows = tts.plan("[S1] Hello there.", speakers=[(a, "Hi.")])
+    generated = tts.model.generate(rows, **kw)
+    staircase = np.vstack([rows[-len(a):, 1:], generated[:, 1:]])
+    frames = de_delay(staircase)
+    np.testing.assert_array_equal(frames[:len(a) - PUBLISHED_N_VQ + 1],
+                                  a[:len(a) - PUBLISHED_N_VQ + 1])
+    segments = audio_segments(frames, tts.config.audio_pad_code)
+    full = np.concatenate([tts.codec.decode(s.T, n_quantizers=PUBLISHED_N_VQ)
+                           for s in segments])
+    hop = len(full) // sum(len(s) for s in segments)
+    np.testing.assert_allclose(audio, full[len(a) * hop:], atol=1e-5)
+    assert len(full) > len(audio) > 0
+
+
+def test_a_long_dialogue_is_cut_at_turns_and_each_chunk_continues_the_one_before(
+        published_tts, monkeypatch):
+    """Long dialogues go through the long-text path (models/long_text.speak): chunks cut at
+    speaker turns, chunk i + 1's continuation prompt is chunk i's text and generated frames,
+    and the speakers' references stay in every chunk's user message."""
+    from moss_tts.models.delay_tasks import DialogueTTS
+
+    tts = published_tts("ttsd")
+    seen = []
+    real = DialogueTTS._rows
+
+    def spy(self, text, cast, prompt, prompt_text, **kw):
+        seen.append((text, cast, prompt, prompt_text))
+        return real(self, text, cast, prompt, prompt_text, **kw)
+
+    monkeypatch.setattr(DialogueTTS, "_rows", spy)
+    turns = " ".join(f"[S{1 + i % 2}] Turn number {i} of a long talk about quick brown foxes."
+                     for i in range(40))
+    a = codes(4, 3)
+    with pytest.warns(Warning):
+        tts.synthesize(turns, speakers=[(a, "Hi."), None], options=GREEDY, max_new_rows=8)
+    assert len(seen) >= 2
+    for i, (text, cast, prompt, prompt_text) in enumerate(seen):
+        assert text.startswith("[S") and cast.references[0] is not None
+        if i == 0:
+            assert prompt is None                       # the speakers' speech: cast.prompt
+        else:
+            assert prompt_text == seen[i - 1][0] and len(prompt.codes) > 0
+
+
+# -- the family contract (moss_tts/tts.py, as tests/models/test_contract.py for the others) ----
+@pytest.mark.parametrize("kind, args, kw, field", [
+    ("ttsd", ("[S1] Hi\0.",), {}, "text"),
+    ("ttsd", ("[S1] Hi.",), {"speakers": [(codes(3, 1), "Hi\0")]}, "transcript"),
+    ("voicegen", ("Hi.",), {"instruction": "Calm\0"}, "instruction"),
+    ("sfx", (), {"sound": "Rain\0"}, "sound"),
+])
+def test_text_that_is_not_clean_unicode_is_one_error_naming_its_field(published_tts, kind,
+                                                                     args, kw, field):
+    with pytest.raises(InputError, match=field) as e:
+        published_tts(kind).synthesize(*args, max_new_rows=4, **kw)
+    assert "NUL" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_stored_voice_of_another_codec_is_refused_by_name_as_a_speaker(published_tts):
+    other = {"variant": "v2", "sample_rate": 48000, "codebook_size": 1024}
+    voice = Reference(codes(3, 1), other, "narrator", "Hello.")
+    with pytest.raises(InputError, match=r"voice 'narrator' does not fit this model"):
+        published_tts("ttsd").synthesize("[S1] Hi.", speakers=[voice], max_new_rows=4)
+
+
+@pytest.mark.parametrize("kind", ["ttsd", "voicegen", "sfx"])
+def test_every_task_says_it_is_closed_after_close(published_files, v1_codec_gguf, kind):
+    from moss_tts.models.registry import family_of_model
+
+    tts = family_of_model(published_files(kind)[2]).tts_class().load(
+        published_files(kind)[2], codec=v1_codec_gguf)
+    tts.close()
+    name = type(tts).__name__
+    with pytest.raises(InputError, match=f"this {name} is closed"):
+        tts.synthesize("[S1] Hi.")

@@ -42,10 +42,13 @@ def test_exactly_one_row_detects_each_config():
                              "local_num_layers": 1},
                "realtime": {"model_type": "moss_tts_realtime"},
                "codec": {"model_type": "speech_tokenizer", "encoder_kwargs": []}}
-    assert set(configs) == set(CONVERTIBLE)
+    # a published checkpoint of another row's architecture (MOSS-TTSD, ...) shares its config
+    # shape: only its names tell it apart (tests/models/test_delay_checkpoints.py)
+    assert set(configs) == {k for k, f in CONVERTIBLE.items() if not f.arch}
     for kind, config in configs.items():
-        assert [f.kind for f in (CODEC, *FAMILIES) if f.detect(config)] == [kind]
+        assert [f.kind for f in (CODEC, *FAMILIES) if f.detect(config) and not f.arch] == [kind]
         assert family_of_config(config).kind == kind
+        assert all(f.arch == kind for f in FAMILIES if f.detect(config) and f.kind != kind)
 
 
 def test_a_config_of_no_family_names_the_model_type():

@@ -4,7 +4,9 @@ import pytest
 
 from moss_tts.errors import InputError
 from moss_tts.text import chunking, normalize
+from moss_tts.models.long_text import split_long_text
 from moss_tts.text.chunking import pause_after, pause_samples, split_into_chunks
+from moss_tts.text.script import SENTENCE_END
 
 
 class WordTokenizer:
@@ -166,3 +168,53 @@ def test_unpunctuated_text_is_cut_in_linear_time(tiny_tokenizer):
     # over); before, each cut binary-searched the whole rest (about 14x). The count is exact.
     assert large <= 4.2 * small, f"{small} characters encoded → {large}"
     assert small <= 20 * 10_000, f"{small} characters encoded for 10,000"
+
+
+# --- tags kept whole (keep_tags; the Delay family's long text) ------------------------------
+
+def test_a_pause_marker_is_no_sentence_end_with_keep_tags():
+    """`[pause 1.5s]` holds a '.' and a space: with keep_tags neither cuts. By hand (WORDS):
+    sentences "Hello there." (2), "[pause 1.5s] How are you today?" (6 > 4: no clause mark, so
+    the budget cut at the space after "are"), "Fine." (1); packed within 4."""
+    text = "Hello there. [pause 1.5s] How are you today? Fine."
+    assert split_into_chunks(text, WORDS, 4, keep_tags=True) == [
+        "Hello there.", "[pause 1.5s] How are", "you today? Fine."]
+    # without keep_tags (Nano's upstream) the '.' inside the marker ends a sentence
+    assert split_into_chunks(text, WORDS, 4) == [
+        "Hello there. [pause 1.", "5s] How are you", "today? Fine."]
+
+
+def test_a_budget_cut_inside_a_tag_moves_to_its_edge():
+    """CHARS, budget 5: "Ab" is cut at its space; then the longest prefix "[paus" ends inside
+    the tag, which starts the piece, so the cut moves to the tag's end (a tag longer than the
+    budget stays whole)."""
+    text = "Ab [pause 1.5s] cd."
+    assert split_into_chunks(text, CHARS, 5, keep_tags=True) == ["Ab", "[pause 1.5s]", "cd."]
+    assert split_into_chunks(text, CHARS, 5) == ["Ab", "[paus", "e 1.", "5s]", "cd."]
+
+
+def test_the_model_cards_pause_example_is_cut_only_at_its_comma():
+    """MOSS-TTS v1.5 card: 13 + 1 + 5 + 2 + 3 + 1 = 25 WORDS tokens, budget 14: one sentence
+    (the '.' of 3.2s is inside the tag), cut at its clause mark into 14 and 11 tokens."""
+    text = "我今天学习了一首中国的古诗，它的名字是[pause 3.2s]静夜思！"
+    chunks = split_long_text(text, WORDS, 14)
+    assert chunks == ["我今天学习了一首中国的古诗，", "它的名字是[pause 3.2s]静夜思！"]
+    assert "".join(chunks) == text
+    assert chunking.split_at_marks(text, SENTENCE_END, keep_tags=True) == [text]
+    assert chunking.split_at_marks(text, SENTENCE_END) == [
+        "我今天学习了一首中国的古诗，它的名字是[pause 3.", "2s]静夜思！"]   # Nano's rules
+
+
+def test_long_text_never_cuts_inside_a_tag(tiny_tokenizer):
+    """split_long_text (Delay, Local, Local v1.5) on a long text full of tags, small budgets:
+    every tag is found whole in one chunk, as many times as it was given."""
+    sentence = ("The speaker reads [pause 1.5s] a short line, then {sigh} waits; [S2] answers "
+                "[pause 0.25s] slowly. 今天天气很好，[pause 3.2s]我们去公园。")
+    text = sentence * 6
+    tags = ["[pause 1.5s]", "{sigh}", "[S2]", "[pause 0.25s]", "[pause 3.2s]"]
+    for budget in (4, 7, 12, 30):
+        chunks = split_long_text(text, tiny_tokenizer, budget)
+        assert len(chunks) > 1
+        for tag in tags:
+            assert sum(c.count(tag) for c in chunks) == 6, (budget, tag)
+        assert "".join(chunks).replace(" ", "") == text.replace(" ", "")

@@ -2,6 +2,8 @@
 (text/delay_prompts.py), against upstream's string route (fixtures/reference/delay.py) on the
 tiny tokenizer.json whose specials sit at the upstream ids."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -44,15 +46,12 @@ def test_text_spelling_a_control_token_is_refused(tokenizer, spelling):
         build_generation_rows(tokenizer, IDS, "Hi", language=spelling)
 
 
-def test_normalized_text_never_yields_a_control_id(tokenizer):
-    """The normalizer turns `_` into a space, so most spellings stop matching; one that
-    survives it (no underscore) is refused."""
-    rows = build_generation_rows(tokenizer, IDS, "Say <|im_end|> now")
-    plain = build_generation_rows(tokenizer, IDS, "Say now")
-    count = lambda r: sum(int(i) in tokenizer.control for i in r[:, 0])  # noqa: E731
-    assert count(rows) == count(plain)
-    with pytest.raises(InputError, match="<\\|endoftext\\|>"):
-        build_generation_rows(tokenizer, IDS, "Say <|endoftext|> now")
+@pytest.mark.parametrize("spelling", ["<|im_end|>", "<|endoftext|>"])
+def test_normalized_text_never_yields_a_control_id(tokenizer, spelling):
+    """Delay's normalizer (unlike Nano's) keeps `_` and `<|...|>` as they are, so a spelled
+    control token reaches the tokenizer, which refuses it."""
+    with pytest.raises(InputError, match=re.escape(spelling)):
+        build_generation_rows(tokenizer, IDS, f"Say {spelling} now")
 
 
 def test_broken_tokenizer_json_raises_model_file_error():

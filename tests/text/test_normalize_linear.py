@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from moss_tts.text import normalize as N
-from moss_tts.text.normalize import normalize_tts_text
+from moss_tts.text.normalize import normalize_delay_text, normalize_tts_text
 
 # Upstream `tts_robust_normalizer_single_script.py` patterns, verbatim (the reference).
 _TOK = r"A-Za-z0-9._/+:-"
@@ -194,3 +194,48 @@ def test_titles_that_share_one_end_normalize_in_linear_time():
     text = "。《" * 100_000 + "x》" + "\xa0" * 100_000 + "y"
     with cpu_guard("100,000 title openers sharing one end"):
         normalize_tts_text(text)
+
+
+# --- Delay's copy (`normalize_delay_text`) ----------------------------------------------------
+# Upstream Delay's two patterns that Nano's copy lacks, verbatim (the reference): its file-like
+# token, which must end in a letter or digit, and its structural-bracket rule (run twice).
+UPSTREAM_DELAY_FILE_LIKE = (
+    rf"(?<![A-Za-z0-9_])(?=[{_TOK}]*[A-Za-z])(?=[{_TOK}]*[._/+:-])"
+    rf"[A-Za-z0-9](?:[{_TOK}]*[A-Za-z0-9])?(?![A-Za-z0-9_])"
+)
+UPSTREAM_DELAY_BRACKETS = [
+    (r"(^|[。！？!?；;]\s*)[【〖『「]([^】〗』」]+)[】〗』」]\s*", r"\1\2。"),
+    (r"(^|[。！？!?；;]\s*)[【〖『「]([^】〗』」]+)[】〗』」]\s*", r"\1\2。"),
+    UPSTREAM_BRACKETS[-1],  # the 《title》 rule, shared with Nano's copy
+]
+DELAY_PIECES = PIECES + ["〖", "〗", "「", "』", "\n", "[pause 3.2s]", "a_b", "_1", "1.", "。【"]
+
+
+def test_delay_protected_spans_match_upstream_patterns():
+    patterns = UPSTREAM_PROTECT[:-1] + [UPSTREAM_DELAY_FILE_LIKE]
+    for text in random_texts(6, DELAY_PIECES):
+        spans = []
+
+        def park(match):
+            spans.append(match.group(0))
+            return f"___PROT{len(spans) - 1}___"
+
+        want = text
+        for pattern in patterns:
+            want = re.sub(pattern, park, want)
+        assert N._protect(text, N.DELAY.protect) == (want, spans), repr(text)
+
+
+def test_delay_bracket_rules_match_upstream_patterns():
+    for text in random_texts(7, DELAY_PIECES):
+        assert N._keep_brackets(text) == upstream_rules(UPSTREAM_DELAY_BRACKETS, text), repr(text)
+
+
+DELAY_RUNS = RUNS + ["。【", "「x", "。「", "a_", "a._", "1.a_"]
+
+
+@pytest.mark.parametrize("run", DELAY_RUNS, ids=[repr(r) for r in DELAY_RUNS])
+def test_a_long_run_normalizes_in_linear_time_with_delays_rules(run):
+    text = run * (500_000 // len(run))
+    with cpu_guard(f"a run of 500,000 characters of {run!r} (Delay's rules)"):
+        normalize_delay_text(text)
