@@ -111,7 +111,7 @@ def test_a_bad_task_value_fails_its_line_only_naming_the_column(files, corpus):
         "six": "speakers has 6 speakers; at most 5",
         "unknown-voice": "no voice named 'nobody'",
         "untagged": "the text has [S2] but only 1 speaker is given",
-        "voice-column": "voice is not a MOSS-TTSD v1.0 (dialogue) option; give each speaker's "
+        "voice-column": "voice is not a MOSS-TTSD v1.0 option; give each speaker's "
                         "in the speakers column",
         "no-instruction": "instruction is required for MOSS-VoiceGenerator",
         "sfx-speakers": "speakers is not a MOSS-SoundEffect option",

@@ -122,7 +122,7 @@ def test_a_dialogue_from_a_file_with_a_file_and_a_stored_voice_equals_the_api(fi
      "--sound is not a MOSS-VoiceGenerator option"),
     ("sfx", ("--text", "[S1] Hi.", "--speaker", "1=bob"), "--speaker is not a MOSS-SoundEffect "
                                                           "option"),
-    ("ttsd", ("--text", "[S1] Hi.", "--voice", "bob"), "--voice is not a MOSS-TTSD v1.0 (dialogue) "
+    ("ttsd", ("--text", "[S1] Hi.", "--voice", "bob"), "--voice is not a MOSS-TTSD v1.0 "
                                                         "option: give each speaker's voice"),
     ("ttsd", ("--text", "[S1] Hi.", "--speaker", "1=nobody"),
      "--speaker 1=nobody: no such file, and no voice named 'nobody'"),

@@ -136,7 +136,7 @@ def test_speakers_by_stored_voice_and_by_upload_with_its_transcript(server, mode
     ("voicegen", {"speakers": [{"voice": "bob"}], "instructions": "Calm."},
      "'speakers' is not a MOSS-VoiceGenerator option"),
     ("sfx", {"reference_audio": "AAAA"}, "'reference_audio' is not a MOSS-SoundEffect option"),
-    ("ttsd", {"voice": "bob"}, "'voice' 'bob' is not a MOSS-TTSD v1.0 (dialogue) option: give "
+    ("ttsd", {"voice": "bob"}, "'voice' 'bob' is not a MOSS-TTSD v1.0 option: give "
                                "each speaker's voice in 'speakers'"),
 ])
 def test_a_bad_task_field_is_a_400_naming_it(server, model, extra, message):
