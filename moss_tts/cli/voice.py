@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError
+from ..knobs import MAX_PROMPT_CHARS
 from .common import positive_int, printing, resolve, resolve_model, say, utf8, writing
 
 # what a designed voice says: a few seconds of ordinary speech with most English sounds, as a
@@ -42,14 +43,17 @@ def _add(args) -> int:
         raise InputError("voice add takes a reference recording (REF.wav) or --from-description"
                          " \"...\" with --model: give one")
     if args.from_description is None:
-        for flag in ("model", "text", "seed"):
+        for flag in ("model", "text", "seed", "max_new_rows"):
             if getattr(args, flag) is not None:
-                raise InputError(f"--{flag} is for --from-description (a designed voice): leave "
+                raise InputError(f"--{flag.replace('_', '-')} is for --from-description (a designed voice): leave "
                                  "it out with a recording")
         return _add_recording(args, transcript)
     if transcript is not None:
         raise InputError("--transcript is the sample's text with --from-description: give it "
                          "as --text")
+    if not args.from_description.strip() or len(args.from_description) > MAX_PROMPT_CHARS:
+        raise InputError(f"--from-description must describe the voice in 1 to "
+                         f"{MAX_PROMPT_CHARS} characters, e.g. \"a calm, low female voice\"")
     return _add_designed(args)
 
 

@@ -205,6 +205,11 @@ def test_voice_add_from_a_description_refuses_a_model_that_is_not_a_voice_design
     assert "a reference recording (REF.wav) or --from-description" in err
     err = one_line_error(capsys, "voice", "add", "x", files["alice"], "--transcript", " ")
     assert "--transcript must be the words the recording says" in err
+    err = one_line_error(capsys, "voice", "add", "x", "--from-description", " ", "--model",
+                         files["voicegen"])
+    assert "--from-description must describe the voice" in err
+    err = one_line_error(capsys, "voice", "add", "x", files["alice"], "--max-new-rows", 5)
+    assert "--max-new-rows is for --from-description" in err
     assert not voices.exists() or not list(voices.iterdir())
 
 
