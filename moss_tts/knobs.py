@@ -92,9 +92,9 @@ KNOBS = (
          "the text)", keyword="sound", high=MAX_PROMPT_CHARS),
     # a request's or manifest's list of speakers (speakers.py); the CLI's --speaker
     # N=SRC[:TRANSCRIPT] gives one, SRC a stored voice or an audio file
-    Knob("speakers", list, "speaker N's voice, N=SRC[:TRANSCRIPT], repeated: SRC a stored "
-         "voice (its stored transcript unless one follows) or an audio file, then ':' and "
-         "what it says", keyword="speakers", items=speaker_specs, cli="speaker"),
+    Knob("speakers", list, "speaker N's voice, one flag per speaker: SRC a stored voice (with "
+         "its stored transcript unless ':' and one follow) or an audio file, then ':' and what "
+         "it says", keyword="speakers", items=speaker_specs, cli="speaker"),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 SPELLINGS = {alias: k for k in KNOBS for alias in (k.name, *k.aliases)}   # every accepted name

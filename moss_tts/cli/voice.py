@@ -161,10 +161,12 @@ def add_parser(sub, common) -> None:
                                     "voice-design family's)")
     a.add_argument("--text", help="with --from-description: what the sample says, stored as "
                                   f"its transcript (default: {SAMPLE_TEXT!r})")
-    for name in ("seed", "max_new_rows"):
+    for name, text in (("seed", "the sample's random seed (default: unseeded)"),
+                       ("max_new_rows", "the sample's cap of generated rows (default: the "
+                                        "model's)")):
         knob = BY_NAME[name]
         a.add_argument(knob.flag, dest=name, type=knob_type(knob), default=None,
-                       help=f"with --from-description: {knob.help}")
+                       help=f"with --from-description: {text}")
     a.add_argument("--codec", default=None,
                    help="codec GGUF, checkpoint directory or repo id (default: "
                         f"{DEFAULT.default_codec}; with --from-description the model's family's)")
