@@ -27,7 +27,7 @@ from ..text.delay_prompts import build_generation_rows
 from ..text.languages import LANGUAGES_V1, language_name
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, merge_turns, normalize_dialogue,
                              split_dialogue, tag_transcript)
-from ..tts import check_text, family_stream
+from ..tts import FrameBudget, check_text, family_stream
 from .delay import MAX_NEW_ROWS
 from .delay_tts import DelayTTS
 from .long_text import speak
@@ -225,6 +225,8 @@ class SoundEffectTTS(DelayTTS):
     FAMILY, NAME, OPTIONS = "sfx", "MOSS-SoundEffect", SoundEffectSamplingOptions
     TEXT_FIELDS = ("sound",)
     TEXT_OPTIONAL = True
+    # one description, never cut into chunks: the budget is the whole sound's
+    BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, DelayTTS.BUDGET.limit, "rows")
 
     def plan(self, text: str | None = None, *, sound: str | None = None,
              tokens: int | None = None, seconds: float | None = None) -> np.ndarray:
