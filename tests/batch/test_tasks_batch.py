@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
-from converters.delay import convert as convert_delay
-from fixtures.make_codec import make_tiny_v1_checkpoint
-from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_checkpoint
+from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_models
 from moss_tts.audio import quantize
 from moss_tts.batch import run_batch
 from moss_tts.models.registry import family_of_model
@@ -26,12 +23,8 @@ KINDS = ("ttsd", "voicegen", "sfx")
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("batch_tasks")
-    out = {"codec": convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf")}
-    for kind in KINDS:
-        ckpt = make_tiny_published_checkpoint(kind, d / kind, seed=0, gen_bias=4.0)
-        out[kind] = str(convert_delay(str(ckpt), d / f"{kind}.gguf", strict=True))
-    return out
+    made = make_tiny_published_models(tmp_path_factory.mktemp("batch_tasks"), KINDS)
+    return {key: str(path) for key, path in made.items()}
 
 
 @pytest.fixture

@@ -11,10 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
-from converters.delay import convert as convert_delay
-from fixtures.make_codec import make_tiny_v1_checkpoint
-from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_checkpoint
+from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_models
 from moss_tts.audio import REFERENCE_MAX_SECONDS, read_audio
 from moss_tts.cli import main
 from moss_tts.models.registry import family_of_model
@@ -27,10 +24,7 @@ DIALOGUE = "[S1] Hello there. [S2] Fine, thanks."
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("tts_tasks")
-    out = {"codec": convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf")}
-    for kind in ("ttsd", "voicegen", "sfx"):
-        ckpt = make_tiny_published_checkpoint(kind, d / kind, seed=0, gen_bias=4.0)
-        out[kind] = convert_delay(str(ckpt), d / f"{kind}.gguf", strict=True)
+    out = make_tiny_published_models(d)
     t = np.arange(int(0.5 * SAMPLE_RATE)) / SAMPLE_RATE
     for name, hz in (("alice", 220), ("bob", 150)):
         out[name] = d / f"{name}.wav"

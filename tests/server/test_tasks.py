@@ -14,10 +14,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
-from converters.delay import convert as convert_delay
-from fixtures.make_codec import make_tiny_v1_checkpoint
-from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_checkpoint
+from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_models
 from moss_tts.models.registry import family_of_model
 from moss_tts.server import create_app
 from moss_tts.voices import add_voice
@@ -31,11 +28,7 @@ KINDS = ("ttsd", "voicegen", "sfx")
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("server_tasks")
-    out = {"dir": d, "codec": convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0),
-                                            d / "v1.gguf")}
-    for kind in KINDS:
-        ckpt = make_tiny_published_checkpoint(kind, d / kind, seed=0, gen_bias=4.0)
-        out[kind] = convert_delay(str(ckpt), d / f"{kind}.gguf", strict=True)
+    out = {"dir": d, **make_tiny_published_models(d, KINDS)}
     t = np.arange(int(0.5 * SAMPLE_RATE)) / SAMPLE_RATE
     out["alice"] = d / "alice.wav"
     sf.write(out["alice"], (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), SAMPLE_RATE)
