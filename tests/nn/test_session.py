@@ -10,7 +10,7 @@ from moss_tts.errors import ContextFull, InputError
 from moss_tts.ggml import TensorStore, get_backend
 from moss_tts.models import gpt2
 from moss_tts.nn.session import (SLOT_ALIGN, DecodeSession, SessionsOwner, SharedDecodeSession,
-                                 bucket)
+                                 bucket, concat_rows)
 from tests.models.test_gpt2 import CFG, random_tensors
 from tests.models.test_gpt2 import reference as gpt2_reference
 
@@ -162,9 +162,10 @@ def alone(store, x):
 
 
 def test_sequences_sharing_a_session_equal_each_sequence_alone(weights):
-    """A and B start together; A leaves after 4 steps, C joins into A's freed slots; every
-    step carries one row per open sequence (in varying order) through one replayed graph per
-    (rows, bucket). Each sequence's rows equal the same sequence run alone, and the reference."""
+    """A and B start together; A leaves after 4 steps, C joins into A's freed slots (its prompt
+    in chunks); every step carries one row per open sequence (in varying order) through one
+    replayed graph per (rows, bucket). Each sequence's rows equal the same sequence run alone,
+    and the reference."""
     store, arrays = weights
     rng = np.random.default_rng(21)
     xs = {name: rng.standard_normal((PROMPT + n, CFG.n_embd)).astype(np.float32)
@@ -173,9 +174,11 @@ def test_sequences_sharing_a_session_equal_each_sequence_alone(weights):
     with make_session(store, SharedDecodeSession) as s:
         seq, done = {}, {}
 
-        def join(name):
+        def join(name, max_rows=PROMPT):
             seq[name], done[name] = s.open(), PROMPT
-            got[name].append(s.append(seq[name], {"x": xs[name][:PROMPT]}, PROMPT)["hidden"])
+            outs = s.prefill_sequence(seq[name], {"x": xs[name][:PROMPT]}, PROMPT,
+                                      max_rows=max_rows)
+            got[name].append(concat_rows(outs)["hidden"])
 
         def step(names):
             rows = np.stack([xs[n][done[n]] for n in names])
@@ -189,7 +192,7 @@ def test_sequences_sharing_a_session_equal_each_sequence_alone(weights):
         for _ in range(4):
             step(["a", "b"])
         s.release(seq["a"])
-        join("c")
+        join("c", max_rows=4)                    # its prompt in chunks of 4, 4, 2 rows
         assert s.cache.n_filled == (PROMPT + 4) + PROMPT      # b, and c in a's slots
         for k in range(7):
             step(["c", "b"] if k % 2 else ["b", "c"])
