@@ -125,6 +125,7 @@ def instrument(rec: Rec) -> None:
     graph building, the samplers NanoTTS calls, the codec stream push and NanoTTS.plan."""
     import moss_tts.codec.codec as codec_mod
     import moss_tts.models.nano as nano_mod
+    import moss_tts.models.nano_decode as decode_mod
     import moss_tts.models.nano_tts as tts_mod
     from moss_tts.ggml.graph import Graph
 
@@ -160,8 +161,8 @@ def instrument(rec: Rec) -> None:
     wrap_method(nano_mod.NanoModel, "depth_logits", lambda *a: "depth.wall")
     wrap_func(nano_mod, "build_global_step", "build.global")
     wrap_func(nano_mod, "build_depth_step", "build.depth")
-    wrap_func(tts_mod, "sample_audio_code", "sample.audio")
-    wrap_func(tts_mod, "decide_continue", "sample.decide")
+    wrap_func(decode_mod, "sample_audio_code", "sample.audio")    # FrameSampler's samplers
+    wrap_func(decode_mod, "decide_continue", "sample.decide")
     wrap_method(tts_mod.NanoTTS, "plan", lambda *a: "plan.wall")
     wrap_method(codec_mod.StreamDecoder, "push", lambda *a: "codec.push")
     wrap_method(codec_mod._TowerRunner, "_build", lambda *a: "build.codec")

@@ -18,7 +18,7 @@ from ..ggml import I32, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
-from ..nn.session import DecodeSession, SessionsOwner
+from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession
 from . import gpt2, spec
 
 KIND = "nano"
@@ -135,54 +135,66 @@ def embed_rows(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int) -> Tensor
 
 
 def build_global_step(g: Graph, w: NanoWeights, cfg: NanoConfig, n_rows: int,
-                      kv: CacheView) -> None:
-    """Rows → the hidden state of the last row ("global.hidden" [D]), caching every row's K/V."""
+                      kv: CacheView, *, every_row: bool = False) -> None:
+    """Rows → the hidden state of the last row ("global.hidden" [D]), caching every row's K/V;
+    `every_row`: of each row, [D, n_rows] (a batched step: one row per stream)."""
     x = embed_rows(g, w, cfg, n_rows)
     h = gpt2.forward(x, w.layers, w.ln_f, cfg.backbone, kv=kv, stage="global")
-    g.output(last_row(h), "global.hidden", ndim=1)
+    if every_row:
+        g.output(h, "global.hidden", ndim=2)
+    else:
+        g.output(last_row(h), "global.hidden", ndim=1)
 
 
-def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p: int) -> None:
-    """Local position p of a frame (docs/upstream-notes.md §nano-3): input h (p = 0), wte[decision]
-    (p = 1) or audio_embeddings[p−2][code] (p ≥ 2); output the text decision logits [2] (p = 0: rows
-    continue, stop of the tied text head) or audio head p−1's logits [audio_vocab]."""
+def build_depth_step(g: Graph, w: NanoWeights, cfg: NanoConfig, kv: CacheView, p: int,
+                     n_rows: int = 1) -> None:
+    """Local position p of a frame (docs/upstream-notes.md §nano-3) for n_rows streams (one row
+    each): input h (p = 0), wte[decision] (p = 1) or audio_embeddings[p−2][code] (p ≥ 2); output
+    the text decision logits (n_rows, 2) (p = 0: rows continue, stop of the tied text head) or
+    audio head p−1's logits (n_rows, audio_vocab)."""
     d = cfg.local.n_embd
     if p == 0:
-        x = g.input("depth.h", (1, d))
+        x = g.input("depth.h", (n_rows, d))
     elif p == 1:
-        x = ops.get_rows(w.wte, g.input("depth.token", (1,), I32))
+        x = ops.get_rows(w.wte, g.input("depth.token", (n_rows,), I32))
     else:
-        x = ops.get_rows(w.audio_embeddings[p - 2], g.input("depth.code", (1,), I32))
+        x = ops.get_rows(w.audio_embeddings[p - 2], g.input("depth.code", (n_rows,), I32))
     h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local, kv=kv, stage="depth")
     if p == 0:
         # only the continue/stop rows of the text head are ever used: 2 rows, not the vocabulary
         heads = ops.get_rows(w.wte, g.input("depth.decision_ids", (2,), I32))
-        g.output(ops.mul_mat(heads, h), "depth.logits", ndim=1)
+        g.output(ops.mul_mat(heads, h), "depth.logits", ndim=2)
     else:
-        g.output(ops.mul_mat(w.audio_embeddings[p - 1], h), "depth.logits", ndim=1)
+        g.output(ops.mul_mat(w.audio_embeddings[p - 1], h), "depth.logits", ndim=2)
 
 
 # -- the runtime ------------------------------------------------------------------------------
 class GenerationState(SessionsOwner):
     """Per-utterance state owned by the caller (style C16): the global decode session sized for
     the prompt plus the frame budget, and the per-frame depth session (one replayed step graph
-    per local position). A context manager, like every owner of native memory (C10)."""
+    per local position). A context manager, like every owner of native memory (C10).
+
+    With `streams`, both sessions are shared by up to that many streams (`SharedDecodeSession`:
+    `capacity` rows in all), and a step carries one row per stream (`NanoModel.step_hidden`,
+    `NanoModel.frames`); the global step graphs are the "step" variant, which returns every row.
+    """
 
     SESSIONS = ("global_", "depth")
 
-    def __init__(self, model: "NanoModel", capacity: int):
+    def __init__(self, model: "NanoModel", capacity: int, *, streams: int | None = None):
         cfg, b, loc = model.config, model.config.backbone, model.config.local
         w = model.w
         self.capacity = capacity  # rows this state accepts
-        self.global_ = DecodeSession(
-            lambda g, n, kv, _: build_global_step(g, w, cfg, n, kv), backend=model.backend,
-            n_layer=b.n_layer, n_kv_head=b.n_head, head_dim=b.head_dim, capacity=capacity,
-            prefix="global", name="nano.global")
+        session = DecodeSession if streams is None else SharedDecodeSession
+        self.global_ = session(
+            lambda g, n, kv, v: build_global_step(g, w, cfg, n, kv, every_row=v == "step"),
+            backend=model.backend, n_layer=b.n_layer, n_kv_head=b.n_head, head_dim=b.head_dim,
+            capacity=capacity, prefix="global", name="nano.global")
         with released_on_error(self.global_):
-            self.depth = DecodeSession(
-                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
+            self.depth = session(
+                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
-                capacity=cfg.n_vq + 1, prefix="depth", name="nano.depth")
+                capacity=(cfg.n_vq + 1) * (streams or 1), prefix="depth", name="nano.depth")
 
     @property
     def position(self) -> int:
@@ -208,8 +220,8 @@ class NanoModel:
         self.decision_ids = np.array([self.config.audio_assistant_slot_token_id,
                                       self.config.audio_end_token_id], dtype=np.int32)
 
-    def make_state(self, capacity: int) -> GenerationState:
-        return GenerationState(self, capacity)
+    def make_state(self, capacity: int, *, streams: int | None = None) -> GenerationState:
+        return GenerationState(self, capacity, streams=streams)
 
     def prefill(self, state: GenerationState, rows: np.ndarray) -> np.ndarray:
         """Run prompt rows (appended after what the state holds) → hidden of the last row [D]."""
@@ -219,6 +231,14 @@ class NanoModel:
                              f"of {state.capacity}; make a larger state")
         return state.global_.run(feed, len(rows))["global.hidden"]
 
+    def depth_feed(self, p: int, values) -> dict[str, np.ndarray]:
+        """Host inputs of local position p for one row per stream: values are the hiddens
+        (n, D) at p = 0, the decision token at p = 1, the previous channel's code after."""
+        if p == 0:
+            return {"depth.h": np.asarray(values, np.float32).reshape(-1, self.config.local.n_embd),
+                    "depth.decision_ids": self.decision_ids}
+        return {"depth.token" if p == 1 else "depth.code": np.asarray(values, np.int32).reshape(-1)}
+
     def depth_logits(self, state: GenerationState, p: int, value) -> np.ndarray:
         """Local position p of the current frame: value is h (p = 0), the decision token (p = 1)
         or the previous channel's code (p ≥ 2). Returns that position's head logits."""
@@ -226,31 +246,58 @@ class NanoModel:
             raise InputError(f"local position {p} is outside 0..{self.config.n_vq}")
         if p == 0:
             state.depth.reset()  # every frame is a fresh local sequence (positions from 0)
-            feed = {"depth.h": np.asarray(value, np.float32).reshape(1, -1),
-                    "depth.decision_ids": self.decision_ids}
-        elif p == 1:
-            feed = {"depth.token": np.array([value], np.int32)}
-        else:
-            feed = {"depth.code": np.array([value], np.int32)}
         if state.depth.position != p:
             raise InputError(f"local position {p} follows position {state.depth.position - 1}; "
                              "a frame's positions run 0, 1, 2, … in order")
-        return state.depth.run(feed, 1, variant=p)["depth.logits"]
+        return state.depth.run(self.depth_feed(p, value), 1, variant=p)["depth.logits"][0]
 
     def frame(self, state: GenerationState, h: np.ndarray, choose_code, decide) -> np.ndarray | None:
         """One frame from the global hidden h: the continue/stop decision, then the n_vq codes
         (each chosen by `choose_code(channel, logits)`); None when the model stops."""
-        ell = self.depth_logits(state, 0, h)
-        if not decide(float(ell[0]), float(ell[1])):
-            return None
-        codes = np.empty(self.config.n_vq, dtype=np.int32)
-        value = int(self.decision_ids[0])
-        for c in range(self.config.n_vq):
+        return self.frames(lambda p, values, _: self.depth_logits(state, p, values[0])[None],
+                           np.asarray(h)[None], lambda _, c, logits: choose_code(c, logits),
+                           lambda _, a, b: decide(a, b))[0]
+
+    def frames(self, depth_run, h: np.ndarray, choose_code, decide) -> list[np.ndarray | None]:
+        """One frame for each of n streams from their global hiddens h (n, D): each stream's
+        continue/stop decision (`decide(i, continue, stop)`), then, for those that continue,
+        the n_vq codes channel by channel (`choose_code(i, channel, logits)`); None for a
+        stream that stops. `depth_run(p, values, streams)` runs local position p for the
+        listed streams (one row each) and returns their logits, in that order."""
+        n = len(h)
+        ell = depth_run(0, h, list(range(n)))
+        going = [i for i in range(n) if decide(i, float(ell[i, 0]), float(ell[i, 1]))]
+        codes = np.zeros((n, self.config.n_vq), dtype=np.int32)
+        values = np.full(len(going), self.decision_ids[0], dtype=np.int32)
+        for c in range(self.config.n_vq if going else 0):
             # head c reads local position c+1, whose input is the previous channel's code
             # (the decision token for c = 0): the off-by-one of docs/upstream-notes.md §nano-3
-            codes[c] = choose_code(c, self.depth_logits(state, c + 1, value))
-            value = int(codes[c])
-        return codes
+            logits = depth_run(c + 1, values, going)
+            for j, i in enumerate(going):
+                codes[i, c] = choose_code(i, c, logits[j])
+            values = codes[going, c]
+        return [codes[i] if i in going else None for i in range(n)]
+
+    def batch_frames(self, state: GenerationState, h: np.ndarray, choose_code,
+                     decide) -> list[np.ndarray | None]:
+        """`frames` for the streams of a shared state, every local position one graph over
+        their rows (the depth sequences start afresh each frame)."""
+        depth = state.depth
+        depth.reset()
+        seqs = [depth.open() for _ in range(len(h))]
+        return self.frames(lambda p, values, streams: depth.step(
+            [seqs[i] for i in streams], self.depth_feed(p, values), variant=p)["depth.logits"],
+            h, choose_code, decide)
+
+    def prefill_stream(self, state: GenerationState, seq: int, rows: np.ndarray) -> np.ndarray:
+        """`prefill` for stream `seq` of a shared state (one graph over its rows, as alone)."""
+        return state.global_.append(seq, row_inputs(rows, self.config), len(rows))["global.hidden"]
+
+    def step_hidden(self, state: GenerationState, seqs, rows: np.ndarray) -> np.ndarray:
+        """One row per stream of a shared state (rows (n, n_vq + 1), row i of seqs[i]) → each
+        row's hidden (n, D), one graph over all of them."""
+        return state.global_.step(seqs, row_inputs(rows, self.config),
+                                  variant="step")["global.hidden"]
 
     def frame_row(self, codes: np.ndarray) -> np.ndarray:
         """A generated frame as the next global row: the assistant slot token and its codes."""

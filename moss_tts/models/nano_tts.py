@@ -5,11 +5,12 @@ Text is normalized and cut into chunks by upstream's rules, in every mode; each 
 utterance: a prompt, frames until the model stops or the frame budget ends, codec decode, and the
 upstream pause after it. `stream()` yields audio as frames are generated, through the codec's
 exact streaming decoder, so streamed audio equals `synthesize()` for the same seed.
+`synthesize_many()` decodes several requests together, one row per stream in each step
+(models/nano_decode.py), each request's audio equal to its `synthesize()`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator
 
@@ -19,27 +20,21 @@ from ..audio import REFERENCE_MAX_SECONDS
 from ..codec import Codec
 from ..errors import InputError, ModelFileError, whole_number
 from ..ggml import Weights, get_backend
-from ..sampling import SamplingOptions, decide_continue, sample_audio_code
+from ..sampling import SamplingOptions
 from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_samples,
                     prepare_texts, split_into_chunks)
 from ..text.chunking import contains_cjk
 from ..text.prompts import check_mode
 from ..tts import BudgetCut, CodecTTS, FrameBudget, Reference, check_text, family_stream
 from .nano import KIND, TOKENIZER_KEY, NanoModel
-
-logger = logging.getLogger(__name__)
+from .nano_decode import MAX_STREAMS, STATE_ROWS_STEP, BatchDecoder, FrameSampler
 
 MAX_FRAMES = 1000          # hard cap per chunk (80 s); upstream's fixed 375 cuts long endings
 FRAMES_PER_TOKEN = 6.0     # generous: speech runs ~2-4 frames (80 ms) per text token
 MIN_FRAMES = 64
-STALL_FRAMES = 50          # 4 s of one identical frame is a runaway, not speech
 # A chunk's text must fit its frame budget (1000 frames hold ~250-500 tokens of speech); the cap
 # also bounds every prompt, so memory does not grow with the length of the text.
 MAX_TEXT_TOKENS = 250
-# Generation states are sized in steps of this many rows, so the next utterance can usually
-# reuse the last one (caches allocated and graphs built): the step graph attends over every
-# slot, but masked slots cost flash attention next to nothing
-STATE_ROWS_STEP = 256
 
 
 def frame_budget(n_text_tokens: int, cap: float = MAX_FRAMES) -> int:
@@ -72,6 +67,25 @@ def continuation_prompt_text(chunk: str) -> str:
     return chunk if contains_cjk(chunk) else chunk + " "
 
 
+def round_robin(streams: list) -> list[list[np.ndarray]]:
+    """Every chunk of every stream, pulling one chunk from each in turn, so streams that share
+    a batch advance together (a pull that needs a frame runs a step for all of them); all are
+    closed at the end, or when one fails."""
+    chunks = [[] for _ in streams]
+    live = list(range(len(streams)))
+    try:
+        while live:
+            for k in list(live):
+                try:
+                    chunks[k].append(next(streams[k]))
+                except StopIteration:
+                    live.remove(k)
+    finally:
+        for stream in streams:
+            stream.close()
+    return chunks
+
+
 class NanoTTS(CodecTTS):
     """MOSS-TTS-Nano. `NanoTTS.load("nano.gguf", codec="codec-nano.gguf")`, then
     `synthesize(text, reference=(samples, sr))` → (samples float32 [n, 2], 48000). `reference=`
@@ -87,6 +101,7 @@ class NanoTTS(CodecTTS):
     MAX_TEXT_TOKENS = MAX_TEXT_TOKENS     # the most `max_text_tokens` takes (knobs.py reads it)
     CHANNELS = 2
     _idle_state = None  # the last utterance's generation state, kept for the next
+    _batch = None       # the BatchDecoder of a `synthesize_many` while it builds its streams
 
     def __init__(self, model: NanoModel, codec: Codec | None):
         self.model = model
@@ -133,27 +148,19 @@ class NanoTTS(CodecTTS):
         return self._frames(rows, options, seed, self.BUDGET.check(max_frames))
 
     def _frames(self, rows, options, seed, max_frames) -> Iterator[np.ndarray]:
-        cfg, m = self.config, self.model
-        rng = np.random.default_rng(seed) if options.do_sample else None
-        seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)  # per-channel history
+        m = self.model
+        sampler = FrameSampler(self.config, options, seed, max_frames)
         state = self._take_state(len(rows) + max_frames)
         try:
             h = m.prefill(state, rows)
-            last, same = None, 0
-            for _ in range(max_frames):
-                codes = m.frame(state, h, lambda c, logits: sample_audio_code(
-                    logits, seen[c], rng, options), lambda a, b: decide_continue(a, b, rng, options))
+            while True:
+                codes = m.frame(state, h, sampler.choose_code, sampler.decide)
                 if codes is None:
                     return
-                seen[np.arange(cfg.n_vq), codes] = True
                 yield codes
-                same = same + 1 if last is not None and np.array_equal(codes, last) else 0
-                if same >= STALL_FRAMES:
-                    logger.warning("stopping: %d identical frames in a row", same)
+                if not sampler.accept(codes):
                     return
-                last = codes
                 h = m.prefill(state, m.frame_row(codes))
-            logger.info("frame budget of %d reached", max_frames)
         finally:
             self._give_back(state)
 
@@ -249,14 +256,16 @@ class NanoTTS(CodecTTS):
         check_mode("voice_clone" if reference is not None else "continuation",
                    has_reference=reference is not None, has_prompt_text=prompt_text is not None,
                    has_prompt_codes=prompt is not None)
+        frames_of = self._frames if self._batch is None else self._batch.frames
         return self._utterances(codec, chunks, reference, prompt_text, prompt, options, seed,
-                                max_frames)
+                                max_frames, frames_of)
 
     def _utterances(self, codec, chunks, reference, prompt_text, prompt, options, seed,
-                    max_frames) -> Iterator[np.ndarray]:
+                    max_frames, frames_of) -> Iterator[np.ndarray]:
         """Each chunk's audio and the pause after it. Voice-clone chunks are decoded each on
         its own (as upstream); continuation chunks share one codec stream, as each continues
-        the one before it."""
+        the one before it. Frames come from this request's own decode, or from the batch of a
+        `synthesize_many` that made this stream."""
         decoder = None
         try:
             for i, chunk in enumerate(chunks):
@@ -270,8 +279,7 @@ class NanoTTS(CodecTTS):
                                         prompt=prompt)
                 budget = frame_budget(len(self.tokenizer.encode(chunk)), max_frames)
                 frames = []
-                for codes in self._frames(rows, options, None if seed is None else seed + i,
-                                          budget):
+                for codes in frames_of(rows, options, None if seed is None else seed + i, budget):
                     frames.append(codes)
                     yield decoder.push(codes[:, None])
                 if len(frames) == budget:
@@ -285,6 +293,33 @@ class NanoTTS(CodecTTS):
         finally:
             if decoder is not None:
                 decoder.close()
+
+    def synthesize_many(self, requests, *,
+                        max_streams: int = MAX_STREAMS) -> list[tuple[np.ndarray, int]]:
+        """Several requests decoded together → each one's (samples, sample_rate), as
+        `synthesize(**request)` would make it. A request is a dict of `synthesize`'s keywords
+        with its `text`. Up to max_streams utterances share each decode step (one row each);
+        a request's next text chunk joins the batch when its last one ends, and one that ends
+        leaves it, so a request's codes never depend on the others it ran beside.
+
+        >>> tts.synthesize_many([{"text": "Hello.", "seed": 1},             # doctest: +SKIP
+        ...                      {"text": "Bonjour.", "seed": 2}])
+        """
+        self._need_open()
+        kwargs = []
+        for i, request in enumerate(requests):
+            if not isinstance(request, dict) or "text" not in request:
+                raise InputError(f"requests[{i}] must be a dict of synthesize keywords with its "
+                                 f"'text', got {type(request).__name__}")
+            kwargs.append(dict(request))
+        with BatchDecoder(self.model, max_streams=max_streams) as batch:
+            self._batch = batch
+            try:     # each stream checks its arguments now and takes its frames from the batch
+                streams = [self.stream(kw.pop("text"), **kw) for kw in kwargs]
+            finally:
+                self._batch = None
+            return [(np.concatenate(audio), self.sample_rate)
+                    for audio in round_robin(streams)]
 
     def close(self) -> None:
         if self._idle_state is not None:

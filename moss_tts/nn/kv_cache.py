@@ -15,12 +15,14 @@ from ..ggml.types import F16, F32, I32, GGMLType
 from ..ggml.weights import TensorStore
 
 
-def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
+def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None, q_seq=None, k_seq=None,
                 dtype=np.float32) -> np.ndarray:
     """Additive mask (Tq, Tk) for the host: 0 where key k may be seen from query q, −inf elsewhere.
 
     Allowed iff k_pos ≤ q_pos, and q_pos − k_pos < window (a window of exactly `window` keys,
-    itself included), and valid[k]. Slots with k_pos < 0 (an empty cache slot) are never seen.
+    itself included), and valid[k], and (with sequence ids) q_seq[q] == k_seq[k]: several
+    sequences share one cache, each query row seeing its own sequence only. Slots with
+    k_pos < 0 (an empty cache slot) are never seen.
     """
     # int32 positions and one difference matrix: this runs on the host for every chunk of every
     # stage (16 M entries at 400 Hz with 10 s chunks), so it is kept to a few passes
@@ -33,6 +35,8 @@ def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
         ok &= d < window
     if valid is not None:
         ok &= np.asarray(valid, dtype=bool)[None, :]
+    if q_seq is not None:
+        ok &= np.asarray(q_seq)[:, None] == np.asarray(k_seq)[None, :]
     dtype = np.dtype(dtype).type
     return np.where(ok, dtype(0), dtype(-np.inf))
 
@@ -50,6 +54,11 @@ class KVCache(NativeResource):
     without flash attention) so the softmax path multiplies by it in place. Worth it where
     few query rows meet many keys (streaming codec pushes): ggml's CPU flash attention only
     tiles from 64 query rows and below that runs one scalar exp and dot per key.
+
+    Several sequences may share the cache (llama.cpp's unified cache, design §3): `reserve`
+    tags each slot with its sequence id, the mask keeps each query row to its own sequence's
+    slots, and `free(seq)` hands a finished sequence's slots to the next `reserve`. Linear mode
+    only: a ring is one sequence's window.
     """
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, *,
@@ -73,6 +82,7 @@ class KVCache(NativeResource):
         self._k = [self._store[f"cache.{il}.k"] for il in range(n_layer)]
         self._v = [self._store[f"cache.{il}.v"] for il in range(n_layer)]
         self.positions = np.full(capacity, -1, dtype=np.int64)  # slot → absolute position
+        self.seq_ids = np.full(capacity, -1, dtype=np.int64)    # slot → sequence id (−1: none)
         self.evicted_max = -1  # newest position a ring overwrite has dropped
         self.reset()
 
@@ -84,19 +94,38 @@ class KVCache(NativeResource):
         """Forget every row (the memory is zeroed, the slot map emptied)."""
         self._store.buffer.clear(0)
         self.positions[:] = -1
+        self.seq_ids[:] = -1
         self.evicted_max = -1
 
     @property
     def n_filled(self) -> int:
         return int((self.positions >= 0).sum())
 
-    def reserve(self, positions, *, ring: bool = False) -> np.ndarray:
+    @property
+    def span(self) -> int:
+        """1 + the highest filled slot (0 when empty): the slots a graph must attend over.
+        Equals n_filled for one sequence; freed slots in the middle make it larger."""
+        filled = np.flatnonzero(self.positions >= 0)
+        return int(filled[-1]) + 1 if len(filled) else 0
+
+    def free(self, seq: int) -> int:
+        """Forget sequence `seq`'s rows; its slots go to the next `reserve`. Returns how many."""
+        drop = self.seq_ids == seq
+        self.positions[drop] = -1
+        self.seq_ids[drop] = -1
+        return int(drop.sum())
+
+    def reserve(self, positions, *, ring: bool = False, seq=None) -> np.ndarray:
         """Assign slots to new absolute positions; returns I32 slot indices for `store`.
 
-        Linear mode fills slots in order and fails when full; ring mode puts position p in
-        slot p % capacity, overwriting the oldest row (a sliding window of `capacity` keys).
+        Linear mode takes the lowest free slots in order (one sequence fills 0, 1, 2, …) and
+        fails when full; ring mode puts position p in slot p % capacity, overwriting the oldest
+        row (a sliding window of `capacity` keys). `seq`: the rows' sequence id(s), one or one
+        per row (linear mode).
         """
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if ring and seq is not None:
+            raise ShapeError("KVCache: a ring holds one sequence; shared caches are linear")
         if ring:
             if len(pos) > self.capacity:
                 raise ShapeError(f"KVCache: {len(pos)} new rows exceed the ring of {self.capacity}")
@@ -105,17 +134,20 @@ class KVCache(NativeResource):
             if (dropped >= 0).any():
                 self.evicted_max = max(self.evicted_max, int(dropped.max()))
         else:
-            start = self.n_filled
-            if start + len(pos) > self.capacity:
-                raise ShapeError(f"KVCache: {start} + {len(pos)} rows exceed capacity "
+            free = np.flatnonzero(self.positions < 0)
+            if len(pos) > len(free):
+                raise ShapeError(f"KVCache: {self.n_filled} + {len(pos)} rows exceed capacity "
                                  f"{self.capacity}; make a larger cache")
-            slots = np.arange(start, start + len(pos))
+            slots = free[:len(pos)]
         self.positions[slots] = pos
+        if seq is not None:
+            self.seq_ids[slots] = seq
         return slots.astype(np.int32)
 
     def mask(self, q_positions, *, window: int | None = None, n_slots: int | None = None,
-             dtype=np.float32) -> np.ndarray:
-        """Additive (Tq, n_slots) mask over the first n_slots slots (default all).
+             seq=None, dtype=np.float32) -> np.ndarray:
+        """Additive (Tq, n_slots) mask over the first n_slots slots (default all); with `seq`
+        (the query rows' sequence ids) each row sees its own sequence's slots only.
 
         Fails, rather than silently attending to fewer keys, when a ring overwrite already
         dropped a key some query still needs (capacity must be ≥ window + chunk − 1).
@@ -127,14 +159,23 @@ class KVCache(NativeResource):
                 f"KVCache: the ring of {self.capacity} slots already dropped position "
                 f"{self.evicted_max}, which a query still needs (window {window}); use a "
                 f"capacity of at least window + chunk − 1")
-        return causal_mask(q_positions, self.positions[:n], window=window, dtype=dtype)
+        q_seq = None if seq is None else np.broadcast_to(seq, np.shape(q_positions))
+        return causal_mask(q_positions, self.positions[:n], window=window, q_seq=q_seq,
+                           k_seq=self.seq_ids[:n], dtype=dtype)
 
     def feed(self, positions, n_slots: int, *, flash: bool = True,
              prefix: str = "kv") -> dict[str, np.ndarray]:
         """Host inputs of a `CacheView` for new rows at `positions` (reserves their slots)."""
         pos = np.asarray(positions, dtype=np.int32)
-        return {f"{prefix}.pos": pos, f"{prefix}.slots": self.reserve(pos),
-                f"{prefix}.mask": self.mask(pos, n_slots=n_slots,
+        return self.placed(pos, self.reserve(pos), n_slots, flash=flash, prefix=prefix)
+
+    def placed(self, positions, slots, n_slots: int, *, flash: bool = True, prefix: str = "kv",
+               seq=None) -> dict[str, np.ndarray]:
+        """Host inputs of a `CacheView` for rows already reserved at `slots` (of sequence(s)
+        `seq`, None for a one-sequence cache)."""
+        pos = np.asarray(positions, dtype=np.int32)
+        return {f"{prefix}.pos": pos, f"{prefix}.slots": np.asarray(slots, np.int32),
+                f"{prefix}.mask": self.mask(pos, n_slots=n_slots, seq=seq,
                                             dtype=np.float16 if flash else np.float32)}
 
     def store(self, il: int, k: Tensor, v: Tensor, slots: Tensor) -> None:

@@ -220,7 +220,8 @@ def calls(tts, family):
             "prompt_rows": lambda: tts.prompt_rows(TEXT),
             "depth_logits": lambda: tts.depth_logits(hidden, np.zeros(n, np.int64)),
             "local_logits": lambda: tts.local_logits(hidden, np.zeros(n, np.int64)),
-            "session": lambda: tts.session()}
+            "session": lambda: tts.session(),
+            "synthesize_many": lambda: tts.synthesize_many([{"text": TEXT}])}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fixtures.compare import assert_close, assert_differs
+from fixtures.reference import shared_cache as shared_ref
 from fixtures.reference import transformer as ref
 from moss_tts import nn
 from moss_tts.errors import ShapeError
@@ -407,3 +408,60 @@ def test_transposed_cache_views_and_flash_refusal(make_cache):
         nn.attention(q, keys, values, mask, scale=1.0, flash=True, v_transposed=True)
     with pytest.raises(ShapeError):
         nn.attention(q, keys, values, mask, scale=1.0)       # shape says transposed: refused
+
+
+# --- (h) several sequences in one cache ----------------------------------------------------------
+def _seen(cache, q_seq, q_pos, n_slots=None):
+    n = cache.capacity if n_slots is None else n_slots
+    mask = cache.mask(q_pos, n_slots=n, seq=q_seq)
+    return shared_ref.seen_through_mask(mask, cache.seq_ids[:n], cache.positions[:n])
+
+
+def test_shared_cache_mask_keeps_each_row_to_its_own_sequence(make_cache):
+    """Three sequences written interleaved (as a batched decode writes them), one released and
+    its slots taken by a fourth: each query row sees exactly its own sequence's rows at
+    positions ≤ its own (fixtures/reference/shared_cache.py), never another's."""
+    cache = make_cache(capacity=CAPACITY)
+    written = {0: [], 1: [], 2: []}
+
+    def write(seq, positions):
+        cache.reserve(positions, seq=seq)
+        written.setdefault(seq, []).extend(positions)
+
+    write(0, [0, 1, 2])
+    write(1, [0, 1])
+    for p in range(2):                       # batched steps: one row of each sequence
+        cache.reserve([3 + p, 2 + p, p], seq=np.array([0, 1, 2]))
+        for s, q in ((0, 3 + p), (1, 2 + p), (2, p)):
+            written[s].append(q)
+    q_seq, q_pos = [0, 1, 2, 0, 2], [4, 3, 1, 2, 0]
+    assert _seen(cache, q_seq, q_pos) == shared_ref.visible_rows(q_seq, q_pos, written)
+    assert cache.span == cache.n_filled == 11
+    freed = set(np.flatnonzero(cache.seq_ids == 0))
+    assert cache.free(0) == 5 and cache.n_filled == 6 and cache.span == 11
+    del written[0]
+    slots = cache.reserve(np.arange(7), seq=3)           # reuses the freed slots first, in order
+    written[3] = list(range(7))
+    assert set(slots[:5]) == freed and list(slots) == sorted(slots)
+    q_seq, q_pos = [3, 3, 1, 2], [6, 2, 3, 1]
+    assert _seen(cache, q_seq, q_pos) == shared_ref.visible_rows(q_seq, q_pos, written)
+    # guard: without sequence ids the same slots leak across sequences
+    loose = shared_ref.seen_through_mask(cache.mask(q_pos), cache.seq_ids, cache.positions)
+    assert loose != shared_ref.visible_rows(q_seq, q_pos, written)
+
+
+def test_one_sequence_cache_fills_slots_in_order_as_before(make_cache):
+    cache = make_cache(capacity=8)
+    assert list(cache.reserve([0, 1, 2])) == [0, 1, 2] and list(cache.reserve([3])) == [3]
+    assert cache.span == cache.n_filled == 4 and np.all(cache.seq_ids == -1)
+    np.testing.assert_array_equal(cache.mask([3], n_slots=4, seq=None),
+                                  nn.causal_mask([3], [0, 1, 2, 3]))
+
+
+def test_shared_cache_refuses_a_ring_and_overflow(make_cache):
+    cache = make_cache(capacity=4)
+    with pytest.raises(ShapeError, match="ring holds one sequence"):
+        cache.reserve([0], ring=True, seq=0)
+    cache.reserve([0, 1, 2], seq=0)
+    with pytest.raises(ShapeError, match="exceed capacity"):
+        cache.reserve([0, 1], seq=1)

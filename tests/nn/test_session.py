@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from fixtures.compare import assert_close, assert_differs
-from moss_tts.errors import InputError
+from moss_tts.errors import ContextFull, InputError
 from moss_tts.ggml import TensorStore, get_backend
 from moss_tts.models import gpt2
-from moss_tts.nn.session import SLOT_ALIGN, DecodeSession, SessionsOwner, bucket
+from moss_tts.nn.session import (SLOT_ALIGN, DecodeSession, SessionsOwner, SharedDecodeSession,
+                                 bucket, concat_rows)
 from tests.models.test_gpt2 import CFG, random_tensors
 from tests.models.test_gpt2 import reference as gpt2_reference
 
@@ -31,7 +32,7 @@ def reference(arrays, x):
     return gpt2_reference(arrays, x, np.arange(len(x)))
 
 
-def make_session(store):
+def make_session(store, cls=DecodeSession):
     layers = [gpt2.GPT2Layer.from_tensors(store, f"h.{i}.", CFG) for i in range(CFG.n_layer)]
 
     def build(g, n_rows, kv, variant):
@@ -39,7 +40,7 @@ def make_session(store):
         h = gpt2.forward(x, layers, (store["ln_f.weight"], store["ln_f.bias"]), CFG, kv=kv)
         g.output(h, "hidden", ndim=2)
 
-    return DecodeSession(build, backend=get_backend(None, 1), n_layer=CFG.n_layer,
+    return cls(build, backend=get_backend(None, 1), n_layer=CFG.n_layer,
                          n_kv_head=CFG.n_head, head_dim=CFG.head_dim, capacity=CAPACITY,
                          prefix="kv", name="test.session")
 
@@ -142,3 +143,96 @@ def test_a_sessions_owner_closes_what_a_half_built_state_holds():
     half = State(False)                          # as if the depth session failed to allocate
     half.close()
     assert closed == ["backbone"]
+
+
+# --- several sequences in one session ------------------------------------------------------------
+# A row decoded among other sequences equals the row decoded alone up to the kernels: a prompt
+# (the same graph shape) is bit for bit the same; a step of B rows goes through ggml's B-column
+# f32 matmul, which sums in another order than the one-column kernel: measured ≤ 1.5e-6 through
+# two blocks (|h| ≲ 4), so 1e-5.
+SHARED_ATOL = 1e-5
+
+
+def alone(store, x):
+    """Every row's hidden of sequence x (T, D) run alone: a prompt of PROMPT rows, then steps."""
+    with make_session(store) as s:
+        out = [s.run({"x": x[:PROMPT]}, PROMPT)["hidden"]]
+        out += [s.run({"x": x[k:k + 1]}, 1)["hidden"] for k in range(PROMPT, len(x))]
+    return np.concatenate(out)
+
+
+def test_sequences_sharing_a_session_equal_each_sequence_alone(weights):
+    """A and B start together; A leaves after 4 steps, C joins into A's freed slots (its prompt
+    in chunks); every step carries one row per open sequence (in varying order) through one
+    replayed graph per (rows, bucket). Each sequence's rows equal the same sequence run alone,
+    and the reference."""
+    store, arrays = weights
+    rng = np.random.default_rng(21)
+    xs = {name: rng.standard_normal((PROMPT + n, CFG.n_embd)).astype(np.float32)
+          for name, n in (("a", 4), ("b", 12), ("c", 7))}
+    got = {name: [] for name in xs}
+    with make_session(store, SharedDecodeSession) as s:
+        seq, done = {}, {}
+
+        def join(name, max_rows=PROMPT):
+            seq[name], done[name] = s.open(), PROMPT
+            outs = s.prefill_sequence(seq[name], {"x": xs[name][:PROMPT]}, PROMPT,
+                                      max_rows=max_rows)
+            got[name].append(concat_rows(outs)["hidden"])
+
+        def step(names):
+            rows = np.stack([xs[n][done[n]] for n in names])
+            out = s.step([seq[n] for n in names], {"x": rows})["hidden"]
+            for i, n in enumerate(names):
+                got[n].append(out[i:i + 1])
+                done[n] += 1
+
+        join("a")
+        join("b")
+        for _ in range(4):
+            step(["a", "b"])
+        s.release(seq["a"])
+        join("c", max_rows=4)                    # its prompt in chunks of 4, 4, 2 rows
+        assert s.cache.n_filled == (PROMPT + 4) + PROMPT      # b, and c in a's slots
+        for k in range(7):
+            step(["c", "b"] if k % 2 else ["b", "c"])
+        step(["b"])
+        assert set(s.step_graphs) == {(None, 32, 2), (None, 64, 2), (None, 64)}
+    for name, x in xs.items():
+        rows = np.concatenate(got[name])
+        assert_close(rows, alone(store, x), atol=SHARED_ATOL, what=f"{name} shared vs alone")
+        assert_close(rows, reference(arrays, x), atol=F32_ATOL, what=f"{name} vs reference")
+
+
+def test_a_row_given_to_the_wrong_sequence_is_detected(weights):
+    """Guard: the same rows stepped under swapped sequence ids change both results."""
+    store, _ = weights
+    rng = np.random.default_rng(22)
+    xa, xb = (rng.standard_normal((PROMPT + 1, CFG.n_embd)).astype(np.float32) for _ in "ab")
+    with make_session(store, SharedDecodeSession) as s:
+        a, b = s.open(), s.open()
+        s.append(a, {"x": xa[:PROMPT]}, PROMPT)
+        s.append(b, {"x": xb[:PROMPT]}, PROMPT)
+        swapped = s.step([b, a], {"x": np.stack([xa[PROMPT], xb[PROMPT]])})["hidden"]
+    assert_differs(swapped[0], alone(store, xa)[-1], atol=SHARED_ATOL, what="row of a under b")
+    assert_differs(swapped[1], alone(store, xb)[-1], atol=SHARED_ATOL, what="row of b under a")
+
+
+def test_shared_session_refuses_unknown_repeated_and_overflowing_sequences(weights):
+    store, _ = weights
+    x = np.zeros((200, CFG.n_embd), np.float32) + 0.1
+    with make_session(store, SharedDecodeSession) as s:
+        a = s.open()
+        with pytest.raises(InputError, match="not open"):
+            s.step([a + 1], {"x": x[:1]})
+        with pytest.raises(InputError, match="at most once"):
+            s.step([a, a], {"x": x[:2]})
+        with pytest.raises(InputError, match="append"):
+            s.run({"x": x[:1]}, 1)
+        s.append(a, {"x": x}, 200)
+        b = s.open()
+        with pytest.raises(ContextFull, match="24 free slots"):
+            s.append(b, {"x": x[:30]}, 30)
+        s.release(a)
+        s.append(b, {"x": x[:30]}, 30)            # the freed slots take the new sequence
+        assert s.cache.n_filled == 30
