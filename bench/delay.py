@@ -16,7 +16,8 @@ not included), peak RSS
 against weight bytes + KV + 1 GB; the floor = bytes a step must read ÷ read bandwidth measured
 just before. Each side runs in its own process, after waiting for a quiet machine (--no-wait
 skips that; --profile adds a `perf` profile of one of our workers). The peer needs
-`pip install llama-cpp-python` (not a package dependency).
+`pip install llama-cpp-python` (not a package dependency), built without AMX on a CPU that has
+it (NO_AMX_CMAKE_ARGS: ggml's AMX kernels fault on this bench's Xeon hosts).
 
 The weights are written once per checkpoint and type in upstream's published llama.cpp layout
 (bench/delay_weights.py), so both sides read the same backbone file; under --data (default
@@ -52,6 +53,10 @@ from moss_tts.sampling import DelaySamplingOptions  # noqa: E402
 from moss_tts.text.delay_prompts import delay  # noqa: E402
 
 KV_BYTES = 2                                      # f16 K and V on both sides (upstream default)
+# llama.cpp's x86 kernels as -march=native picks them, less AMX (see LlamaBackbone)
+NO_AMX_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+                     "-DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON "
+                     "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON")
 
 
 # -- the prompt ---------------------------------------------------------------------------------
@@ -219,6 +224,12 @@ class LlamaBackbone:
 
         self.L = L
         L.llama_backend_init()
+        if b"AMX_INT8 = 1" in L.llama_print_system_info():
+            # ggml's AMX buffer type faults (SIGSEGV / SIGILL) on the Xeon hosts this bench
+            # runs on (shared/perf-notes.md), and ours never uses it: same kernel families
+            raise RuntimeError("llama-cpp-python was built with AMX; rebuild it without: "
+                               f"CMAKE_ARGS='{NO_AMX_CMAKE_ARGS}' pip install --force-reinstall "
+                               "--no-cache-dir llama-cpp-python")
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
