@@ -40,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import table  # noqa: E402
 from bench.delay_weights import (CHECKPOINTS, TEXT_TABLE, config, weight_bytes,  # noqa: E402
                                  weights_dir)
-from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
-                           peak_rss_gb, perf_top, prefill_times, PREFILL_RATE)
+from bench.harness import (ROOT, Contention, Driver, add_no_wait, fmt,  # noqa: E402
+                           measure_types, median, peak_rss_gb, perf_top, prefill_times,
+                           PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from moss_tts.ggml import I32, Graph, get_backend, ops  # noqa: E402
 from moss_tts.models.delay import TEXT_HEAD as TEXT  # noqa: E402
@@ -323,7 +324,8 @@ def run_peer(args) -> dict:
 
 def worker(args) -> None:
     run = {"ours": run_ours, "peer": run_peer}[args.worker]
-    out = run(args) | {"peak_rss_gb": peak_rss_gb()}
+    busy = Contention()      # the driver measures again when other processes took the cores
+    out = run(args) | {"peak_rss_gb": peak_rss_gb(), "foreign": busy.share()}
     print(json.dumps(out))
 
 
@@ -400,11 +402,12 @@ def report(results: list[dict]) -> str:
               "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
               "heads GB/s": fmt(r.get("heads_gbs"), "{:.1f}"),
               "peak RSS GB": fmt(r.get("peak_rss_gb")), "budget GB": fmt(r["budget_gb"]),
+              "others' CPU %": fmt(100 * r.get("foreign", float("nan")), "{:.0f}"),
               PREFILL_RATE: r.get(PREFILL_RATE, ""),
               "threads": r.get("threads", "")} for r in results if "error" not in r]
     split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
                   "prefill_cold", PREFILL_RATE, "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB",
-                  "budget GB", "threads"]
+                  "budget GB", "others' CPU %", "threads"]
     ab = [{"type": r["type"], "few text ids": fmt(r["step_ms"]),
            "whole text head": fmt(r["full_head_step_ms"]),
            "heads few / whole": f"{fmt(r['heads_ms'])} / {fmt(r['full_head_heads_ms'])}"}
