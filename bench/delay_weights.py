@@ -10,10 +10,10 @@ Where each checkpoint's dimensions come from (upstream = the OpenMOSS MOSS-TTS r
 - tts: MOSS-TTS, "Qwen-8B scale" with 32 RVQ heads (`moss_tts_delay/README.md`): Qwen3-8B's
   36 × 4096, 32 / 8 heads of 128, SwiGLU 12288, theta 1e6 (§family-2.1), n_vq 32 (also the
   config default);
-- ttsd: MOSS-TTSD v1.0, the same 8B with NVQ 16 (`docs/moss_ttsd_model_card.md` §1.4, and
-  its `finetuning/README.md` asks for `--n-vq 16` for it);
+- ttsd: MOSS-TTSD v1.0, the same 8B with NVQ 16 (upstream's `moss_ttsd_model_card.md`, its
+  Released Models table; `moss_tts_delay/finetuning/README.md` asks for `--n-vq 16` for it);
 - voicegen: MOSS-VoiceGenerator, `MossTTSDelay` at 1.7B (upstream `README.md`, Released
-  Models; the architecture per `docs/moss_voice_generator_model_card.md` §1.2): Qwen3-1.7B's
+  Models; the architecture per `moss_voice_generator_model_card.md`, 1.2): Qwen3-1.7B's
   28 × 2048, 16 / 8 heads of 128, SwiGLU 6144, theta 1e6 — the backbone bench/local.py benches
   as MossTTSLocal 1.7B (§family-3.1); n_vq 16, 1025-row tables and heads as the issue states
   for the published checkpoint (upstream's repository does not carry this release's
