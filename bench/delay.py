@@ -1,9 +1,13 @@
-"""MossTTSDelay generation at the real dimensions (36 × 4096, GQA 32/8, head_dim 128, SwiGLU
-12288, vocab 155648, 32 × 1025 audio heads) on seeded random weights: ours (models/delay.py)
-beside the bandwidth floor and upstream's CPU route, llama.cpp's Qwen3 through llama-cpp-python
-plus numpy embeddings and audio heads (`moss_tts_delay/llama_cpp/pipeline.py`), on one file.
+"""MossTTSDelay generation at a release's real dimensions (--checkpoint: tts = MOSS-TTS 8B, 36 ×
+4096, GQA 32/8, head_dim 128, SwiGLU 12288, 32 × 1025 audio heads; ttsd = the same 8B with
+n_vq 16; voicegen = MOSS-VoiceGenerator 1.7B, 28 × 2048, GQA 16/8, SwiGLU 6144, 16 × 1025
+audio heads; all with vocab 155648; bench/delay_weights.py says where each dimension comes
+from) on seeded random weights: ours (models/delay.py) beside the bandwidth floor and
+upstream's CPU route, llama.cpp's Qwen3 through llama-cpp-python plus numpy embeddings and
+audio heads (`moss_tts_delay/llama_cpp/pipeline.py`), on one file.
 
-    python bench/delay.py [--types q4_K,q8_0] [--steps 40] [--prompt 300] [--threads N]
+    python bench/delay.py [--checkpoint tts|ttsd|voicegen] [--types q4_K,q8_0] [--steps 40]
+        [--prompt 300] [--threads N]
 
 Per type: a step split into backbone / heads / sampling / Python, the prefill of a voice-clone
 prompt (the median of 3 on fresh caches after a cold first one that pages the weights in:
@@ -12,11 +16,12 @@ not included), peak RSS
 against weight bytes + KV + 1 GB; the floor = bytes a step must read ÷ read bandwidth measured
 just before. Each side runs in its own process, after waiting for a quiet machine (--no-wait
 skips that; --profile adds a `perf` profile of one of our workers). The peer needs
-`pip install llama-cpp-python` (not a package dependency).
+`pip install llama-cpp-python` (not a package dependency), built without AMX on a CPU that has
+it (NO_AMX_CMAKE_ARGS: ggml's AMX kernels fault on this bench's Xeon hosts).
 
-The weights are written once per type in upstream's published llama.cpp layout (a Qwen3 GGUF +
-`embeddings/*.npy` + `lm_heads/*.npy` + `tokenizer/`, models/delay_published.py), so both sides
-read the same backbone file; under --data (default $MOSS_TTS_BENCH_DATA or bench/results/delay_data).
+The weights are written once per checkpoint and type in upstream's published llama.cpp layout
+(bench/delay_weights.py), so both sides read the same backbone file; under --data (default
+$MOSS_TTS_BENCH_DATA or bench/results/delay_data).
 """
 
 from __future__ import annotations
@@ -24,10 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,136 +38,26 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
-                           peak_rss_gb, perf_top, prefill_times, PREFILL_RATE)
+from bench.delay_weights import (CHECKPOINTS, TEXT_TABLE, config, weight_bytes,  # noqa: E402
+                                 weights_dir)
+from bench.harness import (ROOT, Contention, Driver, add_no_wait, fmt,  # noqa: E402
+                           measure_types, median, peak_rss_gb, perf_top, prefill_times,
+                           PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
-from converters.delay import tensor_types  # noqa: E402
-from converters.gguf_io import Lazy, write_tensors  # noqa: E402
-from fixtures.make_delay import add_llama_qwen3_keys  # noqa: E402
-from moss_tts.ggml import F16, I32, Graph, get_backend, ops  # noqa: E402
+from moss_tts.ggml import I32, Graph, get_backend, ops  # noqa: E402
 from moss_tts.models.delay import TEXT_HEAD as TEXT  # noqa: E402
 from moss_tts.models.delay import (FEW_TEXT_IDS, DelayConfig, audio_seen,  # noqa: E402
                                    few_text_ids, next_row, row_feed, step_run)
-from moss_tts.models.delay_published import HEAD, TABLE, TOKENIZER, load_published  # noqa: E402
+from moss_tts.models.delay_published import HEAD, TABLE, load_published  # noqa: E402
 from moss_tts.models.delay_state import DelayState  # noqa: E402
-from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
 from moss_tts.sampling import DelaySamplingOptions  # noqa: E402
 from moss_tts.text.delay_prompts import delay  # noqa: E402
 
-REAL = Qwen3Config(4096, 36, 32, 8, 128, 12288, 1e6)
-TINY = Qwen3Config(64, 2, 4, 2, 16, 96, 1e6)      # a smoke run of the script itself
-TEXT_TABLE = "embeddings/embed_tokens.npy"        # upstream's numpy lookup reads this one
 KV_BYTES = 2                                      # f16 K and V on both sides (upstream default)
-# the embedding table in the backbone GGUF: a step reads one row of it, so its type only
-# changes the file size
-EMBED_TYPE = "f16"
-
-
-def config(tiny: bool) -> DelayConfig:
-    return DelayConfig(TINY if tiny else REAL, vocab_size=151680 if tiny else 155648)
-
-
-# -- the weights ------------------------------------------------------------------------------
-class PooledRows(Lazy):
-    """Seeded random rows ~ N(0, 1/width) already in the target type. Speed does not depend on
-    the values, and ggml quantizes q4_K at only a few M values/s here (7 B values: an hour), so
-    a pool of rows per (type, width) is quantized once and each tensor takes its rows from
-    it, cyclically from an offset of its own."""
-
-    POOL_ROWS = 1024
-    _pools: dict = {}
-
-    def __init__(self, name: str, shape: tuple):
-        super().__init__(shape, np.float32, lambda: None)
-        self.name = name
-
-    def pool(self, t) -> np.ndarray:
-        key = (t, self.shape[-1])
-        if key not in self._pools:
-            width = self.shape[-1]
-            rows = np.random.default_rng(width).standard_normal((self.POOL_ROWS, width),
-                                                                dtype=np.float32)
-            self._pools[key] = next(Lazy(rows.shape, np.float32,
-                                         lambda: rows * np.float32(width ** -0.5)).encoded(t))
-        return self._pools[key]
-
-    def encoded(self, t):
-        pool, n = self.pool(t), self.shape[0]
-        first = zlib.crc32(self.name.encode()) % self.POOL_ROWS
-        for start in range(0, n, self.POOL_ROWS):
-            yield pool[(first + np.arange(start, min(n, start + self.POOL_ROWS))) % self.POOL_ROWS]
-
-    def as_f16(self) -> np.ndarray:
-        """The whole tensor as an f16 array (the published .npy tables are fp16)."""
-        return np.concatenate(list(self.encoded(F16))).view(np.float16).reshape(self.shape)
-
-
-def gpt2_byte_tokens() -> list[str]:
-    """GPT-2's byte → printable-character map: llama.cpp's BPE vocabulary must hold a token for
-    each byte (it looks up the newline token at load time)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    extra = iter(range(256, 512))
-    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
-
-
-def add_llama_vocab(w, n_vocab: int, cfg: DelayConfig) -> None:
-    """A stand-in vocabulary llama.cpp loads (the bench feeds embeddings, never token ids):
-    the 256 byte tokens, fillers up to n_vocab, one merge, Qwen2's pre-tokenizer."""
-    tokens = gpt2_byte_tokens()
-    tokens += [f"[t{i}]" for i in range(len(tokens), n_vocab)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_merges([f"{tokens[ord('a')]} {tokens[ord('b')]}"])
-    w.add_eos_token_id(cfg.im_end_token_id)
-    w.add_pad_token_id(cfg.pad_token_id)
-
-
-def write_published(out: Path, cfg: DelayConfig, outtype: str, head: str | None) -> Path:
-    """The published layout with random weights, written into a temp directory renamed into
-    place (an interrupted run leaves nothing that looks complete)."""
-    import gguf
-
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for sub in ("embeddings", "lm_heads", "tokenizer"):
-        (tmp / sub).mkdir(parents=True)
-    lc = cfg.language_config
-    w = gguf.GGUFWriter(str(tmp / f"MOSS_TTS_{outtype.upper()}.gguf"), "qwen3")
-    add_llama_qwen3_keys(w, lc, context_length=40960)
-    add_llama_vocab(w, cfg.vocab_size, cfg)
-    tensors = {n: PooledRows(n, s) if len(s) == 2 else np.ones(s, np.float32)
-               for n, s in cfg.backbone_shapes().items()}
-    t0 = time.perf_counter()
-    write_tensors(w, tensors, tensor_types(outtype, head=head, embed=EMBED_TYPE))
-    d = lc.hidden_size
-    np.save(tmp / TEXT_TABLE, PooledRows("embed_tokens", (cfg.vocab_size, d)).as_f16())
-    for k in range(cfg.n_vq):
-        np.save(tmp / TABLE.format(k), PooledRows(f"emb_ext.{k}", (cfg.audio_rows, d)).as_f16())
-        np.save(tmp / HEAD.format(k), PooledRows(f"head.{k}", (cfg.audio_rows, d)).as_f16())
-    (tmp / TOKENIZER).write_text("{}")     # read by the loader, not used here
-    tmp.rename(out)
-    print(f"{out}: written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return out
-
-
-def weights_dir(args) -> Path:
-    cfg = config(args.tiny)
-    head = args.head_type or "default"
-    out = Path(args.data) / f"delay-{'tiny' if args.tiny else 'real'}-{args.type}-head_{head}"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_published(out, cfg, args.type, args.head_type)
-    return out
-
-
-def weight_bytes(d: Path, fp32_tables: bool) -> int:
-    """The backbone file plus the audio tables and heads as held in memory (f16 in ours,
-    converted to f32 by upstream's numpy route)."""
-    npys = [*(d / "embeddings").glob("emb_ext_*.npy"), *(d / "lm_heads").glob("*.npy")]
-    tables = sum(np.load(p, mmap_mode="r").nbytes for p in npys)
-    return next(d.glob("*.gguf")).stat().st_size + tables * (2 if fp32_tables else 1)
+# llama.cpp's x86 kernels as -march=native picks them, less AMX (see LlamaBackbone)
+NO_AMX_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+                     "-DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON "
+                     "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON")
 
 
 # -- the prompt ---------------------------------------------------------------------------------
@@ -332,6 +225,12 @@ class LlamaBackbone:
 
         self.L = L
         L.llama_backend_init()
+        if b"AMX_INT8 = 1" in L.llama_print_system_info():
+            # ggml's AMX buffer type faults (SIGSEGV / SIGILL) on the Xeon hosts this bench
+            # runs on (shared/perf-notes.md), and ours never uses it: same kernel families
+            raise RuntimeError("llama-cpp-python was built with AMX; rebuild it without: "
+                               f"CMAKE_ARGS='{NO_AMX_CMAKE_ARGS}' pip install --force-reinstall "
+                               "--no-cache-dir llama-cpp-python")
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
@@ -381,7 +280,7 @@ def run_peer(args) -> dict:
     """Upstream's CPU loop: numpy embedding lookup (f32 audio tables; the text table mapped and
     read by row), llama.cpp backbone + text head, one stacked f32 numpy audio-head matmul."""
     d = weights_dir(args)
-    cfg = config(args.tiny)
+    cfg = config(args.checkpoint, args.tiny)
     rows = voice_clone_prompt(cfg, args.prompt)
     text_table = np.load(d / TEXT_TABLE, mmap_mode="r")
     tables = [np.load(d / TABLE.format(k)).astype(np.float32) for k in range(cfg.n_vq)]
@@ -425,7 +324,8 @@ def run_peer(args) -> dict:
 
 def worker(args) -> None:
     run = {"ours": run_ours, "peer": run_peer}[args.worker]
-    out = run(args) | {"peak_rss_gb": peak_rss_gb()}
+    busy = Contention()      # the driver measures again when other processes took the cores
+    out = run(args) | {"peak_rss_gb": peak_rss_gb(), "foreign": busy.share()}
     print(json.dumps(out))
 
 
@@ -457,10 +357,10 @@ def kv_bytes(cfg: DelayConfig, rows: int) -> int:
 
 
 def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[dict]:
-    cfg = config(args.tiny)
-    kw = dict(type=outtype, head_type=args.head_type, steps=args.steps, prompt=args.prompt,
-              threads=args.threads, data=args.data, tiny=args.tiny,
-              ab_text_head=args.ab_text_head)
+    cfg = config(args.checkpoint, args.tiny)
+    kw = dict(checkpoint=args.checkpoint, type=outtype, head_type=args.head_type,
+              steps=args.steps, prompt=args.prompt, threads=args.threads, data=args.data,
+              tiny=args.tiny, ab_text_head=args.ab_text_head)
     d = weights_dir(argparse.Namespace(**kw))       # written here, before any timing
     flags = {k.replace("_", "-"): v for k, v in kw.items()}
     gbps = probe.gbps(5)
@@ -474,7 +374,7 @@ def measure_type(driver: Driver, args, outtype: str, probe: ReadProbe) -> list[d
         parts = step_bytes(d, cfg, args.prompt + args.steps // 2, side)
         # where the time goes: each part's bytes over its time, beside the read bandwidth
         rates = {f"{k}_gbs": parts[k] / r[f"{k}_ms"] / 1e6 for k in parts if f"{k}_ms" in r}
-        out.append({"type": outtype, "side": side, "read_gbs": gbps,
+        out.append({"checkpoint": args.checkpoint, "type": outtype, "side": side, "read_gbs": gbps,
                     "floor_ms": 1e3 * sum(parts.values()) / (gbps * 1e9),
                     "budget_gb": (weight_bytes(d, fp32_tables=side == "peer") + kv + 1e9) / 1e9}
                    | rates | r)
@@ -502,11 +402,12 @@ def report(results: list[dict]) -> str:
               "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
               "heads GB/s": fmt(r.get("heads_gbs"), "{:.1f}"),
               "peak RSS GB": fmt(r.get("peak_rss_gb")), "budget GB": fmt(r["budget_gb"]),
+              "others' CPU %": fmt(100 * r.get("foreign", float("nan")), "{:.0f}"),
               PREFILL_RATE: r.get(PREFILL_RATE, ""),
               "threads": r.get("threads", "")} for r in results if "error" not in r]
     split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
                   "prefill_cold", PREFILL_RATE, "first_audio", "backbone GB/s", "heads GB/s", "peak RSS GB",
-                  "budget GB", "threads"]
+                  "budget GB", "others' CPU %", "threads"]
     ab = [{"type": r["type"], "few text ids": fmt(r["step_ms"]),
            "whole text head": fmt(r["full_head_step_ms"]),
            "heads few / whole": f"{fmt(r['heads_ms'])} / {fmt(r['full_head_heads_ms'])}"}
@@ -529,12 +430,22 @@ def report(results: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def dims_line(args) -> str:
+    c, cfg = CHECKPOINTS[args.checkpoint], config(args.checkpoint, args.tiny)
+    lc = cfg.language_config
+    return (f"{c.title}{' at tiny dims' if args.tiny else ''}: {lc.num_hidden_layers} × "
+            f"{lc.hidden_size}, heads {lc.num_attention_heads}/{lc.num_key_value_heads} of "
+            f"{lc.head_dim}, SwiGLU {lc.intermediate_size}, vocab {cfg.vocab_size}, "
+            f"n_vq {cfg.n_vq} × {cfg.audio_rows}")
+
+
 def profile(args) -> str:
     """Where a step's cycles go (all threads, self time): one of our workers under `perf`, with
     a 40-row prompt so that the steps dominate."""
     outtype = args.types.split(",")[0]
-    cmd = [sys.executable, str(Path(__file__).relative_to(ROOT)), "--worker", "ours", "--type",
-           outtype, "--steps", str(args.steps), "--prompt", "40", "--data", args.data]
+    cmd = [sys.executable, str(Path(__file__).relative_to(ROOT)), "--worker", "ours",
+           "--checkpoint", args.checkpoint, "--type", outtype, "--steps", str(args.steps),
+           "--prompt", "40", "--data", args.data]
     cmd += ["--threads", str(args.threads)] if args.threads else []
     cmd += ["--tiny"] if args.tiny else []
     top = perf_top(cmd, Path(args.data) / "delay-perf.data", n=16)
@@ -543,6 +454,9 @@ def profile(args) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", choices=sorted(CHECKPOINTS), default="tts",
+                    help="whose dimensions: " + "; ".join(f"{k}: {c.title}, n_vq {c.n_vq}"
+                                                        for k, c in CHECKPOINTS.items()))
     ap.add_argument("--types", default="q4_K,q8_0", help="backbone types, comma-separated")
     ap.add_argument("--head-type", default=None,
                     help="text head type (default: converters.delay's, q8_0 below q8_0)")
@@ -565,13 +479,15 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", choices=["ours", "peer"], help=argparse.SUPPRESS)
     ap.add_argument("--type", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.steps <= config(args.tiny).n_vq:
-        ap.error(f"--steps must exceed n_vq ({config(args.tiny).n_vq}) for the first audio frame")
+    n_vq = config(args.checkpoint, args.tiny).n_vq
+    if args.steps <= n_vq:
+        ap.error(f"--steps must exceed {args.checkpoint}'s n_vq ({n_vq}) for the first audio "
+                 "frame")
     if args.worker:
         worker(args)
         return 0
     driver, results = measure_types(args, __file__, "delay-bench.log", measure_type)
-    driver.say(report(results))
+    driver.say(f"{dims_line(args)}\n\n{report(results)}")
     if args.profile:
         driver.say(profile(args))
     driver.say("command: " + " ".join([sys.executable, *sys.argv]))

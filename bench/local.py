@@ -9,15 +9,15 @@ bandwidth floor and upstream's PyTorch f32 loop (bench/local_upstream.py) on the
 RoPE-free depth stack over 33 positions with per-channel SwiGLU adapters and heads (§family-3);
 v2b (MOSS-TTS-Local-Transformer-v1.5) is `bench/local_v15.py`'s `run(args)`.
 
-The weights are written once per type straight in the target type (bench/delay.py's pooled
-rows: ggml quantizes q4_K too slowly to quantize 2 B values here), as a moss-tts Local GGUF
-under --data. A frame reads every backbone matrix once and every depth-stack matrix once per
-depth position (33 ×: each position depends on the token sampled at the one before): the floor
-is those bytes (+ the adapters, the heads of the frame, the KV prefix) ÷ the read bandwidth
-measured just before. Prefill: the median of 3 runs on fresh states after a first one that
-pays the first touch of the mmapped weights (reported as prefill_cold); both sides' figures are
-the warm median. First audio = warm prefill + the first codec chunk's 4 frames (the adaptive
-ladder's first chunk; the codec's own decode not included).
+The weights are written once per type straight in the target type (pooled rows from
+bench/delay_weights.py: ggml quantizes q4_K too slowly to quantize 2 B values here), as a
+moss-tts Local GGUF under --data. A frame reads every backbone matrix once and every depth-stack
+matrix once per depth position (33 ×: each position depends on the token sampled at the one
+before): the floor is those bytes (+ the adapters, the heads of the frame, the KV prefix) ÷ the
+read bandwidth measured just before. Prefill: the median of 3 runs on fresh states after a first
+one that pays the first touch of the mmapped weights (reported as prefill_cold); both sides'
+figures are the warm median. First audio = warm prefill + the first codec chunk's 4 frames (the
+adaptive ladder's first chunk; the codec's own decode not included).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.delay import PooledRows  # noqa: E402
+from bench.delay_weights import PooledRows  # noqa: E402
 from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
                            peak_rss_gb, prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
-from bench.delay import PooledRows  # noqa: E402
+from bench.delay_weights import PooledRows  # noqa: E402
 from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
                            peak_rss_gb, prefill_times, prefill_work, of_peak, PREFILL_RATE)
 from converters.gguf_io import write_gguf  # noqa: E402
