@@ -41,6 +41,7 @@ class FrameSampler:
         self.rng = np.random.default_rng(seed) if options.do_sample else None
         self.seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)
         self.n_frames, self.same, self.last = 0, 0, None
+        self.stalled = False
 
     def decide(self, logit_continue: float, logit_stop: float) -> bool:
         return decide_continue(logit_continue, logit_stop, self.rng, self.options)
@@ -56,12 +57,19 @@ class FrameSampler:
         self.same = self.same + 1 if self.last is not None and np.array_equal(codes, self.last) else 0
         self.last = codes
         if self.same >= STALL_FRAMES:
-            logger.warning("stopping: %d identical frames in a row", self.same)
+            self.stalled = True
             return False
         if self.n_frames >= self.max_frames:
             logger.info("frame budget of %d reached", self.max_frames)
             return False
         return True
+
+    def report_end(self) -> None:
+        """Warn of a stall once the utterance's frames are all out, from the generator that
+        yields them: in a batch the step that stops a stream runs in another stream's pull,
+        so a warning there would be heard as the other request's (batch/work.py)."""
+        if self.stalled:
+            logger.warning("stopping: %d identical frames in a row", self.same)
 
 
 class FrameJob:
@@ -149,6 +157,7 @@ class BatchDecoder(NativeResource):
                 while i == len(job.frames) and not job.done:
                     self.step()
                 if i == len(job.frames):
+                    job.sampler.report_end()
                     return
                 yield job.frames[i]
                 i += 1
@@ -160,6 +169,8 @@ class BatchDecoder(NativeResource):
         made = [self.submit(*job) for job in jobs]
         while self.queue or self.active:
             self.step()
+        for job in made:
+            job.sampler.report_end()
         n_vq = self.model.config.n_vq
         return [np.array(j.frames, dtype=np.int32).reshape(len(j.frames), n_vq) for j in made]
 

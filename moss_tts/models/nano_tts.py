@@ -11,6 +11,7 @@ exact streaming decoder, so streamed audio equals `synthesize()` for the same se
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 
@@ -67,17 +68,20 @@ def continuation_prompt_text(chunk: str) -> str:
     return chunk if contains_cjk(chunk) else chunk + " "
 
 
-def round_robin(streams: list) -> list[list[np.ndarray]]:
+def round_robin(streams: list, around=None) -> list[list[np.ndarray]]:
     """Every chunk of every stream, pulling one chunk from each in turn, so streams that share
     a batch advance together (a pull that needs a frame runs a step for all of them); all are
-    closed at the end, or when one fails."""
+    closed at the end, or when one fails. `around(k)`: a context manager entered around each
+    pull of stream k."""
+    around = around or (lambda k: contextlib.nullcontext())
     chunks = [[] for _ in streams]
     live = list(range(len(streams)))
     try:
         while live:
             for k in list(live):
                 try:
-                    chunks[k].append(next(streams[k]))
+                    with around(k):
+                        chunks[k].append(next(streams[k]))
                 except StopIteration:
                     live.remove(k)
     finally:
@@ -159,6 +163,7 @@ class NanoTTS(CodecTTS):
                     return
                 yield codes
                 if not sampler.accept(codes):
+                    sampler.report_end()
                     return
                 h = m.prefill(state, m.frame_row(codes))
         finally:
@@ -294,13 +299,16 @@ class NanoTTS(CodecTTS):
             if decoder is not None:
                 decoder.close()
 
-    def synthesize_many(self, requests, *,
-                        max_streams: int = MAX_STREAMS) -> list[tuple[np.ndarray, int]]:
+    def synthesize_many(self, requests, *, max_streams: int = MAX_STREAMS,
+                        around=None) -> list[tuple[np.ndarray, int]]:
         """Several requests decoded together → each one's (samples, sample_rate), as
         `synthesize(**request)` would make it. A request is a dict of `synthesize`'s keywords
         with its `text`. Up to max_streams utterances share each decode step (one row each);
         a request's next text chunk joins the batch when its last one ends, and one that ends
         leaves it, so a request's codes never depend on the others it ran beside.
+        `around(i)`: a context manager entered around each pull of request i's audio, where
+        what its stream warns (a frame budget's cut, a stall) is emitted, so a caller can tell
+        each request's warnings apart (batch/work.py). An error is raised for the whole call.
 
         >>> tts.synthesize_many([{"text": "Hello.", "seed": 1},             # doctest: +SKIP
         ...                      {"text": "Bonjour.", "seed": 2}])
@@ -319,7 +327,7 @@ class NanoTTS(CodecTTS):
             finally:
                 self._batch = None
             return [(np.concatenate(audio), self.sample_rate)
-                    for audio in round_robin(streams)]
+                    for audio in round_robin(streams, around)]
 
     def close(self) -> None:
         if self._idle_state is not None:
