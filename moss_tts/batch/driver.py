@@ -156,18 +156,21 @@ def usable_cores() -> int:
 def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
               workers: int | None = None,
               threads: int | None = None, fmt: str = "wav", retries: int = 2,
-              ray: str | None = None, chunk: int = 4, progress=None, warn=None) -> Summary:
+              ray: str | None = None, chunk: int = 4, streams: int = 1, progress=None,
+              warn=None) -> Summary:
     """Synthesize every line of `manifest` into `out_dir`/<id>.<fmt>, resuming a previous run.
 
     Local worker processes by default (`workers`, default 1, each with cores // workers
-    threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead.
+    threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead. Each
+    worker decodes up to `streams` lines together in one batched model (families with
+    `synthesize_many`), each line's audio as it is alone.
     `warn(id, messages)` hears what a line's synthesis warned (results.jsonl keeps it too).
     What would fail every line (--model, --codec, the cluster) stops the run before any line
     is recorded."""
     if fmt not in FORMATS:
         raise InputError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
-    if retries < 0 or any(n is not None and n < 1 for n in (workers, threads)):
-        raise InputError("--retries must be ≥ 0, --workers and --threads ≥ 1")
+    if retries < 0 or any(n is not None and n < 1 for n in (workers, threads, streams)):
+        raise InputError("--retries must be ≥ 0, --workers, --threads and --streams ≥ 1")
     lines = read_manifest(manifest)
     models = _ModelFiles(model)
     if codec is None:       # the default model's family's codec, as `tts` and `serve` choose
@@ -178,6 +181,7 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
     except MossTTSError as e:
         raise InputError(f"--codec: {e}") from None
     default_path = models.default_path() if any(not x.model for x in lines) else None
+    check_streams(streams, {models.get(x.model)[0] for x in lines} - {None})
     if ray:
         from .ray_runner import check_address
         check_address(ray)
@@ -192,13 +196,35 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
         if job.pending:
             if ray:
                 from .ray_runner import run_ray
-                run_ray(job, ray, workers=workers, threads=threads or 1, chunk=chunk)
+                run_ray(job, ray, workers=workers, threads=threads or 1, chunk=chunk,
+                        streams=streams)
             else:
                 from .local import run_local
-                n = min(workers or 1, len(job.pending))
-                run_local(job, n, threads or max(1, usable_cores() // n))
+                n = min(workers or 1, -(-len(job.pending) // streams))
+                run_local(job, n, threads or max(1, usable_cores() // n), streams)
         job.record_rejected()
     return job.summary
+
+
+def check_streams(streams: int, models) -> None:
+    """--streams > 1 needs every model the lines use to decode several streams in one step
+    (its family's TTS class has `synthesize_many`): one error before any line runs, naming the
+    families that do. A model that does not load is its lines' own error, later."""
+    if streams == 1:
+        return
+    from ..models.registry import FAMILIES, family_of_model
+
+    for path in sorted(models):
+        try:
+            row = family_of_model(path)
+        except (MossTTSError, OSError):
+            continue
+        if not hasattr(row.tts_class(), "synthesize_many"):
+            takers = " or ".join(f.name for f in FAMILIES
+                                 if hasattr(f.tts_class(), "synthesize_many"))
+            raise InputError(f"--streams {streams}: {row.name} ({path}) decodes one line at a "
+                             f"time; --streams > 1 takes {takers} models only (run more "
+                             "lines at once with --workers)")
 
 
 class _ModelFiles:

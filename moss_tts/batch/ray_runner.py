@@ -29,13 +29,18 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0
 class LineActor:
     """The body of a Ray actor: a LineRunner kept alive between chunks."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, streams: int = 1):
         self.runner = LineRunner(threads)
+        self.streams = streams
 
     def run_chunk(self, tasks: list[dict]):
-        """Yield each line's outcome as it is made (a Ray streaming generator)."""
-        for task in tasks:
-            yield self.runner.run(task)
+        """Yield each line's outcome, in order, as it is made (a Ray streaming generator): one
+        at a time, or `streams` lines decoded together."""
+        for i in range(0, len(tasks), self.streams):
+            # not `yield from` a list: Ray drives this generator with send(), which a list's
+            # iterator lacks
+            for outcome in self.runner.run_many(tasks[i:i + self.streams], self.streams):
+                yield outcome
 
 
 def _connect(ray, address: str) -> None:
@@ -79,7 +84,8 @@ def check_address(address: str) -> None:
                          "with `ray start --head`, or pass --ray local")
 
 
-def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int) -> None:
+def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int,
+            streams: int = 1) -> None:
     if address == "local":
         # Ray's default for a new cluster, stated, so it does not warn on every run that it took
         # the default (ray/_private/authentication/authentication_token_setup.py); Ray reads it
@@ -91,12 +97,13 @@ def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int)
         raise InputError('--ray needs Ray: pip install -e ".[batch]"') from None
     _connect(ray, address)
     try:
-        _run(ray, job, workers, threads, chunk)
+        # a chunk holds whole batches, so an actor's lines can share its decode steps
+        _run(ray, job, workers, threads, -(-chunk // streams) * streams, streams)
     finally:
         ray.shutdown()   # the actors belong to this driver's job and go with it
 
 
-def _run(ray, job, workers: int | None, threads: int, chunk: int) -> None:
+def _run(ray, job, workers: int | None, threads: int, chunk: int, streams: int) -> None:
     actor_class = ray.remote(num_cpus=threads, max_restarts=0)(LineActor)
     count = workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
     made = 0
@@ -104,7 +111,7 @@ def _run(ray, job, workers: int | None, threads: int, chunk: int) -> None:
     def new_actor():
         nonlocal made
         made += 1
-        return actor_class.options(name=f"worker-{made}").remote(threads)
+        return actor_class.options(name=f"worker-{made}").remote(threads, streams)
 
     actors = [new_actor() for _ in range(min(count, len(job.pending)))]
     running = {}                       # outcome stream → (actor index, its lines not yet back)

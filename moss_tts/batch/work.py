@@ -34,38 +34,80 @@ class LineRunner:
         warnings, audio. scope "model": the model and codec failed to load together, so every
         line of that pair would fail the same way."""
         start = time.perf_counter()
-        outcome = {"id": task["id"], "status": "failed", "audio": None, "duration": None,
-                   "warnings": []}
+        outcome = new_outcome(task)
+        tts = self._load(task, outcome)
+        if tts is not None:
+            with captured_warnings() as messages:
+                with failure(outcome):
+                    audio, sr = tts.synthesize(task["text"], seed=task["seed"],
+                                               **self._words(tts, task))
+                    encoded(outcome, task, audio, sr)
+            outcome["warnings"] = messages
+        outcome["seconds"] = time.perf_counter() - start
+        return outcome
+
+    def run_many(self, tasks: list[dict], streams: int) -> list[dict]:
+        """Up to `streams` lines of one model decoded together (its `synthesize_many`), each
+        with its own outcome as `run` makes it. Each line's model and knobs are checked alone
+        first, so a bad line fails without its batch-mates; if the batched call still fails,
+        each of its lines runs alone, so the error is the line's own (its audio alone equals
+        its audio in a batch)."""
+        if streams < 2 or len(tasks) < 2:
+            return [self.run(task) for task in tasks]
+        start = time.perf_counter()
+        outcomes = [new_outcome(task) for task in tasks]
+        groups: dict[int, list] = {}    # id(tts) → [(index, request)] of the lines ready
+        for i, task in enumerate(tasks):
+            tts = self._load(task, outcomes[i])
+            if tts is None:
+                continue
+            with captured_warnings() as messages, failure(outcomes[i]):
+                words = self._words(tts, task)
+                groups.setdefault(id(tts), [tts]).append(
+                    (i, dict(words, text=task["text"], seed=task["seed"])))
+            outcomes[i]["warnings"] = messages
+        for tts, *ready in groups.values():
+            self._together(tts, ready, tasks, outcomes, streams)
+        for outcome in outcomes:
+            if outcome["seconds"] is None:      # its batch's wall time, or its own failure's
+                outcome["seconds"] = time.perf_counter() - start
+        return outcomes
+
+    def _together(self, tts, ready: list, tasks, outcomes, streams: int) -> None:
+        """The ready lines of one model: batched where its family decodes several streams."""
+        if len(ready) == 1 or not hasattr(tts, "synthesize_many"):
+            for i, _ in ready:
+                outcomes[i].update(self.run(tasks[i]))
+            return
+        heard = [[] for _ in ready]
         try:
-            tts = self._model(task["model"], task["codec"])
+            made = tts.synthesize_many([request for _, request in ready], max_streams=streams,
+                                       around=lambda k: warnings_into(heard[k]))
+        except Exception:     # it names no line: each one alone says whose the error is
+            for i, _ in ready:
+                outcomes[i].update(self.run(tasks[i]))
+            return
+        for k, ((i, _), (audio, sr)) in enumerate(zip(ready, made)):
+            with failure(outcomes[i]):
+                encoded(outcomes[i], tasks[i], audio, sr)
+            outcomes[i]["warnings"] = distinct(outcomes[i]["warnings"] + heard[k])
+
+    def _load(self, task: dict, outcome: dict):
+        """The line's TTS object, or None with the outcome's error."""
+        try:
+            return self._model(task["model"], task["codec"])
         except TRANSIENT as e:
             outcome.update(error=f"{type(e).__name__}: {e}", retry=True)
         except MossTTSError as e:
             outcome.update(error=str(e), retry=False, scope="model")
         except Exception as e:          # a file that breaks the loader breaks it every time
             outcome.update(error=f"{type(e).__name__}: {e}", retry=False, scope="model")
-        else:
-            with captured_warnings() as messages:
-                self._synthesize(tts, task, outcome)
-            outcome["warnings"] = messages
-        outcome["seconds"] = time.perf_counter() - start
-        return outcome
+        return None
 
-    def _synthesize(self, tts, task: dict, outcome: dict) -> None:
-        try:
-            words = synthesis_options(task["options"], type(tts))
-            words |= self._voices(tts, task, words)
-            audio, sr = tts.synthesize(task["text"], seed=task["seed"], **words)
-            outcome.update(status="ok", duration=len(audio) / sr,
-                           audio=encode_file(audio, sr, container_of(task["id"] + task["suffix"],
-                                                                   DEFAULT_SAMPLE_FORMAT),
-                                             DEFAULT_SAMPLE_FORMAT))
-        except TRANSIENT as e:          # memory or I/O that another try may find free
-            outcome.update(error=f"{type(e).__name__}: {e}", retry=True)
-        except MossTTSError as e:       # the line's input is wrong: another try won't help
-            outcome.update(error=str(e), retry=False)
-        except Exception as e:          # a deterministic failure on this input: the same again
-            outcome.update(error=f"{type(e).__name__}: {e}", retry=False)
+    def _words(self, tts, task: dict) -> dict:
+        """The line's synthesize() keywords: its knobs for its family, and its voice."""
+        words = synthesis_options(task["options"], type(tts))
+        return words | self._voices(tts, task, words)
 
     def _model(self, model: str, codec: str):
         key = (model, codec)
@@ -127,6 +169,31 @@ class LineRunner:
         self.voices.clear()
 
 
+def new_outcome(task: dict) -> dict:
+    return {"id": task["id"], "status": "failed", "audio": None, "duration": None,
+            "warnings": [], "seconds": None}
+
+
+def encoded(outcome: dict, task: dict, audio, sr: int) -> None:
+    """A made line's outcome: its audio as the bytes of its output file."""
+    fmt = container_of(task["id"] + task["suffix"], DEFAULT_SAMPLE_FORMAT)
+    outcome.update(status="ok", duration=len(audio) / sr,
+                   audio=encode_file(audio, sr, fmt, DEFAULT_SAMPLE_FORMAT))
+
+
+@contextlib.contextmanager
+def failure(outcome: dict):
+    """A line's error, in the block, as its outcome: whether another try may pass."""
+    try:
+        yield
+    except TRANSIENT as e:          # memory or I/O that another try may find free
+        outcome.update(error=f"{type(e).__name__}: {e}", retry=True)
+    except MossTTSError as e:       # the line's input is wrong: another try won't help
+        outcome.update(error=str(e), retry=False)
+    except Exception as e:          # a deterministic failure on this input: the same again
+        outcome.update(error=f"{type(e).__name__}: {e}", retry=False)
+
+
 def synthesis_options(options: dict, tts_class) -> dict:
     """A line's knobs → synthesize() keywords for its model's family (knobs.synthesis_keywords:
     the family's options over its defaults, its own bounds; another family's knob is this
@@ -153,8 +220,10 @@ class _Collect(logging.Handler):
 def captured_warnings():
     """Collect what a line's synthesis warns (warnings.warn, or a moss_tts logger warning) as
     a list of distinct messages, in order, instead of printing it: the driver records them
-    with the line's id and prints them once per line."""
+    with the line's id and prints them once per line. The list is filled when the block ends,
+    however it ends."""
     found: list[str] = []
+    messages: list[str] = []
     log = logging.getLogger("moss_tts")
     handler, propagate = _Collect(found), log.propagate
     log.addHandler(handler)
@@ -162,12 +231,30 @@ def captured_warnings():
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            messages: list[str] = []
-            yield messages
+            try:
+                yield messages
+            finally:
+                messages.extend(distinct(found + [str(w.message) for w in caught]))
     finally:
         log.removeHandler(handler)
         log.propagate = propagate
-    distinct = list(dict.fromkeys(found + [str(w.message) for w in caught]))
-    messages.extend(distinct[:MAX_WARNINGS])
-    if len(distinct) > MAX_WARNINGS:
-        messages.append(f"... and {len(distinct) - MAX_WARNINGS} more warnings")
+
+
+@contextlib.contextmanager
+def warnings_into(heard: list):
+    """captured_warnings added to `heard`: one request's pulls in a batch (its last pull ends
+    its stream with StopIteration, right after its frame budget's warning)."""
+    messages = []
+    try:
+        with captured_warnings() as messages:
+            yield
+    finally:
+        heard.extend(messages)
+
+
+def distinct(messages: list[str]) -> list[str]:
+    """Each message once, in order: at most MAX_WARNINGS of them, then a count of the rest."""
+    once = list(dict.fromkeys(messages))
+    if len(once) <= MAX_WARNINGS:
+        return once
+    return once[:MAX_WARNINGS] + [f"... and {len(once) - MAX_WARNINGS} more warnings"]

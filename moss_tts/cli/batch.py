@@ -57,7 +57,8 @@ def _batch(args) -> int:
     try:
         summary = run_batch(args.manifest, args.out, model=args.model, codec=args.codec,
                             workers=args.workers, threads=args.threads, fmt=args.format,
-                            retries=args.retries, ray=args.ray, progress=bar,
+                            retries=args.retries, ray=args.ray, streams=args.streams,
+                            progress=bar,
                             warn=None if args.quiet else _warn(bar))
     finally:
         bar.close()
@@ -92,6 +93,10 @@ def add_parser(sub, common) -> None:
                    "Ray actors (default: cluster CPUs / threads)")
     p.add_argument("--threads", type=int, default=None, help="ggml threads per worker (default: "
                    "cores / workers; 1 per Ray actor)")
+    p.add_argument("--streams", type=int, default=1, metavar="N",
+                   help="lines each worker decodes together in one batched model, one row per "
+                   "line in each step (each line's audio is what it is alone); MOSS-TTS-Nano "
+                   "only so far; default 1")
     p.add_argument("--format", choices=["wav", "flac"], default="wav", help="audio file format")
     p.add_argument("--retries", type=int, default=2, help="extra attempts for a line that fails "
                    "in a way another try may not repeat (out of memory, I/O, a dead worker); a "

@@ -171,3 +171,19 @@ def test_ray_local_does_not_print_rays_token_authentication_warning(batch_models
                   "--quiet", env=env, replace_env=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
+
+
+def test_streams_on_a_ray_actor_equal_the_local_run_one_line_at_a_time(batch_models, voice_env,
+                                                                       tmp_path, monkeypatch):
+    """--streams 3 on a Ray actor (chunks of whole batches, LineActor.run_chunk): each line's
+    audio, record and warnings as a local run with --streams 1; bad lines fail alone."""
+    from .test_streams import BAD, GOOD, by_id, manifest_rows
+
+    monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
+    manifest = write_jsonl(tmp_path / "m.jsonl", manifest_rows(batch_models))
+    kw = {"model": str(batch_models["nano0"]), "codec": str(batch_models["codec"]), "threads": 1}
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    run_batch(manifest, local, workers=1, **kw)
+    summary = run_batch(manifest, on_ray, ray="local", workers=1, streams=3, **kw)
+    assert (summary.made, len(summary.failed)) == (len(GOOD), len(BAD)), summary.failed
+    assert outputs(on_ray) == outputs(local) and by_id(on_ray) == by_id(local)

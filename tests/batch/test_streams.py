@@ -1,0 +1,155 @@
+"""`batch --streams N` (issue 25): each worker decodes up to N lines together in one batched
+model (NanoTTS.synthesize_many). Each line's audio, record and warnings equal the same manifest
+run one line at a time (the reference: `--streams 1`, i.e. NanoTTS.synthesize per line, which
+test_driver.py pins to the model's synthesis for the line's seed); a bad line fails alone; a
+family without a batched decoder is one error before any line runs."""
+
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from moss_tts.batch import run_batch
+from moss_tts.batch.driver import Job
+from moss_tts.batch.ledger import Ledger
+from moss_tts.batch.manifest import read_manifest
+from moss_tts.batch.work import LineRunner
+from moss_tts.errors import InputError
+from moss_tts.models.nano_tts import NanoTTS
+
+from .conftest import FRAMES, batch_cli, no_partials, outputs, records, write_jsonl
+
+LONG = "Hello there, a long sentence with many words in it to say."
+STALL = "stopping: 50 identical frames in a row"
+# max_frames differ, so each line's frame-budget warning has its own text (a warning heard in
+# another line's pull, or pooled for the batch, would show up on the wrong line)
+GOOD = [{"id": "a", "text": "Hello there.", "seed": 11, "max_frames": FRAMES},
+        {"id": "b", "text": "Another sentence, a longer one.", "max_frames": FRAMES - 2},
+        {"id": "voice", "text": "Hello there.", "seed": 5, "max_frames": FRAMES + 2,
+         "voice": "alice"},
+        {"id": "greedy", "text": "Hello there.", "greedy": True, "max_frames": FRAMES - 4},
+        {"id": "sampled", "text": "Two chunks. Of text here.", "seed": 3, "max_frames": FRAMES,
+         "temperature": 0.5, "top_k": 5, "max_text_tokens": 4},
+        # greedy on the tiny model repeats one frame: "stalls" stops on 50 identical frames in a
+        # step run in the pull of "long" (sampled, still going), which must not hear its warning
+        {"id": "long", "text": LONG, "seed": 2, "max_frames": 200},
+        {"id": "stalls", "text": LONG, "greedy": True, "max_frames": 200},
+        {"id": "other-model", "text": "Hello there.", "seed": 11, "max_frames": FRAMES}]
+# each fails in another place: in the worker's knob check, its voice, and its synthesis
+BAD = [{"id": "delay-knob", "text": "Hi.", "max_new_rows": 10},
+       {"id": "nobody", "text": "Hi.", "voice": "bob"},
+       {"id": "empty", "text": ""}]
+
+
+def manifest_rows(models):
+    rows = [dict(r) for r in GOOD]
+    rows[-1]["model"] = str(models["nano1"])
+    # bad lines between good ones, so each batch of 3 holds one
+    return rows[:1] + BAD[:1] + rows[1:3] + BAD[1:2] + rows[3:] + BAD[2:]
+
+
+def run(manifest, out, models, **kw):
+    return run_batch(manifest, out, model=str(models["nano0"]), codec=str(models["codec"]),
+                     threads=1, **kw)
+
+
+def by_id(out):
+    keep = ("status", "error", "warnings", "duration", "seed", "model_sha256", "attempts")
+    return {r["id"]: {k: r[k] for k in keep} for r in records(out)}
+
+
+def test_streams_3_makes_each_lines_audio_record_and_warnings_as_streams_1(
+        batch_models, voice_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
+    manifest = write_jsonl(tmp_path / "m.jsonl", manifest_rows(batch_models))
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    s1 = run(manifest, alone, batch_models, workers=1)
+    s3 = run(manifest, together, batch_models, workers=1, streams=3)
+    assert (s1.made, len(s1.failed)) == (s3.made, len(s3.failed)) == (len(GOOD), len(BAD))
+    assert outputs(together) == outputs(alone) and no_partials(together)
+    assert set(outputs(together)) == {f"{r['id']}.wav" for r in GOOD}
+    assert by_id(together) == by_id(alone)
+    errors = {k: v["error"] for k, v in by_id(together).items() if v["status"] == "failed"}
+    assert "max_new_rows is not a MOSS-TTS-Nano" in errors["delay-knob"]
+    assert "no voice named 'bob'" in errors["nobody"] and errors["empty"] == "text is empty"
+    # every good line ran to its own budget: one warning each, naming that budget; the stall
+    # is the stalled line's alone
+    assert by_id(together)["stalls"]["warnings"] == [STALL]
+    assert STALL not in by_id(together)["long"]["warnings"]
+    for row in GOOD:
+        if row["id"] in ("long", "stalls"):
+            continue
+        (warning,) = by_id(together)[row["id"]]["warnings"]
+        assert f"({row['max_frames']} frames" in warning, (row["id"], warning)
+    # guard: the lines differ, so equal files are not one line's audio everywhere
+    assert len(set(outputs(together).values())) == len(GOOD)
+
+
+def samples(outcome):
+    return sf.read(io.BytesIO(outcome["audio"]), dtype="int16")[0]
+
+
+def test_a_worker_decodes_its_lines_in_one_batched_call(batch_models, voice_env, tmp_path,
+                                                        monkeypatch):
+    """LineRunner.run_many: the good lines of one model go to one synthesize_many call; a line
+    whose knobs or voice fail never joins it, and one whose synthesis fails (empty text: the
+    batched call refuses the whole call) fails alone while the others are made."""
+    monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
+    calls = []
+    original = NanoTTS.synthesize_many
+
+    def spy(self, requests, **kw):
+        calls.append(([r["text"] for r in requests], kw["max_streams"]))
+        return original(self, requests, **kw)
+
+    monkeypatch.setattr(NanoTTS, "synthesize_many", spy)
+    rows = [GOOD[0], BAD[0], GOOD[1], BAD[1], GOOD[2]]
+    with Ledger(tmp_path / "out") as ledger:
+        job = Job(ledger, suffix=".wav", retries=0)
+        for line in read_manifest(write_jsonl(tmp_path / "m.jsonl", rows)):
+            job.add(line, model=str(batch_models["nano0"]), model_sha256="0", model_error=None,
+                    codec=str(batch_models["codec"]), codec_sha256="0")
+        tasks = job.take(len(rows))
+    runner = LineRunner(1)
+    try:
+        together = runner.run_many(tasks, 3)
+        assert calls == [([GOOD[0]["text"], GOOD[1]["text"], GOOD[2]["text"]], 3)]
+        alone = [runner.run(task) for task in tasks]
+        calls.clear()
+        with_empty = runner.run_many([tasks[0], dict(tasks[1], text="", options={})], 2)
+    finally:
+        runner.close()
+    assert [o["status"] for o in together] == ["ok", "failed", "ok", "failed", "ok"]
+    for got, want in zip(together, alone):
+        assert (got["status"], got.get("error"), got["warnings"]) == \
+            (want["status"], want.get("error"), want["warnings"])
+        if got["status"] == "ok":
+            assert np.array_equal(samples(got), samples(want)), got["id"]
+    assert len(calls) == 1        # tried together, then each alone
+    assert [o["status"] for o in with_empty] == ["ok", "failed"]
+    assert with_empty[1]["error"] == "text is empty"
+    assert np.array_equal(samples(with_empty[0]), samples(alone[0]))
+
+
+def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_line(
+        batch_models, tmp_path):
+    from converters.delay import convert as convert_delay
+    from fixtures.make_delay import make_tiny_delay_checkpoint
+
+    delay = convert_delay(str(make_tiny_delay_checkpoint(tmp_path / "hf", seed=0, gen_bias=4.0)),
+                          tmp_path / "delay.gguf")
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "Hello there."}])
+    r = batch_cli(manifest, tmp_path / "out", batch_models, "--model", delay, "--streams", 2)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "--streams 2: MOSS-TTS (Delay)" in r.stderr
+    assert "--streams > 1 takes MOSS-TTS-Nano models only" in r.stderr
+    assert not (tmp_path / "out").exists()
+    # a line's own model counts too, with a Nano --model
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"id": "a", "text": "Hi."},
+                                                   {"id": "b", "text": "Hi.", "model": str(delay)}])
+    with pytest.raises(InputError, match=r"^--streams 3: MOSS-TTS \(Delay\)"):
+        run(mixed, tmp_path / "out", batch_models, streams=3)
+    with pytest.raises(InputError, match="--streams ≥ 1"):
+        run(mixed, tmp_path / "out", batch_models, streams=0)
+    assert not (tmp_path / "out").exists()
