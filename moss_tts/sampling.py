@@ -364,6 +364,42 @@ def choose_rows(scores: np.ndarray, rng: np.random.Generator | None, channel: Ch
                        top_p=channel.top_p)
 
 
+def filtered_probs_each(scores: np.ndarray, channel: Channel, seen: np.ndarray) -> np.ndarray:
+    """The draw probabilities of a sampled `channel` for rows of different streams sharing that
+    setting (a batch decode, issue 25), row j with its own history seen[j]: the filters run
+    once over every row. Each is row-wise, so row j is bit-equal to the same filters over
+    scores[j:j+1] alone — except top-p, whose sort width is the widest row's finite count (a
+    different width changes the softmax's summation order), so it runs once per group of rows
+    with equal finite counts (tests/test_sampling_batch.py pins the equality)."""
+    scores = apply_repetition_penalty(scores, seen, channel.repetition_penalty)
+    scores = top_k_filter(apply_temperature(scores, channel.temperature), channel.top_k)
+    if channel.top_p < 1.0:
+        counts = np.isfinite(scores).sum(axis=-1)
+        if (counts == counts[0]).all():
+            scores = top_p_filter(scores, channel.top_p)
+        else:
+            out = np.empty_like(scores)
+            for n in np.unique(counts):
+                rows = np.flatnonzero(counts == n)
+                out[rows] = top_p_filter(scores[rows], channel.top_p)
+            scores = out
+    return softmax(scores)
+
+
+def choose_rows_each(scores: np.ndarray, rngs, channel: Channel,
+                     seen: np.ndarray) -> np.ndarray:
+    """`choose_rows` for rows of different streams sharing one channel setting: row j with its
+    history seen[j] and its generator rngs[j] (None when greedy) gives the id
+    choose_rows(scores[j:j+1], rngs[j], channel, seen[j]) gives, in one pass over all rows
+    (each row's draw takes one uniform from its own generator, as alone)."""
+    if channel.greedy:
+        return greedy_rows(apply_repetition_penalty(scores, seen, channel.repetition_penalty))
+    cdf = np.cumsum(filtered_probs_each(scores, channel, seen), axis=-1)
+    cdf /= cdf[:, -1:]
+    u = np.array([rng.random(1)[0] for rng in rngs])
+    return (cdf <= u[:, None]).sum(axis=-1)
+
+
 # -- seen-sets for the repetition penalty: bool [heads | 1, V] from a history [frames, heads] ---
 def _mark(ids: np.ndarray, vocab: int) -> np.ndarray:
     """bool [heads, V]: row h marks every id of ids[:, h] inside [0, vocab) (pads outside the

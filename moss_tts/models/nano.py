@@ -255,15 +255,17 @@ class NanoModel:
         """One frame from the global hidden h: the continue/stop decision, then the n_vq codes
         (each chosen by `choose_code(channel, logits)`); None when the model stops."""
         return self.frames(lambda p, values, _: self.depth_logits(state, p, values[0])[None],
-                           np.asarray(h)[None], lambda _, c, logits: choose_code(c, logits),
+                           np.asarray(h)[None], lambda c, _, logits: [choose_code(c, logits[0])],
                            lambda _, a, b: decide(a, b))[0]
 
-    def frames(self, depth_run, h: np.ndarray, choose_code, decide) -> list[np.ndarray | None]:
+    def frames(self, depth_run, h: np.ndarray, choose_codes, decide) -> list[np.ndarray | None]:
         """One frame for each of n streams from their global hiddens h (n, D): each stream's
         continue/stop decision (`decide(i, continue, stop)`), then, for those that continue,
-        the n_vq codes channel by channel (`choose_code(i, channel, logits)`); None for a
-        stream that stops. `depth_run(p, values, streams)` runs local position p for the
-        listed streams (one row each) and returns their logits, in that order."""
+        the n_vq codes channel by channel (`choose_codes(channel, streams, logits)`: one code
+        per listed stream from its row of logits, all rows in one call so that a batch can
+        sample them together); None for a stream that stops. `depth_run(p, values, streams)`
+        runs local position p for the listed streams (one row each) and returns their logits,
+        in that order."""
         n = len(h)
         ell = depth_run(0, h, list(range(n)))
         going = [i for i in range(n) if decide(i, float(ell[i, 0]), float(ell[i, 1]))]
@@ -272,13 +274,13 @@ class NanoModel:
         for c in range(self.config.n_vq if going else 0):
             # head c reads local position c+1, whose input is the previous channel's code
             # (the decision token for c = 0): the off-by-one of docs/upstream-notes.md §nano-3
-            logits = depth_run(c + 1, values, going)
-            for j, i in enumerate(going):
-                codes[i, c] = choose_code(i, c, logits[j])
-            values = codes[going, c]
-        return [codes[i] if i in going else None for i in range(n)]
+            values = np.asarray(choose_codes(c, going, depth_run(c + 1, values, going)),
+                                dtype=np.int32)
+            codes[going, c] = values
+        kept = set(going)
+        return [codes[i] if i in kept else None for i in range(n)]
 
-    def batch_frames(self, state: GenerationState, h: np.ndarray, choose_code,
+    def batch_frames(self, state: GenerationState, h: np.ndarray, choose_codes,
                      decide) -> list[np.ndarray | None]:
         """`frames` for the streams of a shared state, every local position one graph over
         their rows (the depth sequences start afresh each frame)."""
@@ -287,7 +289,7 @@ class NanoModel:
         seqs = [depth.open() for _ in range(len(h))]
         return self.frames(lambda p, values, streams: depth.step(
             [seqs[i] for i in streams], self.depth_feed(p, values), variant=p)["depth.logits"],
-            h, choose_code, decide)
+            h, choose_codes, decide)
 
     def prefill_stream(self, state: GenerationState, seq: int, rows: np.ndarray) -> np.ndarray:
         """`prefill` for stream `seq` of a shared state (one graph over its rows, as alone)."""

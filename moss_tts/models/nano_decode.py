@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..ggml.backend import NativeResource
-from ..sampling import SamplingOptions, decide_continue, sample_audio_code
+from ..sampling import (SamplingOptions, check_finite, choose_rows_each, decide_continue,
+                        sample_audio_code)
 from .nano import GenerationState, NanoModel
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,28 @@ class FrameSampler:
         so a warning there would be heard as the other request's (batch/work.py)."""
         if self.stalled:
             logger.warning("stopping: %d identical frames in a row", self.same)
+
+
+def choose_codes(jobs: list["FrameJob"]):
+    """A batch step's `choose_codes(channel, streams, logits)` over these jobs: the rows of the
+    streams whose options set that channel alike are filtered in one numpy pass
+    (`choose_rows_each`: each row bit-equal to its one-row result), each drawing from its own
+    generator over its own history — the codes FrameSampler.choose_code gives alone, without
+    one Python sampler call per stream and channel (docs/performance.md "Several streams")."""
+    channels = [j.sampler.options.audio_channel for j in jobs]
+
+    def choose(c: int, streams: list[int], logits: np.ndarray) -> np.ndarray:
+        check_finite(logits, "audio")
+        groups: dict = {}
+        for j, i in enumerate(streams):
+            groups.setdefault(channels[i], []).append(j)
+        out = np.empty(len(streams), dtype=np.int32)
+        for channel, rows in groups.items():
+            samplers = [jobs[streams[j]].sampler for j in rows]
+            seen = np.stack([s.seen[c] for s in samplers])
+            out[rows] = choose_rows_each(logits[rows], [s.rng for s in samplers], channel, seen)
+        return out
+    return choose
 
 
 class FrameJob:
@@ -128,8 +151,7 @@ class BatchDecoder(NativeResource):
         if not self.active:
             return
         jobs, m = self.active, self.model
-        made = m.batch_frames(self.state, np.stack([j.h for j in jobs]),
-                              lambda i, c, logits: jobs[i].sampler.choose_code(c, logits),
+        made = m.batch_frames(self.state, np.stack([j.h for j in jobs]), choose_codes(jobs),
                               lambda i, a, b: jobs[i].sampler.decide(a, b))
         going = []
         for job, codes in zip(jobs, made):
