@@ -26,8 +26,8 @@ STALL_FRAMES = 50          # 4 s of one identical frame is a runaway, not speech
 # usually reuse the last one (caches allocated and graphs built): the step graph attends over
 # every slot, but masked slots cost flash attention next to nothing
 STATE_ROWS_STEP = 256
-# Streams per batch unless asked otherwise: on two cores 4 streams make 2.5-2.8× one stream's
-# audio per second in f32, 2.1× in q8_0 (bench/streams.py, docs/performance.md)
+# Streams per batch unless asked otherwise: on two cores 4 streams make 2.8-2.9× one stream's
+# audio per second in f32, 2.1-2.3× in q8_0 (bench/streams.py, docs/performance.md)
 MAX_STREAMS = 4
 
 
