@@ -42,10 +42,8 @@ def _batch(seed, rows, ties):
 
 
 @pytest.mark.parametrize("ties", [False, True])
-@pytest.mark.parametrize("channel", CHANNELS)
+@pytest.mark.parametrize("channel", [c for c in CHANNELS if not c.greedy])  # greedy: no probs
 def test_batched_probabilities_equal_each_row_alone(channel, ties):
-    if channel.greedy:
-        pytest.skip("a greedy channel has no probabilities")
     for seed in range(4):
         logits, seen = _batch(seed, 5, ties)
         probs = filtered_probs_each(logits, channel, seen)
