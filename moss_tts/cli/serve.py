@@ -32,7 +32,8 @@ def _serve(args) -> int:
                      cors_origins=args.cors_origin, allowed_hosts=args.allowed_host,
                      bind_host=args.host, access_log=args.access_log,
                      write_timeout=args.write_timeout, max_voices=args.max_voices,
-                     live_idle=args.live_idle, live_context=args.live_context)
+                     live_idle=args.live_idle, live_context=args.live_context,
+                     max_streams=args.max_streams)
     limits = Limits(args.max_connections, args.header_timeout, args.write_timeout)
     say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
                f"/v1/audio/speech{', API key required' if api_key else ''})")
@@ -81,7 +82,15 @@ def add_parser(sub, common) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=8080)
     p.add_argument("--queue", type=positive_int, default=4,
-                   help="requests that may wait behind the running one; more get 503")
+                   help="requests that may wait behind the running one (or --max-streams); more "
+                        "get 503")
+    p.add_argument("--max-streams", type=positive_int, default=1, metavar="N",
+                   help="speech requests decoded together in one batched decode, each joining "
+                   "at the next step and leaving when done (streamed ones get audio as made); "
+                   "--queue more wait behind them. MOSS-TTS-Nano only (other families take 1). "
+                   "4 makes 2.5-2.8x one stream's audio per second on two cores in f32, 2.1x in "
+                   "q8_0 (docs/performance.md, Several streams), but each request runs slower "
+                   "than alone: default 1, one request at a time")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on all but /health and the page "
                         "(default: $MOSS_TTS_API_KEY, else no key)")

@@ -105,7 +105,7 @@ class NanoTTS(CodecTTS):
     MAX_TEXT_TOKENS = MAX_TEXT_TOKENS     # the most `max_text_tokens` takes (knobs.py reads it)
     CHANNELS = 2
     _idle_state = None  # the last utterance's generation state, kept for the next
-    _batch = None       # the BatchDecoder of a `synthesize_many` while it builds its streams
+    _batch = None       # the BatchDecoder of `decoding_together`, while inside it
 
     def __init__(self, model: NanoModel, codec: Codec | None):
         self.model = model
@@ -320,14 +320,25 @@ class NanoTTS(CodecTTS):
                 raise InputError(f"requests[{i}] must be a dict of synthesize keywords with its "
                                  f"'text', got {type(request).__name__}")
             kwargs.append(dict(request))
-        with BatchDecoder(self.model, max_streams=max_streams) as batch:
-            self._batch = batch
-            try:     # each stream checks its arguments now and takes its frames from the batch
-                streams = [self.stream(kw.pop("text"), **kw) for kw in kwargs]
-            finally:
-                self._batch = None
+        with self.decoding_together(max_streams):
+            # each stream checks its arguments now and takes its frames from the batch
+            streams = [self.stream(kw.pop("text"), **kw) for kw in kwargs]
             return [(np.concatenate(audio), self.sample_rate)
                     for audio in round_robin(streams, around)]
+
+    @contextlib.contextmanager
+    def decoding_together(self, max_streams: int = MAX_STREAMS):
+        """Inside it, every `stream` made takes its frames from one shared BatchDecoder, up to
+        max_streams utterances per step: pulling a chunk of one stream runs steps that advance
+        the others too, so pull the streams in turn from this one thread (round_robin, or the
+        server's worker, issue 25). Each stream's audio equals its `stream` made outside."""
+        self._need_open()
+        with BatchDecoder(self.model, max_streams=max_streams) as batch:
+            self._batch = batch
+            try:
+                yield batch
+            finally:
+                self._batch = None
 
     def close(self) -> None:
         if self._idle_state is not None:

@@ -51,13 +51,15 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                voices_root=None, api_key: str | None = None, cors_origins=(),
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
                write_timeout: float | None = None, max_voices: int = MAX_VOICES,
-               live_idle: float = LIVE_IDLE, live_context: int | None = None):
+               live_idle: float = LIVE_IDLE, live_context: int | None = None,
+               max_streams: int = 1):
     """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
     name → TTS, the first being the default. Only a model's worker thread touches it after
     this call; a voice upload is encoded by the codec of the model it names (default: the
     first), and a voice is refused by a model whose codec did not make it, or when
     `max_voices` are stored. `live_idle` and `live_context` are serve's --live-idle and
-    --live-context (live.py)."""
+    --live-context (live.py); `max_streams` its --max-streams (worker.py: requests decoded
+    together, for a model with a batched decoder)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute
@@ -74,7 +76,8 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     ], lifespan=lifespan, middleware=[Middleware(Guard)])
     app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
                                     queue_depth, VoiceIndex(voices_root, max_voices),
-                                    write_timeout or WRITE_TIMEOUT, live_idle, live_context)
+                                    write_timeout or WRITE_TIMEOUT, live_idle, live_context,
+                                    max_streams)
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
     quiet_uvicorn_denials()
     gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
@@ -201,16 +204,17 @@ async def whole(request, served: ServedModels, served_model, req):
     cancel = threading.Event()
     words = served_model.stream_keywords(req)
 
-    def job(model):
+    def job(model):     # yields after each chunk: the worker may run others between them
         parts = []
         for part in generate(served, served_model, model, req, words):
             if cancel.is_set():       # the client left: stop generating
                 return None
             parts.append(part)
+            yield
         return np.concatenate(parts) if parts else \
             np.zeros((0, served_model.channels), np.float32)
 
-    future = served_model.worker.submit(job)
+    future = served_model.worker.submit(job, stream=True)
     if future is None:
         return busy_response()
     waiting = asyncio.wrap_future(future)
@@ -253,11 +257,12 @@ async def streamed(request, served: ServedModels, served_model, req):
                         logger.warning("a streaming client stopped reading; its synthesis "
                                        "was cancelled after %.0f s", write_timeout)
                     return
+                yield       # the worker may pull the other running requests' chunks now
             channel.finish("end")
         except Exception as e:  # reported to the client by the response
             channel.finish("error", e)
 
-    if served_model.worker.submit(job) is None:
+    if served_model.worker.submit(job, stream=True) is None:
         return busy_response()
     # headers wait for the first audio, so errors before it are plain 4xx answers
     stayed, first = await unless_client_leaves(request.receive, channel.get())

@@ -17,11 +17,21 @@ from .worker import ModelWorker
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
+def check_max_streams(tts, max_streams: int) -> None:
+    """--max-streams > 1 needs a model that can decode several streams in one step: one whose
+    class has `decoding_together` (a batched decoder; MOSS-TTS-Nano today)."""
+    if max_streams > 1 and not callable(getattr(type(tts), "decoding_together", None)):
+        name = getattr(tts, "NAME", None) or type(tts).__name__
+        raise InputError(f"--max-streams {max_streams}: {name} decodes one request at a "
+                         "time; give --max-streams 1 (only a family with a batched "
+                         "decoder, such as MOSS-TTS-Nano, takes more)")
+
+
 class ServedModel:
     """One loaded TTS behind its own worker, and what the event loop may know of it without
     touching it (only the worker thread uses the model)."""
 
-    def __init__(self, name: str, tts, queue_depth: int, thread_name: str):
+    def __init__(self, name: str, tts, queue_depth: int, thread_name: str, max_streams: int = 1):
         from ..models.registry import family
 
         self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
@@ -30,7 +40,7 @@ class ServedModel:
         self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
         # what its voices must have been made by (the page lists only those); None: no codec
         self.codec = None if getattr(tts, "codec", None) is None else codec_info(tts.codec)
-        self.worker = ModelWorker(tts, queue_depth, thread_name)
+        self.worker = ModelWorker(tts, queue_depth, thread_name, max_streams)
 
     def stream_keywords(self, req) -> dict:
         """`stream`'s keywords for a request's knobs: the family's options over its defaults,
@@ -63,9 +73,12 @@ class ServedModels:
     conversation's backbone rows (None: the model's own size)."""
 
     def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float,
-                 live_idle: float, live_context: int | None = None):
+                 live_idle: float, live_context: int | None = None, max_streams: int = 1):
+        for tts in models.values():     # before any worker starts
+            check_max_streams(tts, max_streams)
         self.models = {name: ServedModel(name, tts, queue_depth,
-                                         "moss-tts-model" if i == 0 else f"moss-tts-model-{name}")
+                                         "moss-tts-model" if i == 0 else f"moss-tts-model-{name}",
+                                         max_streams)
                        for i, (name, tts) in enumerate(models.items())}
         self.default = next(iter(self.models.values()))
         self.voices, self.write_timeout = voices, write_timeout

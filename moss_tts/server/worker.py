@@ -38,21 +38,29 @@ class OwnedModel:
 
 class ModelWorker:
     """Runs `job(model)` one at a time on its own thread; at most `depth` jobs wait behind the
-    running one (speech, reference encodes and voice uploads alike)."""
+    running ones (speech, reference encodes and voice uploads alike). With `max_streams` > 1
+    (a model with `decoding_together`, serve's --max-streams) up to that many speech jobs run
+    together, their frames made in one batched decode: a new one joins at the next chunk
+    pulled, a finished one leaves, and a short job (a voice upload) runs between two pulls."""
 
-    def __init__(self, model, depth: int, name: str = "moss-tts-model"):
-        self._slots = threading.BoundedSemaphore(depth + 1)
-        self._free, self._count = depth + 1, threading.Lock()   # what the semaphore holds
+    def __init__(self, model, depth: int, name: str = "moss-tts-model", max_streams: int = 1):
+        places = depth + max_streams
+        self._slots = threading.BoundedSemaphore(places)
+        self._free, self._count = places, threading.Lock()   # what the semaphore holds
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.max_streams = max_streams
+        self._thread = threading.Thread(target=self._run if max_streams == 1 else self._together,
+                                        name=name, daemon=True)
         self.model = OwnedModel(model, self._thread)
         self._thread.start()
 
-    def submit(self, job) -> Future | None:
-        """A future of job(model), or None when the line is full (the server answers 503)."""
+    def submit(self, job, *, stream: bool = False) -> Future | None:
+        """A future of job(model), or None when the line is full (the server answers 503).
+        `stream`: job(model) is a generator that yields after each chunk it makes and returns
+        the result; alone it is run through, with max_streams > 1 beside the others."""
         if not self._take_slot():
             return None
-        return self._put(job, frees_slot=True)
+        return self._put(job, frees_slot=True, stream=stream)
 
     def open_lane(self) -> Lane | None:
         """A slot held for a long-lived client (a live connection), or None when the line is
@@ -61,7 +69,7 @@ class ModelWorker:
 
     @property
     def free_places(self) -> int:
-        """Places in the line free now (the running job's included): what /v1/models says."""
+        """Places in the line free now (the running jobs' included): what /v1/models says."""
         return self._free
 
     def _take_slot(self) -> bool:
@@ -75,35 +83,97 @@ class ModelWorker:
             self._slots.release()
             self._free += 1
 
-    def _put(self, job, *, frees_slot: bool) -> Future:
+    def _put(self, job, *, frees_slot: bool, stream: bool = False) -> Future:
         future: Future = Future()
-        self._jobs.put((job, future, frees_slot))
+        self._jobs.put((job, future, frees_slot, stream))
         return future
 
     def _run(self) -> None:
         while (item := self._jobs.get()) is not None:
-            job, future, frees_slot = item
+            job, future, frees_slot, stream = item
             ran, result, error = False, None, None
             try:
                 if future.set_running_or_notify_cancel():   # False: cancelled while waiting
                     ran = True
                     try:
-                        result = job(self.model)
+                        result = run_through(job(self.model)) if stream else job(self.model)
                     except BaseException as e:  # delivered to the awaiting request
                         error = e
             finally:
-                # the slot comes back before the result is seen: a client that has its answer
-                # and asks again at once finds the line as free as it left it
-                if frees_slot:
+                if frees_slot:      # before the result is seen, as in _finish
                     self._free_slot()
-            if ran and error is not None:
-                future.set_exception(error)
-            elif ran:
-                future.set_result(result)
+            if ran:
+                settle(future, result, error)
+
+    def _together(self) -> None:
+        """The loop of max_streams > 1: take jobs while a stream place is free (waiting only
+        when nothing runs), then pull one chunk of each running speech job in turn."""
+        running: list = []      # [generator, future, frees_slot]
+        with self.model.decoding_together(self.max_streams):
+            while True:
+                while len(running) < self.max_streams:
+                    try:
+                        item = self._jobs.get(block=not running)
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        return self._stop(running)
+                    job, future, frees_slot, stream = item
+                    if not future.set_running_or_notify_cancel():
+                        if frees_slot:
+                            self._free_slot()
+                    elif stream:
+                        running.append([job(self.model), future, frees_slot])
+                    else:
+                        self._finish((None, future, frees_slot), self._call(job))
+                for entry in list(running):
+                    try:
+                        next(entry[0])
+                    except StopIteration as end:
+                        running.remove(entry)
+                        self._finish(entry, (end.value, None))
+                    except BaseException as e:   # this request's failure, not the others'
+                        running.remove(entry)
+                        self._finish(entry, (None, e))
+
+    def _call(self, job):
+        try:
+            return job(self.model), None
+        except BaseException as e:
+            return None, e
+
+    def _finish(self, entry, outcome) -> None:
+        # the slot comes back before the result is seen: a client that has its answer and
+        # asks again at once finds the line as free as it left it
+        _, future, frees_slot = entry
+        if frees_slot:
+            self._free_slot()
+        settle(future, *outcome)
+
+    def _stop(self, running) -> None:
+        for entry in running:
+            entry[0].close()
+            self._finish(entry, (None, BackendError("the server is shutting down")))
 
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join()
+
+
+def run_through(steps):
+    """A stream job run to its end alone: its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def settle(future: Future, result, error) -> None:
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class Lane:

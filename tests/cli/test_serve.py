@@ -1,5 +1,6 @@
 """`python -m moss_tts serve` as a user starts it: the access flags reach the server."""
 
+import json
 import os
 import socket
 import subprocess
@@ -30,7 +31,7 @@ def served(tmp_path_factory):
                              "--codec", codec, "--port", str(port), "--threads", "1",
                              "--access-log", "--cors-origin", "http://app.example",
                              "--allowed-host", "tts.lan", "--write-timeout", "3",
-                             "--max-voices", "1"],
+                             "--max-voices", "1", "--max-streams", "2", "--queue", "3"],
                             env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -57,7 +58,8 @@ def test_max_voices_reaches_the_server(served):
 def test_serve_flags_reach_the_server(served):
     url, port, proc = served
     assert call(url, "/v1/models")[0] == 401                               # the env key
-    assert call(url, "/v1/models", headers={"Authorization": "Bearer sk-env"})[0] == 200
+    st, _, body = call(url, "/v1/models", headers={"Authorization": "Bearer sk-env"})
+    assert st == 200 and json.loads(body)["data"][0]["free_places"] == 2 + 3   # --max-streams
     assert call(url, "/health", headers={"Host": f"tts.lan:{port}"})[0] == 200
     st, h, _ = call(url, "/health", headers={"Origin": "http://app.example"})
     assert st == 200 and h["access-control-allow-origin"] == "http://app.example"
