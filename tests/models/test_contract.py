@@ -221,7 +221,8 @@ def calls(tts, family):
             "depth_logits": lambda: tts.depth_logits(hidden, np.zeros(n, np.int64)),
             "local_logits": lambda: tts.local_logits(hidden, np.zeros(n, np.int64)),
             "session": lambda: tts.session(),
-            "synthesize_many": lambda: tts.synthesize_many([{"text": TEXT}])}
+            "synthesize_many": lambda: tts.synthesize_many([{"text": TEXT}]),
+            "decoding_together": lambda: tts.decoding_together().__enter__()}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
