@@ -5,7 +5,7 @@ voice}` or `{SOURCE: reference speech}`, and its `"transcript"` (what the speech
 voice may bring its own). SOURCE is the surface's word for reference speech: a manifest's
 `reference` (a file, relative to the manifest), a request's `reference_audio` (base64, as the
 request's own field); the CLI builds the same list from its `--speaker N=SRC[:TRANSCRIPT]`
-flags (cli/tts.py). Once the model is loaded, `speaker_entries` turns the list into the API's
+flags (cli/tts.py). Once the model is loaded, `speakers_argument` turns the list into the API's
 (reference, transcript) pairs, each surface reading its speech its own way."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def speaker_spec(entry, what: str, source: str) -> dict | None:
     return {"reference": entry[source], "transcript": transcript}
 
 
-def speaker_entries(specs: list, *, voice, speech) -> list:
+def speakers_argument(specs: list, *, voice, speech) -> list:
     """Checked specs → the API's `speakers`: per speaker None or (reference, transcript), a
     stored voice (`voice(name)` → Reference) bringing its stored transcript unless one is
     given, reference speech read by `speech(source)` → (samples, sample_rate)."""

@@ -147,6 +147,7 @@ class CodecTTS(NativeResource):
     OPTIONS: type = object    # the family's sampling dataclass: its defaults are the only ones
     PROMPT_FIELDS: tuple[str, ...] = ()   # prompt keywords of `stream` (instruction, language, ...)
     TEXT_FIELDS: tuple[str, ...] = ()     # those of them that are text (checked by check_text)
+    LANGUAGES: tuple[tuple[str, str], ...] = ()   # its card's (name, code) pairs
     TEXT_OPTIONAL = False                 # True: `text` may be None (what is made is described
                                           # by another field: MOSS-SoundEffect's `sound`)
     BUDGET: FrameBudget       # each family declares its own: keyword, default, limit, unit
@@ -209,6 +210,20 @@ class CodecTTS(NativeResource):
             if fields.get(field) is not None:
                 check_text(fields[field], field)
         return None if text is None and self.TEXT_OPTIONAL else check_text(text, "text")
+
+    def _prompt_fields(self, fields: dict, seconds: float | None = None) -> dict:
+        """User-message fields as the prompt writes them: `language` as its model card's name
+        (a name or code of LANGUAGES), `seconds` as `tokens`, the duration in codec frames."""
+        fields = dict(fields)
+        if fields.get("language") is not None:   # the card's name, as upstream's prompts say it
+            from .text.languages import language_name      # loaded where a prompt is built
+
+            fields["language"] = language_name(fields["language"], self.LANGUAGES)
+        if seconds is not None:
+            if fields.get("tokens") is not None or not seconds > 0:
+                raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
+            fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
+        return fields
 
     def _bounded(self, kwargs: dict, keyword: str) -> dict:
         """A research call's budget (`keyword`: the model's own name for it) within the

@@ -8,7 +8,7 @@ import pytest
 from moss_tts.errors import InputError
 from moss_tts.knobs import BY_NAME, parse
 from moss_tts.reference import Reference
-from moss_tts.speakers import speaker_entries
+from moss_tts.speakers import speakers_argument
 
 KNOB = BY_NAME["speakers"]
 
@@ -52,6 +52,6 @@ def test_entries_take_a_stored_voices_transcript_unless_one_is_given():
     specs = parse(KNOB, [{"voice": "bob"}, {"voice": "bob", "transcript": "Given."},
                          {"reference": "a.wav", "transcript": "Hi."}, None, {"voice": "eve"}],
                   "manifest")
-    entries = speaker_entries(specs, voice=stored.__getitem__, speech=lambda p: ("read", p))
+    entries = speakers_argument(specs, voice=stored.__getitem__, speech=lambda p: ("read", p))
     assert entries == [(stored["bob"], "Stored words."), (stored["bob"], "Given."),
                        (("read", "a.wav"), "Hi."), None, (stored["eve"], None)]

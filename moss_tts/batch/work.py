@@ -124,7 +124,7 @@ class LineRunner:
         (stored voices, speech files) where it gives them."""
         from ..audio import REFERENCE_MAX_SECONDS, read_audio
         from ..models.registry import family
-        from ..speakers import speaker_entries
+        from ..speakers import speakers_argument
 
         row = family(type(tts).FAMILY)
         out = {}
@@ -137,7 +137,7 @@ class LineRunner:
                         if "speakers" in row.keywords else ""
                     raise InputError(f"{column} is not a {row.name} option{per_speaker}")
         if words.get("speakers") is not None:
-            out["speakers"] = speaker_entries(
+            out["speakers"] = speakers_argument(
                 words["speakers"], voice=lambda name: tts.voice(name, root=task["voices_dir"]),
                 speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS))
         return out

@@ -152,12 +152,12 @@ def _tts(args) -> int:
 def _speak(args, family, model, codec, text, words) -> int:
     from ..audio import REFERENCE_MAX_SECONDS, read_audio
     from ..live import live_chunks
-    from ..speakers import speaker_entries
+    from ..speakers import speakers_argument
 
     with family.tts_class().load(model, codec=codec, backend=args.backend,
                                  threads=args.threads) as tts:
         if words.get("speakers") is not None:
-            words["speakers"] = speaker_entries(
+            words["speakers"] = speakers_argument(
                 words["speakers"], voice=tts.voice,
                 speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS))
         voice = {"reference": _reference(args, tts)} if family.takes_reference else {}

@@ -24,7 +24,7 @@ from ..reference import Reference, unwrapped
 from ..sampling import (DialogueSamplingOptions, SoundEffectSamplingOptions,
                         VoiceDesignSamplingOptions)
 from ..text.delay_prompts import build_generation_rows
-from ..text.languages import LANGUAGES_V1, language_name
+from ..text.languages import LANGUAGES_V1
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, merge_turns, normalize_dialogue,
                              split_dialogue, tag_transcript)
 from ..tts import FrameBudget, check_text, family_stream
@@ -84,11 +84,10 @@ class DialogueTTS(DelayTTS):
             text = self.dialogue(merge_turns(prompt_text + text), len(cast.references),
                                  normalize=normalize)
         references = cast.references if any(r is not None for r in cast.references) else None
-        if language is not None:
-            language = language_name(language, self.LANGUAGES)
         return build_generation_rows(self.tokenizer, self.ids, text, references=references,
                                      prompt_codes=None if prompt is None else prompt.codes,
-                                     normalize=normalize, language=language)
+                                     normalize=normalize,
+                                     **self._prompt_fields({"language": language}))
 
     @staticmethod
     def dialogue(text: str, speakers: int, *, normalize: bool = True) -> str:
@@ -237,12 +236,8 @@ class SoundEffectTTS(DelayTTS):
         sound = check_text(sound if text is None else text, "sound")
         if not sound.strip():
             raise InputError("sound is empty: describe the sound (e.g. 'rain on a tin roof')")
-        if seconds is not None:
-            if tokens is not None or not seconds > 0:
-                raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
-            tokens = max(1, round(seconds * self._need_codec().config.frame_rate))
         return build_generation_rows(self.tokenizer, self.ids, None, ambient_sound=sound,
-                                     tokens=tokens)
+                                     **self._prompt_fields({"tokens": tokens}, seconds))
 
     @family_stream
     def stream(self, text: str | None = None, *, sound: str | None = None,

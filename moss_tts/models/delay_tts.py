@@ -15,7 +15,7 @@ from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
-from ..text.languages import LANGUAGES_V15, language_name
+from ..text.languages import LANGUAGES_V15
 from ..text.script import CJK_OR_HANGUL
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
@@ -133,8 +133,7 @@ class DelayTTS(Qwen3TTS):
         `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
         text: give the transcript as `prompt_text` (as for Nano), or both in `text`."""
         text = self._texts(text, dict(fields, prompt_text=prompt_text))
-        if fields.get("language") is not None:   # the card's name, as upstream's prompts say it
-            fields["language"] = language_name(fields["language"], self.LANGUAGES)
+        fields = self._prompt_fields(fields, seconds)
         reference = self._reference(reference, "reference")
         prompt = self._reference(prompt, "prompt")
         if prompt_text is not None:
@@ -142,10 +141,6 @@ class DelayTTS(Qwen3TTS):
                 raise InputError("prompt_text is the transcript of the prompt audio: give "
                                  "`prompt` too, or use `reference` to clone a voice")
             text = join_transcript(prompt_text, text)
-        if seconds is not None:
-            if fields.get("tokens") is not None or not seconds > 0:
-                raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
-            fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
         refs = None if reference is None else [reference.codes]
         return build_generation_rows(self.tokenizer, self.ids, text, references=refs,
                                      prompt_codes=None if prompt is None else prompt.codes,

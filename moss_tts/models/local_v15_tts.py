@@ -15,7 +15,7 @@ from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_chan
 from ..errors import InputError, whole_number
 from ..sampling import LocalV15SamplingOptions
 from ..text.delay_prompts import FIELDS
-from ..text.languages import LANGUAGES_V15, language_name
+from ..text.languages import LANGUAGES_V15
 from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
@@ -114,17 +114,12 @@ class LocalV15TTS(Qwen3TTS):
         text: give the transcript as `prompt_text` (joined by a space unless it is CJK) or
         write both into `text`."""
         text = self._texts(text, dict(fields, prompt_text=prompt_text))
-        if fields.get("language") is not None:   # the card's name, as upstream's prompts say it
-            fields["language"] = language_name(fields["language"], self.LANGUAGES)
+        fields = self._prompt_fields(fields, seconds)
         if prompt_text is not None:
             if prompt is None:
                 raise InputError("prompt_text is the transcript of a continuation prompt: give "
                                  "prompt= (its audio or codes) too")
             text = continuation_prompt_text(prompt_text) + text
-        if seconds is not None:
-            if fields.get("tokens") is not None or not seconds > 0:
-                raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
-            fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
         reference = self._reference(reference, "reference")
         prompt = self._reference(prompt, "prompt")
         return build_prompt_rows(self.tokenizer, self.ids, text,

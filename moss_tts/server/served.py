@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import InputError
 from ..knobs import check_required, synthesis_keywords
 from ..reference import codec_info
-from ..speakers import speaker_entries
+from ..speakers import speakers_argument
 from .request import RequestError, decode_upload
 from .responses import first_line
 from .voice_index import VoiceIndex
@@ -114,7 +114,7 @@ class ServedModels:
             raise RequestError(400, f"'voice' {req.voice!r} is not a {served_model.family.name}"
                                     f" option: {served_model.voices_hint()}")
         if kw.get("speakers") is not None:
-            kw["speakers"] = speaker_entries(
+            kw["speakers"] = speakers_argument(
                 kw["speakers"], voice=lambda name: self.speaker_voice(model, name),
                 speech=lambda data: decode_upload(data, "speakers"))
         return kw
