@@ -42,7 +42,8 @@ def _load(args):
 def worker_batch(args) -> dict:
     """`streams` jobs of the one-sentence prompt (seeds 0..), all joining at the first step and
     running warmup + frames frames: the wall time of each step after the warmup."""
-    from moss_tts.models.nano_decode import BatchDecoder
+    from moss_tts.models.batching import BatchDecoder
+    from moss_tts.models.nano_decode import NanoBatch
     from moss_tts.sampling import SamplingOptions
 
     tts = _load(args)
@@ -50,16 +51,17 @@ def worker_batch(args) -> dict:
     n, streams = args.warmup + args.frames, int(args.streams)
     times = []
     c = None
-    with BatchDecoder(tts.model, max_streams=streams) as batch:
-        jobs = [batch.submit(rows, SamplingOptions(), seed, n) for seed in range(streams)]
-        while batch.active or batch.queue:
+    with BatchDecoder(NanoBatch(tts.model), max_streams=streams) as batch:
+        jobs = [batch.submit(batch.family.job(rows, SamplingOptions(), seed, n))
+                for seed in range(streams)]
+        while batch.active or batch.queue or batch.joining:
             if batch.steps == args.warmup:
                 c = Contention()
             t0 = time.perf_counter()
             batch.step()
             if batch.steps > args.warmup:
                 times.append(time.perf_counter() - t0)
-        if any(len(j.frames) != n for j in jobs):
+        if any(len(j.items) != n for j in jobs):
             raise SystemExit("a stream stopped early (stop_bias should prevent it)")
     step = statistics.median(times[:-1])       # the last step has no global step after it
     return {"step_ms": 1e3 * step, "steps": len(times), "foreign": c.share(),

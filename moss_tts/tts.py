@@ -5,6 +5,7 @@ reserved, one budget warning per utterance, and no audio as an error, never 0 sa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import warnings
@@ -17,6 +18,7 @@ import numpy as np
 from .audio import as_sample_rate, as_samples, trim_reference
 from .errors import BudgetWarning, InputError, ModelFileError, whole_number
 from .ggml.backend import NativeResource, released_on_error
+from .models.batching import MAX_STREAMS, BatchDecoder, round_robin
 from .reference import (Reference, as_reference, codec_info, codec_problem, pcm_as_float,
                         unwrapped)
 from .voices import load_voice
@@ -152,7 +154,11 @@ class CodecTTS(NativeResource):
                                           # by another field: MOSS-SoundEffect's `sound`)
     BUDGET: FrameBudget       # each family declares its own: keyword, default, limit, unit
     CHANNELS = 1              # of the audio `stream` yields
+    # its models/batching.py BatchFamily: several streams per decode step (`decoding_together`,
+    # `synthesize_many`, serve --max-streams, batch --streams); None: one stream at a time
+    BATCHED: type | None = None
     model = codec = None
+    _batch = None             # the BatchDecoder of `decoding_together`, while inside it
 
     @property
     def sample_rate(self) -> int:
@@ -231,6 +237,53 @@ class CodecTTS(NativeResource):
         if keyword in kwargs:
             kwargs[keyword] = whole_number(kwargs[keyword], keyword, 1, self.BUDGET.limit)
         return kwargs
+
+    # -- several streams per decode step (models/batching.py) --------------------------------
+    @contextlib.contextmanager
+    def decoding_together(self, max_streams: int = MAX_STREAMS):
+        """Inside it, every `stream` made takes its frames from one shared BatchDecoder, up to
+        max_streams streams per step: pulling a chunk of one stream runs steps that advance
+        the others too, so pull the streams in turn from this one thread (`synthesize_many`,
+        or the server's worker). Each stream's audio equals its `stream` made outside."""
+        self._need_open()
+        if self.BATCHED is None:
+            raise InputError(f"{self.NAME} decodes one stream at a time: decoding_together is "
+                             "not available for it")
+        if self._batch is not None:
+            raise InputError("already decoding together: one decoding_together at a time")
+        with BatchDecoder(self.BATCHED(self.model), max_streams=max_streams) as batch:
+            self._batch = batch
+            try:
+                yield batch
+            finally:
+                self._batch = None
+
+    def synthesize_many(self, requests, *, max_streams: int = MAX_STREAMS,
+                        around=None) -> list[tuple[np.ndarray, int]]:
+        """Several requests decoded together → each one's (samples, sample_rate), as
+        `synthesize(**request)` would make it. A request is a dict of `synthesize`'s keywords
+        with its `text`. Up to max_streams utterances share each decode step (one row each);
+        a request's next text chunk joins the batch when its last one ends, and one that ends
+        leaves it, so a request's audio never depends on the others it ran beside.
+        `around(i)`: a context manager entered around each pull of request i's audio, where
+        what its stream warns (a frame budget's cut, a stall) is emitted, so a caller can tell
+        each request's warnings apart (batch/work.py). An error is raised for the whole call.
+
+        >>> tts.synthesize_many([{"text": "Hello.", "seed": 1},             # doctest: +SKIP
+        ...                      {"text": "Bonjour.", "seed": 2}])
+        """
+        self._need_open()
+        kwargs = []
+        for i, request in enumerate(requests):
+            if not isinstance(request, dict) or ("text" not in request and not self.TEXT_OPTIONAL):
+                raise InputError(f"requests[{i}] must be a dict of synthesize keywords with its "
+                                 f"'text', got {type(request).__name__}")
+            kwargs.append(dict(request))
+        with self.decoding_together(max_streams):
+            # each stream checks its arguments now and takes its frames from the batch
+            streams = [self.stream(kw.pop("text", None), **kw) for kw in kwargs]
+            return [(np.concatenate(audio), self.sample_rate)
+                    for audio in round_robin(streams, around)]
 
     # -- references -------------------------------------------------------------------------
     def _reference(self, value, what: str) -> Reference | None:

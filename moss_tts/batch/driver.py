@@ -162,8 +162,8 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
 
     Local worker processes by default (`workers`, default 1, each with cores // workers
     threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead. Each
-    worker decodes up to `streams` lines together in one batched model (families with
-    `synthesize_many`), each line's audio as it is alone.
+    worker decodes up to `streams` lines together in one batched model (families with a
+    batched decoder, `synthesize_many`), each line's audio as it is alone.
     `warn(id, messages)` hears what a line's synthesis warned (results.jsonl keeps it too).
     What would fail every line (--model, --codec, the cluster) stops the run before any line
     is recorded."""
@@ -208,7 +208,7 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
 
 def check_streams(streams: int, models) -> None:
     """--streams > 1 needs every model the lines use to decode several streams in one step
-    (its family's TTS class has `synthesize_many`): one error before any line runs, naming the
+    (its family's TTS class has a batched decoder, BATCHED): one error before any line runs, naming the
     families that do. A model that does not load is its lines' own error, later."""
     if streams == 1:
         return
@@ -219,9 +219,8 @@ def check_streams(streams: int, models) -> None:
             row = family_of_model(path)
         except (MossTTSError, OSError):
             continue
-        if not hasattr(row.tts_class(), "synthesize_many"):
-            takers = " or ".join(f.name for f in FAMILIES
-                                 if hasattr(f.tts_class(), "synthesize_many"))
+        if row.tts_class().BATCHED is None:
+            takers = " or ".join(f.name for f in FAMILIES if f.tts_class().BATCHED is not None)
             raise InputError(f"--streams {streams}: {row.name} ({path}) decodes one line at a "
                              f"time; --streams > 1 takes {takers} models only (run more "
                              "lines at once with --workers)")

@@ -11,7 +11,6 @@ exact streaming decoder, so streamed audio equals `synthesize()` for the same se
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 
@@ -28,7 +27,8 @@ from ..text.chunking import contains_cjk
 from ..text.prompts import check_mode
 from ..tts import BudgetCut, CodecTTS, FrameBudget, Reference, check_text, family_stream
 from .nano import KIND, TOKENIZER_KEY, NanoModel
-from .nano_decode import MAX_STREAMS, STATE_ROWS_STEP, BatchDecoder, FrameSampler
+from .batching import STATE_ROWS_STEP
+from .nano_decode import FrameSampler, NanoBatch
 
 MAX_FRAMES = 1000          # hard cap per chunk (80 s); upstream's fixed 375 cuts long endings
 FRAMES_PER_TOKEN = 6.0     # generous: speech runs ~2-4 frames (80 ms) per text token
@@ -68,28 +68,6 @@ def continuation_prompt_text(chunk: str) -> str:
     return chunk if contains_cjk(chunk) else chunk + " "
 
 
-def round_robin(streams: list, around=None) -> list[list[np.ndarray]]:
-    """Every chunk of every stream, pulling one chunk from each in turn, so streams that share
-    a batch advance together (a pull that needs a frame runs a step for all of them); all are
-    closed at the end, or when one fails. `around(k)`: a context manager entered around each
-    pull of stream k."""
-    around = around or (lambda k: contextlib.nullcontext())
-    chunks = [[] for _ in streams]
-    live = list(range(len(streams)))
-    try:
-        while live:
-            for k in list(live):
-                try:
-                    with around(k):
-                        chunks[k].append(next(streams[k]))
-                except StopIteration:
-                    live.remove(k)
-    finally:
-        for stream in streams:
-            stream.close()
-    return chunks
-
-
 class NanoTTS(CodecTTS):
     """MOSS-TTS-Nano. `NanoTTS.load("nano.gguf", codec="codec-nano.gguf")`, then
     `synthesize(text, reference=(samples, sr))` → (samples float32 [n, 2], 48000). `reference=`
@@ -104,8 +82,8 @@ class NanoTTS(CodecTTS):
     TEXT_FIELDS, BUDGET = (), BUDGET
     MAX_TEXT_TOKENS = MAX_TEXT_TOKENS     # the most `max_text_tokens` takes (knobs.py reads it)
     CHANNELS = 2
+    BATCHED = NanoBatch
     _idle_state = None  # the last utterance's generation state, kept for the next
-    _batch = None       # the BatchDecoder of `decoding_together`, while inside it
 
     def __init__(self, model: NanoModel, codec: Codec | None):
         self.model = model
@@ -261,7 +239,8 @@ class NanoTTS(CodecTTS):
         check_mode("voice_clone" if reference is not None else "continuation",
                    has_reference=reference is not None, has_prompt_text=prompt_text is not None,
                    has_prompt_codes=prompt is not None)
-        frames_of = self._frames if self._batch is None else self._batch.frames
+        frames_of = self._frames if self._batch is None else \
+            lambda *job: self._batch.items(self._batch.family.job(*job))
         return self._utterances(codec, chunks, reference, prompt_text, prompt, options, seed,
                                 max_frames, frames_of)
 
@@ -298,47 +277,6 @@ class NanoTTS(CodecTTS):
         finally:
             if decoder is not None:
                 decoder.close()
-
-    def synthesize_many(self, requests, *, max_streams: int = MAX_STREAMS,
-                        around=None) -> list[tuple[np.ndarray, int]]:
-        """Several requests decoded together → each one's (samples, sample_rate), as
-        `synthesize(**request)` would make it. A request is a dict of `synthesize`'s keywords
-        with its `text`. Up to max_streams utterances share each decode step (one row each);
-        a request's next text chunk joins the batch when its last one ends, and one that ends
-        leaves it, so a request's codes never depend on the others it ran beside.
-        `around(i)`: a context manager entered around each pull of request i's audio, where
-        what its stream warns (a frame budget's cut, a stall) is emitted, so a caller can tell
-        each request's warnings apart (batch/work.py). An error is raised for the whole call.
-
-        >>> tts.synthesize_many([{"text": "Hello.", "seed": 1},             # doctest: +SKIP
-        ...                      {"text": "Bonjour.", "seed": 2}])
-        """
-        self._need_open()
-        kwargs = []
-        for i, request in enumerate(requests):
-            if not isinstance(request, dict) or "text" not in request:
-                raise InputError(f"requests[{i}] must be a dict of synthesize keywords with its "
-                                 f"'text', got {type(request).__name__}")
-            kwargs.append(dict(request))
-        with self.decoding_together(max_streams):
-            # each stream checks its arguments now and takes its frames from the batch
-            streams = [self.stream(kw.pop("text"), **kw) for kw in kwargs]
-            return [(np.concatenate(audio), self.sample_rate)
-                    for audio in round_robin(streams, around)]
-
-    @contextlib.contextmanager
-    def decoding_together(self, max_streams: int = MAX_STREAMS):
-        """Inside it, every `stream` made takes its frames from one shared BatchDecoder, up to
-        max_streams utterances per step: pulling a chunk of one stream runs steps that advance
-        the others too, so pull the streams in turn from this one thread (round_robin, or the
-        server's worker, issue 25). Each stream's audio equals its `stream` made outside."""
-        self._need_open()
-        with BatchDecoder(self.model, max_streams=max_streams) as batch:
-            self._batch = batch
-            try:
-                yield batch
-            finally:
-                self._batch = None
 
     def close(self) -> None:
         if self._idle_state is not None:

@@ -19,12 +19,12 @@ OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 def check_max_streams(tts, max_streams: int) -> None:
     """--max-streams > 1 needs a model that can decode several streams in one step: one whose
-    class has `decoding_together` (a batched decoder; MOSS-TTS-Nano today)."""
-    if max_streams > 1 and not callable(getattr(type(tts), "decoding_together", None)):
+    family has a batched decoder (its class's BATCHED, models/batching.py)."""
+    if max_streams > 1 and getattr(type(tts), "BATCHED", None) is None:
         name = getattr(tts, "NAME", None) or type(tts).__name__
         raise InputError(f"--max-streams {max_streams}: {name} decodes one request at a "
                          "time; give --max-streams 1 (only a family with a batched "
-                         "decoder, such as MOSS-TTS-Nano, takes more)")
+                         "decoder takes more)")
 
 
 class ServedModel:

@@ -16,7 +16,8 @@ import pytest
 
 from fixtures.compare import assert_close, assert_differs
 from moss_tts.errors import InputError
-from moss_tts.models.nano_decode import BatchDecoder
+from moss_tts.models.batching import BatchDecoder
+from moss_tts.models.nano_decode import NanoBatch
 from moss_tts.sampling import SamplingOptions
 
 from .conftest import seeded_codes
@@ -45,8 +46,10 @@ def alone(tts, job):
 
 
 def run_batch(tts, job_list, max_streams):
-    with BatchDecoder(tts.model, max_streams=max_streams) as batch:
-        return batch.run(job_list), batch.steps
+    with BatchDecoder(NanoBatch(tts.model), max_streams=max_streams) as batch:
+        made = batch.run([batch.family.job(*job) for job in job_list])
+        n_vq = tts.config.n_vq
+        return [np.array(m, dtype=np.int32).reshape(len(m), n_vq) for m in made], batch.steps
 
 
 @pytest.mark.parametrize("options", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -146,19 +149,19 @@ def test_synthesize_many_equals_synthesize_for_each_request(nano_tts):
 def test_bad_batch_arguments_raise_input_error(nano_tts):
     tts = nano_tts(*PARITY)
     with pytest.raises(InputError, match="max_streams"):
-        BatchDecoder(tts.model, max_streams=0)
+        BatchDecoder(NanoBatch(tts.model), max_streams=0)
     with pytest.raises(InputError, match=r"requests\[1\]"):
         tts.synthesize_many([{"text": TEXT}, "just text"])
     with pytest.raises(InputError, match="max_frames"):
         tts.synthesize_many([{"text": TEXT, "max_frames": 0}])
     rows = tts.prompt_rows(TEXT)
-    with BatchDecoder(tts.model, max_streams=2) as batch:
-        good = batch.submit(rows, GREEDY, None, 4)
+    with BatchDecoder(NanoBatch(tts.model), max_streams=2) as batch:
+        good = batch.submit(batch.family.job(rows, GREEDY, None, 4))
         bad = rows.copy()
         bad[0, 0] = 10 ** 6
-        batch.submit(bad, GREEDY, None, 4)
+        batch.submit(batch.family.job(bad, GREEDY, None, 4))
         with pytest.raises(InputError, match="text ids"):
             batch.step()
-        while batch.active or batch.queue:       # the good job goes on without the bad one
+        while batch.active or batch.queue or batch.joining:  # the good job goes on alone
             batch.step()
-    assert np.array_equal(np.array(good.frames), alone(tts, (rows, GREEDY, None, 4)))
+    assert np.array_equal(np.array(good.items), alone(tts, (rows, GREEDY, None, 4)))

@@ -1,0 +1,233 @@
+"""Several streams in one decode step (issue 25, design §3): a scheduler shared by every family
+that decodes streams together. A family says how (a `BatchFamily`: its shared state, how a
+stream's prompt is appended to it, and one step for all the active streams); the
+`BatchDecoder` here decides who runs: streams join between steps (their prompt appended in
+chunks of `prefill_rows`, so a long prompt does not stall the others for its whole length),
+each step carries one row per active stream, and a stream that ends leaves at once, its cache
+slots free for the next. Each stream samples with its own generator, options and budget, so
+what it makes is what it makes decoded alone."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterator
+
+from ..errors import InputError
+from ..ggml.backend import NativeResource
+
+# Streams per batch unless asked otherwise: on two cores 4 streams make 2.8-2.9× one stream's
+# audio per second in Nano f32, 2.1-2.3× in q8_0 (bench/streams.py, docs/performance.md)
+MAX_STREAMS = 4
+# Prompt rows appended per step while others decode (SLOT_ALIGN of nn/session.py): a step of
+# the others waits for at most this many rows of a joining prompt. With nobody decoding, a
+# prompt is appended whole.
+PREFILL_ROWS = 32
+# Shared states are sized in steps of this many rows per stream, so the next batch can usually
+# reuse the last one (caches allocated and graphs built)
+STATE_ROWS_STEP = 256
+
+
+class StreamJob:
+    """One stream in a batch: the family's per-stream `work` (prompt, sampler, what its next
+    step needs), its prompt's length in rows, the most cache rows it may take, and the items
+    (frames or rows) made so far."""
+
+    __slots__ = ("work", "prompt_rows", "need", "items", "done", "seq", "filled")
+
+    def __init__(self, work, prompt_rows: int, need: int):
+        self.work, self.prompt_rows, self.need = work, prompt_rows, need
+        self.items: list = []
+        self.done = False
+        self.seq = None          # the family's sequence id(s) while the job holds slots
+        self.filled = 0          # prompt rows appended so far
+
+    @property
+    def joined(self) -> bool:
+        return self.filled == self.prompt_rows
+
+
+class BatchFamily:
+    """How one family's model decodes several streams in one step; subclassed per family
+    (NanoBatch, DelayBatch, ...). The BatchDecoder calls these from one thread."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def make_state(self, rows: int, streams: int) -> NativeResource:
+        """A shared state (caches, graphs) of `rows` rows in all for up to `streams` streams,
+        with `.capacity` (rows)."""
+        raise NotImplementedError
+
+    def open(self, state, job: StreamJob) -> None:
+        """Start the job's sequence(s) in the state: set `job.seq`."""
+        raise NotImplementedError
+
+    def prefill(self, state, job: StreamJob, start: int, stop: int) -> None:
+        """Append rows [start, stop) of the job's prompt; the last call (stop ==
+        job.prompt_rows) leaves in `job.work` what its first step needs."""
+        raise NotImplementedError
+
+    def advance(self, state, jobs: list[StreamJob]) -> list[bool]:
+        """One step for every job, in one graph per stage: append what each made to its
+        `items`; → for each job whether it goes on."""
+        raise NotImplementedError
+
+    def release(self, state, job: StreamJob) -> None:
+        """Free the job's sequence(s) (`job.seq`)."""
+        raise NotImplementedError
+
+    def report_end(self, job: StreamJob) -> None:
+        """Called from the pull that finds the job's items all read: warnings of its end (a
+        stall) belong there, to its own request (a step runs in any stream's pull)."""
+
+
+class BatchDecoder(NativeResource):
+    """Decodes the jobs of one family's model together, up to `max_streams` at a time, on one
+    shared state (grown, when idle, for a job that does not fit).
+
+    >>> with BatchDecoder(NanoBatch(tts.model)) as batch:                 # doctest: +SKIP
+    ...     frames = batch.run([batch.family.job(rows, SamplingOptions(), 1, 200), ...])
+    """
+
+    def __init__(self, family: BatchFamily, *, max_streams: int = MAX_STREAMS,
+                 prefill_rows: int = PREFILL_ROWS):
+        for name, value in (("max_streams", max_streams), ("prefill_rows", prefill_rows)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a whole number ≥ 1, got {value!r}")
+        self.family, self.max_streams, self.prefill_rows = family, max_streams, prefill_rows
+        self.state = None
+        self.active: list[StreamJob] = []     # joined: stepped together
+        self.joining: list[StreamJob] = []    # holding slots, prompt being appended
+        self.queue: deque[StreamJob] = deque()
+        self.reserved = 0          # rows the admitted jobs may still take, at most
+        self.steps = 0
+
+    def submit(self, job: StreamJob) -> StreamJob:
+        """Queue a job; it joins at the next step with a free place and room for it."""
+        self.queue.append(job)
+        return job
+
+    def cancel(self, job: StreamJob) -> None:
+        """Drop a job that is no longer wanted (its items so far stay readable)."""
+        if job in self.queue:
+            self.queue.remove(job)
+            job.done = True
+        elif job in self.active or job in self.joining:
+            (self.active if job in self.active else self.joining).remove(job)
+            self._finish(job)
+
+    def step(self) -> None:
+        """Admit queued jobs, append one chunk of a joining prompt (all of them when nobody
+        decodes), then one step for every joined job."""
+        self._admit()
+        self._prefill()
+        if not self.active:
+            return
+        jobs = self.active
+        going = self.family.advance(self.state, jobs)
+        self.active = [job for job, on in zip(jobs, going) if on]
+        for job, on in zip(jobs, going):
+            if not on:
+                self._finish(job)
+        self.steps += 1
+
+    def items(self, job: StreamJob) -> Iterator:
+        """A job's items as they are made: pulling one runs steps, which advance every other
+        job too (a family's frame source in a batch)."""
+        self.submit(job)
+        try:
+            i = 0
+            while True:
+                while i == len(job.items) and not job.done:
+                    self.step()
+                if i == len(job.items):
+                    self.family.report_end(job)
+                    return
+                yield job.items[i]
+                i += 1
+        finally:
+            self.cancel(job)
+
+    def run(self, jobs: list[StreamJob]) -> list[list]:
+        """Every job to its end → each one's items."""
+        for job in jobs:
+            self.submit(job)
+        while self.queue or self.active or self.joining:
+            self.step()
+        for job in jobs:
+            self.family.report_end(job)
+        return [job.items for job in jobs]
+
+    def _admit(self) -> None:
+        while self.queue and len(self.active) + len(self.joining) < self.max_streams:
+            job = self.queue[0]
+            if self.state is None or self.reserved + job.need > self.state.capacity:
+                if self.active or self.joining:
+                    return        # it joins when enough of the running ones have left
+                self._grow(job.need)
+            self.queue.popleft()
+            self.family.open(self.state, job)
+            self.reserved += job.need
+            self.joining.append(job)
+
+    def _prefill(self) -> None:
+        """One chunk of the first joining prompt when others decode; every joining prompt
+        whole when none do (nobody waits for them)."""
+        busy = bool(self.active)
+        for job in list(self.joining):
+            stop = min(job.prompt_rows, job.filled + self.prefill_rows) if busy \
+                else job.prompt_rows
+            try:
+                self.family.prefill(self.state, job, job.filled, stop)
+            except BaseException:
+                self.cancel(job)    # a bad prompt fails this job alone, before any step
+                raise
+            job.filled = stop
+            if job.joined:
+                self.joining.remove(job)
+                self.active.append(job)
+            if busy:
+                return
+
+    def _grow(self, need: int) -> None:
+        """A new (empty) shared state with room for max_streams jobs of `need` rows."""
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+        per_stream = -(-need // STATE_ROWS_STEP) * STATE_ROWS_STEP
+        self.state = self.family.make_state(per_stream * self.max_streams, self.max_streams)
+
+    def _finish(self, job: StreamJob) -> None:
+        job.done = True
+        if job.seq is not None:
+            self.family.release(self.state, job)
+            self.reserved -= job.need
+            job.seq = None
+
+    def close(self) -> None:
+        if getattr(self, "state", None) is not None:
+            self.state.close()
+            self.state = None
+
+
+def round_robin(streams: list, around=None) -> list[list]:
+    """Every chunk of every stream, pulling one chunk from each in turn, so streams that share
+    a batch advance together (a pull that needs a frame runs a step for all of them); all are
+    closed at the end, or when one fails. `around(k)`: a context manager entered around each
+    pull of stream k."""
+    around = around or (lambda k: contextlib.nullcontext())
+    chunks = [[] for _ in streams]
+    live = list(range(len(streams)))
+    try:
+        while live:
+            for k in list(live):
+                try:
+                    with around(k):
+                        chunks[k].append(next(streams[k]))
+                except StopIteration:
+                    live.remove(k)
+    finally:
+        for stream in streams:
+            stream.close()
+    return chunks
