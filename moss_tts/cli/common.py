@@ -44,6 +44,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def streams_argument(text: str) -> int | None:
+    """--max-streams / --streams: a count of at least 1, or "auto" (None: what pays off for the
+    model's family, server/served.py streams_of)."""
+    return None if text.strip().lower() == "auto" else positive_int(text)
+
+
 def positive_float(text: str) -> float:
     """A finite number above 0 (seconds, timeouts)."""
     value = _number(text, float)

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (add_runtime_flags, port, positive_float, positive_int, resolve, resolve_model,
-                     say)
+from .common import (add_runtime_flags, port, positive_float, positive_int, resolve,
+                     resolve_model, say, streams_argument)
 
 
 def _serve(args) -> int:
@@ -84,13 +84,13 @@ def add_parser(sub, common) -> None:
     p.add_argument("--queue", type=positive_int, default=4,
                    help="requests that may wait behind the running one (or --max-streams); more "
                         "get 503")
-    p.add_argument("--max-streams", type=positive_int, default=1, metavar="N",
-                   help="speech requests decoded together in one batched decode, each joining "
-                   "at the next step and leaving when done (streamed ones get audio as made); "
-                   "--queue more wait behind them. MOSS-TTS-Nano only (other families take 1). "
-                   "4 makes 2.5-2.8x one stream's audio per second on two cores in f32, 2.1x in "
-                   "q8_0 (docs/performance.md, Several streams), but each request runs slower "
-                   "than alone: default 1, one request at a time")
+    p.add_argument("--max-streams", type=streams_argument, default=None, metavar="N|auto",
+                   help="speech requests to one model decoded together in one batched decode, "
+                   "each joining at the next step and leaving when done (streamed ones get "
+                   "audio as made); --queue more wait behind them. Default auto: 4 for a family "
+                   "with a batched decoder (a lone request runs as fast as with 1; under load 4 "
+                   "make up to 2-3x the audio per second on two cores: docs/performance.md, "
+                   "Several streams), 1 for another; 1 = one request at a time")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on all but /health and the page "
                         "(default: $MOSS_TTS_API_KEY, else no key)")

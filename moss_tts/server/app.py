@@ -52,14 +52,14 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
                write_timeout: float | None = None, max_voices: int = MAX_VOICES,
                live_idle: float = LIVE_IDLE, live_context: int | None = None,
-               max_streams: int = 1):
+               max_streams: int | None = 1):
     """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
     name → TTS, the first being the default. Only a model's worker thread touches it after
     this call; a voice upload is encoded by the codec of the model it names (default: the
     first), and a voice is refused by a model whose codec did not make it, or when
     `max_voices` are stored. `live_idle` and `live_context` are serve's --live-idle and
     --live-context (live.py); `max_streams` its --max-streams (worker.py: requests decoded
-    together, for a model with a batched decoder)."""
+    together, for a model with a batched decoder; None: auto, served.py streams_of)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..knobs import check_required, synthesis_keywords
+from ..models.batching import MAX_STREAMS
 from ..reference import codec_info
 from ..speakers import speakers_argument
 from .request import RequestError, decode_upload
@@ -17,14 +18,21 @@ from .worker import ModelWorker
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
-def check_max_streams(tts, max_streams: int) -> None:
-    """--max-streams > 1 needs a model that can decode several streams in one step: one whose
-    family has a batched decoder (its class's BATCHED, models/batching.py)."""
-    if max_streams > 1 and getattr(type(tts), "BATCHED", None) is None:
+def streams_of(tts, max_streams: int | None) -> int:
+    """The stream places of a model: --max-streams as given (N > 1 needs a model whose family
+    has a batched decoder, its class's BATCHED, models/batching.py), or with None ("auto", the
+    CLI's default) MAX_STREAMS for a batched family and 1 for another: a batch of one costs what
+    the one-stream loop does, so batching never slows a lone request, and under load N streams
+    make up to N× the audio of one (docs/performance.md, "Several streams")."""
+    batched = getattr(type(tts), "BATCHED", None) is not None
+    if max_streams is None:
+        return MAX_STREAMS if batched else 1
+    if max_streams > 1 and not batched:
         name = getattr(tts, "NAME", None) or type(tts).__name__
         raise InputError(f"--max-streams {max_streams}: {name} decodes one request at a "
-                         "time; give --max-streams 1 (only a family with a batched "
+                         "time; give --max-streams 1 or auto (only a family with a batched "
                          "decoder takes more)")
+    return max_streams
 
 
 class ServedModel:
@@ -73,12 +81,13 @@ class ServedModels:
     conversation's backbone rows (None: the model's own size)."""
 
     def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float,
-                 live_idle: float, live_context: int | None = None, max_streams: int = 1):
-        for tts in models.values():     # before any worker starts
-            check_max_streams(tts, max_streams)
+                 live_idle: float, live_context: int | None = None,
+                 max_streams: int | None = 1):
+        places = {name: streams_of(tts, max_streams)    # before any worker starts
+                  for name, tts in models.items()}
         self.models = {name: ServedModel(name, tts, queue_depth,
                                          "moss-tts-model" if i == 0 else f"moss-tts-model-{name}",
-                                         max_streams)
+                                         places[name])
                        for i, (name, tts) in enumerate(models.items())}
         self.default = next(iter(self.models.values()))
         self.voices, self.write_timeout = voices, write_timeout

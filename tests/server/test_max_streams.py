@@ -125,3 +125,23 @@ def test_a_model_without_a_batched_decoder_refuses_more_streams(tmp_path):
     with pytest.raises(InputError, match="^--max-streams 2: .*--max-streams 1") as e:
         create_app(StubTTS(), voices_root=tmp_path / "voices", max_streams=2)
     assert "\n" not in str(e.value)
+
+
+def test_auto_gives_a_batched_family_its_stream_places_and_another_one(files):
+    """serve's default (--max-streams auto, None here): MAX_STREAMS places for a family with a
+    batched decoder, one for a family without (no error: auto never asks what cannot be)."""
+    from moss_tts.models.batching import MAX_STREAMS
+    from moss_tts.server.served import ServedModels, streams_of
+    from moss_tts.server.voice_index import VoiceIndex
+
+    d, (model, codec) = files
+    with NanoTTS.load(model, codec=codec, threads=1) as nano:
+        assert streams_of(nano, None) == MAX_STREAMS > 1
+        assert streams_of(nano, 3) == 3
+        served = ServedModels({"nano": nano}, 2, VoiceIndex(d / "voices"), 3.0, 5.0,
+                              max_streams=None)
+        try:
+            assert served.default.worker.max_streams == MAX_STREAMS
+        finally:
+            served.close()
+    assert streams_of(StubTTS(), None) == 1 and streams_of(StubTTS(), 1) == 1
