@@ -21,7 +21,7 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession, SessionsOwner, bucket, concat_rows
+from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, bucket, concat_rows
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
                         greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
@@ -170,17 +170,18 @@ def build_backbone(g: Graph, w: RealtimeWeights, cfg: RealtimeConfig, n_rows: in
 
 
 def build_local_step(g: Graph, w: RealtimeWeights, cfg: RealtimeConfig, kv: CacheView,
-                     j: int) -> None:
-    """Local position j of a frame: input the backbone hidden "local.h" (j = 0, no adapter) or
-    local.embed_tokens.{j−1}["local.code"] (the code just drawn, P16); output head j's logits
-    "local.logits" [audio_vocab_size], nothing masked (P6)."""
+                     j: int, n_rows: int = 1) -> None:
+    """Local position j of a frame for n_rows streams (one row each): input the backbone hidden
+    "local.h" (j = 0, no adapter) or local.embed_tokens.{j−1}["local.code"] (the code just
+    drawn, P16); output head j's logits "local.logits" (n_rows, audio_vocab_size), nothing
+    masked (P6)."""
     if j == 0:
-        x = g.input("local.h", (1, cfg.local_config.hidden_size))
+        x = g.input("local.h", (n_rows, cfg.local_config.hidden_size))
     else:
-        x = ops.get_rows(w.local_embed_tokens[j - 1], g.input("local.code", (1,), I32))
+        x = ops.get_rows(w.local_embed_tokens[j - 1], g.input("local.code", (n_rows,), I32))
     h = qwen3.forward(x, w.local_layers, w.local_output_norm, cfg.local_config, kv=kv,
                       stage="local")
-    g.output(ops.mul_mat(w.local_lm_heads[j], h), "local.logits", ndim=1)
+    g.output(ops.mul_mat(w.local_lm_heads[j], h), "local.logits", ndim=2)
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -211,11 +212,65 @@ def sanitized(frames: np.ndarray, cfg: RealtimeConfig) -> np.ndarray:
     return frames if ok.all() else frames[:int(np.argmin(ok))]
 
 
+class TurnSampler:
+    """One turn's choices, shared by the one-stream path (FrameStream) and the batched one
+    (realtime_decode.RealtimeBatch), so a stream makes the same draws alone or among others:
+    its generator (a conversation's, kept across turns), its options, the frames drawn so far
+    (the penalty's window, P18; the stop) and, offline, the text ids still to feed after the
+    lead (`<|text_pad|>` once they are spent) and the frame budget (None: the caller's)."""
+
+    def __init__(self, cfg: RealtimeConfig, options: RealtimeSamplingOptions,
+                 rng: np.random.Generator, text_ids=(), max_frames: int | None = None):
+        text_ids = [int(i) for i in text_ids]
+        if any(not 0 <= i < cfg.vocab_size for i in text_ids):
+            raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
+        if max_frames is not None and max_frames < 1:
+            raise InputError(f"max_frames must be at least 1, got {max_frames}")
+        self.cfg, self.options, self.rng = cfg, options, rng
+        self.text_ids, self.max_frames = text_ids, max_frames
+        self.frames: list[np.ndarray] = []
+
+    @property
+    def finished(self) -> bool:
+        """The turn's last frame has EOS on codebook 0 (the only stop, P6)."""
+        return bool(self.frames) and self.frames[-1][0] == self.cfg.audio_eos
+
+    @property
+    def going(self) -> bool:
+        """Another frame is due: not finished, and the budget (if any) not spent."""
+        return not self.finished and (self.max_frames is None
+                                      or len(self.frames) < self.max_frames)
+
+    def seen(self) -> np.ndarray | None:
+        """The next frame's penalty history: bool [rvq, audio_vocab_size] over the turn's last
+        `repetition_window` frames; None on its first frame (unpenalized) or without a
+        penalty."""
+        if not self.frames or self.options.audio_repetition_penalty == 1.0:
+            return None
+        return seen_windowed(np.array(self.frames), self.cfg.audio_vocab_size,
+                             self.options.repetition_window)
+
+    def choose(self, j: int, logits: np.ndarray, seen: np.ndarray | None) -> int:
+        """Code j of the frame being drawn, from head j's logits [audio_vocab_size]."""
+        return choose_code(logits, None if seen is None else seen[j], self.options, self.rng)
+
+    def row(self, text_id: int) -> np.ndarray:
+        """The backbone row after the last frame: [text_id, that frame] (P15) [1, 1 + rvq]."""
+        return np.concatenate([[text_id], self.frames[-1]])[None].astype(np.int64)
+
+    def next_text(self) -> int:
+        """The offline text id of the next row: the one after those of the frames so far,
+        `<|text_pad|>` once they are spent."""
+        n = len(self.frames) - 1
+        return self.text_ids[n] if n < len(self.text_ids) else self.cfg.text_pad
+
+
 # -- per-conversation state -------------------------------------------------------------------
 class FrameStream(SessionsOwner):
     """One conversation's generation state (style C16): the backbone's decode session (its KV
     cache carries over between turns), the per-frame local session (16 slots, reset every
-    frame, P29), the current turn's frames (the penalty's history) and the random stream.
+    frame, P29), the random stream and the current turn's `TurnSampler` (its frames, the
+    penalty's history).
 
     `feed(rows)` appends rows; `start(rows)` appends rows and draws the turn's first frame;
     `step(text_id)` feeds the row [text_id, previous frame] — frames go back in one step late
@@ -230,7 +285,7 @@ class FrameStream(SessionsOwner):
         self.backbone = model.make_backbone(capacity)
         with released_on_error(self.backbone):
             self.local = model.make_local()
-        self.frames: list[np.ndarray] = []
+        self.turn = TurnSampler(model.config, options, self.rng)
         self.fed: list[np.ndarray] = []     # every row the backbone holds, in order
 
     @property
@@ -238,9 +293,13 @@ class FrameStream(SessionsOwner):
         return self.backbone.position
 
     @property
+    def frames(self) -> list[np.ndarray]:
+        """The current turn's frames, as drawn."""
+        return self.turn.frames
+
+    @property
     def finished(self) -> bool:
-        """The turn's last frame has EOS on codebook 0 (the only stop, P6)."""
-        return bool(self.frames) and self.frames[-1][0] == self.model.config.audio_eos
+        return self.turn.finished
 
     def warm(self, rows_ahead: int) -> None:
         """Build now the step graphs that the next `rows_ahead` single rows and their frames
@@ -271,25 +330,23 @@ class FrameStream(SessionsOwner):
         """The rows the backbone holds [position, 1 + rvq]."""
         return np.vstack(self.fed)
 
-    def start(self, rows) -> np.ndarray:
-        """Append rows ending on the lead's BOS row → the turn's first frame, unpenalized."""
-        hidden = self.feed(rows)
-        self.frames = [self.model.sample_frame(self.local, hidden, None, self.options, self.rng)]
-        return self.frames[-1]
+    def start(self, rows, turn: TurnSampler | None = None) -> np.ndarray:
+        """Append rows ending on the lead's BOS row → the turn's first frame, unpenalized;
+        `turn`: its sampler (offline: with its text ids and budget), else a fresh one on this
+        conversation's generator."""
+        self.turn = turn or TurnSampler(self.model.config, self.options, self.rng)
+        return self._draw(self.feed(rows))
 
     def step(self, text_id: int) -> np.ndarray:
         """The row [text_id, last frame] → the next frame, penalized over the turn's last
         `repetition_window` frames of each codebook."""
         if not self.frames:
             raise InputError("step() before start(): a turn starts with its lead rows")
-        cfg = self.model.config
-        hidden = self.feed(np.concatenate([[text_id], self.frames[-1]])[None].astype(np.int64))
-        seen = None
-        if self.options.audio_repetition_penalty != 1.0:
-            seen = seen_windowed(np.array(self.frames), cfg.audio_vocab_size,
-                                 self.options.repetition_window)
-        frame = self.model.sample_frame(self.local, hidden, seen, self.options, self.rng)
-        self.frames.append(frame)
+        return self._draw(self.feed(self.turn.row(text_id)))
+
+    def _draw(self, hidden: np.ndarray) -> np.ndarray:
+        frame = self.model.sample_frame(self.local, hidden, self.turn)
+        self.turn.frames.append(frame)
         return frame
 
 
@@ -311,36 +368,69 @@ class RealtimeModel(NativeResource):
                                                   self.config)
             self.tokenizer_json = weights.file.get(TOKENIZER_KEY)
 
-    def make_backbone(self, capacity: int) -> DecodeSession:
-        """A backbone decode session of `capacity` rows; variant True = the last row's hidden."""
+    def make_backbone(self, capacity: int, *, streams: int | None = None) -> DecodeSession:
+        """A backbone decode session of `capacity` rows (with `streams`: shared by up to that
+        many sequences); variant True = the last row's hidden, False = every row's."""
         lc = self.config.language_config
-        return DecodeSession(
+        session = DecodeSession if streams is None else SharedDecodeSession
+        return session(
             lambda g, n, kv, last: build_backbone(g, self.w, self.config, n, kv, bool(last)),
             backend=self.backend, n_layer=lc.num_hidden_layers, n_kv_head=lc.num_key_value_heads,
             head_dim=lc.head_dim, capacity=capacity, prefix="backbone", name="realtime",
             dtype=self.kv_type)
 
-    def make_local(self) -> DecodeSession:
-        """The per-frame local session: one replayed step graph per position j (the variant)."""
+    def make_local(self, *, streams: int | None = None) -> DecodeSession:
+        """The per-frame local session: one replayed step graph per position j (the variant);
+        with `streams`, shared by that many (a step carries one row per stream)."""
         lc = self.config.local_config
-        return DecodeSession(
-            lambda g, n, kv, j: build_local_step(g, self.w, self.config, kv, j),
+        session = DecodeSession if streams is None else SharedDecodeSession
+        return session(
+            lambda g, n, kv, j: build_local_step(g, self.w, self.config, kv, j, n),
             backend=self.backend, n_layer=lc.num_hidden_layers, n_kv_head=lc.num_key_value_heads,
-            head_dim=lc.head_dim, capacity=self.config.rvq, prefix="local",
+            head_dim=lc.head_dim, capacity=self.config.rvq * (streams or 1), prefix="local",
             name="realtime.local", dtype=F32)
 
-    def sample_frame(self, local: DecodeSession, hidden: np.ndarray, seen: np.ndarray | None,
-                     opts: RealtimeSamplingOptions, rng) -> np.ndarray:
-        """A frame's rvq codes from the backbone hidden [D]: position j's head draws code j,
-        which feeds position j + 1. `seen` bool [rvq, audio_vocab_size] or None."""
-        local.reset()   # every frame is a fresh local sequence at positions 0..rvq−1
-        codes = np.empty(self.config.rvq, dtype=np.int64)
-        feed = {"local.h": np.asarray(hidden, np.float32).reshape(1, -1)}
+    def draw_frames(self, local_run, hidden: np.ndarray, turns: list[TurnSampler]) -> np.ndarray:
+        """A frame for each of n streams from their backbone hiddens (n, H) → codes (n, rvq):
+        position j's head draws code j of every stream (each by its own turn, over its own
+        history), which feeds position j + 1. `local_run(j, feed)` runs local position j over
+        the n rows → their logits (n, audio_vocab_size)."""
+        seen = [turn.seen() for turn in turns]
+        codes = np.empty((len(turns), self.config.rvq), dtype=np.int64)
+        feed = {"local.h": np.asarray(hidden, np.float32).reshape(len(turns), -1)}
         for j in range(self.config.rvq):
-            logits = local.run(feed, 1, variant=j)["local.logits"]
-            codes[j] = choose_code(logits, None if seen is None else seen[j], opts, rng)
-            feed = {"local.code": np.array([codes[j]], dtype=np.int32)}
+            logits = local_run(j, feed)
+            codes[:, j] = [turn.choose(j, logits[i], seen[i]) for i, turn in enumerate(turns)]
+            feed = {"local.code": codes[:, j].astype(np.int32)}
         return codes
+
+    def sample_frame(self, local: DecodeSession, hidden: np.ndarray,
+                     turn: TurnSampler) -> np.ndarray:
+        """One stream's frame [rvq] from its backbone hidden [H] (`draw_frames` of one row)."""
+        local.reset()   # every frame is a fresh local sequence at positions 0..rvq−1
+        return self.draw_frames(lambda j, feed: local.run(feed, 1, variant=j)["local.logits"],
+                                hidden, [turn])[0]
+
+    def batch_frames(self, local: SharedDecodeSession, hidden: np.ndarray,
+                     turns: list[TurnSampler]) -> np.ndarray:
+        """`draw_frames` for the streams of a shared local session, every position one graph
+        over their rows (each stream's local sequence starts afresh each frame)."""
+        local.reset()
+        seqs = [local.open() for _ in turns]
+        return self.draw_frames(
+            lambda j, feed: local.step(seqs, feed, variant=j)["local.logits"], hidden, turns)
+
+    def prefill_stream(self, backbone: SharedDecodeSession, seq: int, rows) -> np.ndarray:
+        """`FrameStream.feed` for sequence `seq` of a shared backbone → its last row's hidden."""
+        rows = check_rows(rows, self.config)
+        return backbone.prefill_sequence(seq, row_feed(rows), len(rows),
+                                         variant=True)[-1]["hidden"][0]
+
+    def step_hidden(self, backbone: SharedDecodeSession, seqs, rows) -> np.ndarray:
+        """One row per sequence of a shared backbone (rows (n, 1 + rvq), row i of seqs[i]) →
+        each row's hidden (n, H), one graph over all of them."""
+        return backbone.step(seqs, row_feed(check_rows(rows, self.config)),
+                             variant=False)["hidden"]
 
     def forward(self, rows) -> np.ndarray:
         """rows [S, 1 + rvq] → the backbone's post-norm hidden states [S, H]."""
@@ -364,7 +454,7 @@ class RealtimeModel(NativeResource):
         with self.make_local() as local:
             feed = {"local.h": hidden.reshape(1, -1)}
             for j in range(cfg.rvq):
-                out[j] = local.run(feed, 1, variant=j)["local.logits"]
+                out[j] = local.run(feed, 1, variant=j)["local.logits"][0]
                 feed = {"local.code": np.array([codes[j]], dtype=np.int32)}
         return out
 
@@ -387,18 +477,15 @@ class RealtimeModel(NativeResource):
         """Frames as they are generated (the generator of `generate`): after the prompt one
         frame per text id, then `<|text_pad|>` rows until EOS or max_frames."""
         rows = check_rows(rows, self.config)
-        if max_frames < 1:
-            raise InputError(f"max_frames must be at least 1, got {max_frames}")
-        text_ids = list(text_ids)
+        turn = TurnSampler(self.config, options, np.random.default_rng(seed), text_ids,
+                           max_frames)
         with self.stream(len(rows) + max_frames, options=options, seed=seed) as s:
-            frame = s.start(rows)
-            for n in range(max_frames):
-                if frame[0] == self.config.audio_eos:
-                    return
+            frame = s.start(rows, turn)
+            while not turn.finished:      # the EOS frame is not returned
                 yield frame
-                if n + 1 == max_frames:
+                if not turn.going:
                     return
-                frame = s.step(text_ids[n] if n < len(text_ids) else self.config.text_pad)
+                frame = s.step(turn.next_text())
 
     def close(self) -> None:
         if getattr(self, "weights", None) is not None:

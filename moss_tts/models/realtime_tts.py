@@ -1,5 +1,6 @@
 """`RealtimeTTS`: text → 24 kHz speech with MossTTSRealtime and the MOSS-Audio-Tokenizer codec,
-offline (`synthesize`, `stream`) and live (`session`: text deltas in as an LLM writes them,
+offline (`synthesize`, `stream`; several requests decoded together with `synthesize_many`,
+models/realtime_decode.py) and live (`session`: text deltas in as an LLM writes them,
 audio out as it is made, the KV cache kept across the turns of a conversation;
 docs/upstream-notes.md §family-5.4-5.6, upstream `streaming_mossttsrealtime.py`).
 
@@ -23,6 +24,7 @@ from ..text import realtime_prompts as prompts
 from ..tts import BudgetMeter, FrameBudget, Reference, check_text, family_stream
 from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
+from .realtime_decode import RealtimeBatch
 
 # Backbone rows a live session holds (system block, voice, every turn's text and frames):
 # ~2.7 min of speech; 230 MB of f16 KV cache at the 1.7B shape
@@ -94,6 +96,7 @@ class RealtimeTTS(Qwen3TTS):
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Realtime", RealtimeSamplingOptions
     MODEL, TOKENIZER_KEY = RealtimeModel, TOKENIZER_KEY
+    BATCHED = RealtimeBatch    # offline streams only: a live session decodes on its own
     # frames of one request (of one turn, live): the model card's 32K-token context (~40 min)
     # holds the prompt and the frames; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_FRAMES, 32768, "frames")
@@ -140,10 +143,17 @@ class RealtimeTTS(Qwen3TTS):
                options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
                seed: int | None = None, max_frames: int = MAX_FRAMES) -> Iterator[np.ndarray]:
         """Offline as upstream's inferencer (the whole text tokenized at once): audio chunks
-        [hop, 1], one per frame, until EOS or the first frame the codec cannot take."""
+        [hop, 1], one per frame, until EOS or the first frame the codec cannot take. Frames
+        come from this request's own decode, or from the batch of a `synthesize_many` (or
+        `decoding_together`) that made this stream."""
         rows, text_ids = self.plan(text, reference=reference)
-        frames = BudgetMeter(self.model.iter_frames(rows, text_ids, options=options, seed=seed,
-                                                    max_frames=max_frames), max_frames)
+        if self._batch is None:
+            made = self.model.iter_frames(rows, text_ids, options=options, seed=seed,
+                                          max_frames=max_frames)
+        else:
+            made = self._batch.items(self._batch.family.job(rows, text_ids, options, seed,
+                                                            max_frames))
+        frames = BudgetMeter(made, max_frames)
         with self._frame_audio() as audio:
             for frame in frames:
                 chunk = audio.push(frame)

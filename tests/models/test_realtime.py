@@ -177,9 +177,9 @@ def test_only_eos_on_codebook_0_ends_a_turn(realtime_model):
     """P6: EOS (or pad / BOS) drawn on codebooks 1..15 does not stop generation (the
     sanitizer ends that audio instead); EOS on codebook 0 does."""
     with realtime_model().stream(64) as s:
-        s.frames = [np.array([3, EOS, EOS, BOS])]
+        s.turn.frames = [np.array([3, EOS, EOS, BOS])]
         assert not s.finished
-        s.frames = [np.array([EOS, 1, 2, 3])]
+        s.turn.frames = [np.array([EOS, 1, 2, 3])]
         assert s.finished
 
 
