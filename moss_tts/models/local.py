@@ -21,7 +21,7 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, mlp, rms_norm
-from ..nn.session import DecodeSession, SessionsOwner, concat_rows
+from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, concat_rows
 from ..sampling import LocalSamplingOptions, check_finite, choose_rows, seen_per_head
 from . import qwen3, spec
 from .delay import check_ids, check_rows
@@ -185,20 +185,21 @@ def build_rows(g: Graph, w: LocalWeights, cfg: LocalConfig, n_rows: int, kv: Cac
     g.output(last_row(h) if last_only else h, "hidden", ndim=2)
 
 
-def build_depth_step(g: Graph, w: LocalWeights, cfg: LocalConfig, kv: CacheView, p: int) -> None:
-    """Depth position p of a frame (§family-3.4): input MLP_in(g) (p = 0, "depth.h" [H]) or
-    MLP_in(embedding_list.{p−1}[token]) (p ≥ 1, "depth.token"); one step of the causal,
-    RoPE-free depth stack over the frame's cache; out "depth.logits" of head p only
-    (RMSNorm_p(MLP_out_p(h)) · lm_heads.p)."""
+def build_depth_step(g: Graph, w: LocalWeights, cfg: LocalConfig, kv: CacheView, p: int,
+                     n_rows: int = 1) -> None:
+    """Depth position p of a frame (§family-3.4) for n_rows streams (one row each): input
+    MLP_in(g) (p = 0, "depth.h" (n_rows, H)) or MLP_in(embedding_list.{p−1}[token]) (p ≥ 1,
+    "depth.token"); one step of the causal, RoPE-free depth stack over the frame's cache; out
+    "depth.logits" (n_rows, V_p) of head p only (RMSNorm_p(MLP_out_p(h)) · lm_heads.p)."""
     d = cfg.language_config.hidden_size
     if p == 0:
-        x = g.input("depth.h", (1, d))
+        x = g.input("depth.h", (n_rows, d))
     else:   # the token chosen at position p − 1, the text token through the text table
-        x = ops.get_rows(w.tables[p - 1], g.input("depth.token", (1,), I32))
+        x = ops.get_rows(w.tables[p - 1], g.input("depth.token", (n_rows,), I32))
     h = qwen3.forward(w.in_mlp(x), w.local_layers, w.local_norm, cfg.local_config, kv=kv,
                       stage="depth", rope_mode=None)
     y = rms_norm(w.out_mlps[p](h), w.head_norms[p], eps=cfg.language_config.rms_norm_eps)
-    g.output(ops.mul_mat(w.heads[p], y), "depth.logits", ndim=1)
+    g.output(ops.mul_mat(w.heads[p], y), "depth.logits", ndim=2)
 
 
 # -- sampling one channel ---------------------------------------------------------------------
@@ -216,30 +217,57 @@ def choose(logits: np.ndarray, c: int, seen: np.ndarray, cfg: LocalConfig,
     return int(choose_rows(scores, rng, opts.audio_channel, seen[c - 1:c])[0])
 
 
+class RowChooser:
+    """One utterance's choices: its generator (seeded per utterance), each channel's repetition
+    history (prompt codes + generated, §family-3.6), and when it ends: the audio_end row or its
+    budget. Shared by `LocalModel.iter_rows` and the batched decode (models/local_decode.py),
+    so a stream makes the same draws alone or among others."""
+
+    def __init__(self, cfg: LocalConfig, rows: np.ndarray, options: LocalSamplingOptions,
+                 seed: int | None, max_new_frames: int):
+        self.cfg, self.options, self.max_new_frames = cfg, options, max_new_frames
+        self.rng = np.random.default_rng(seed)
+        # per-channel history, prompt included (HF RepetitionPenaltyLogitsProcessor, §family-3.6)
+        self.seen = seen_per_head(rows[:, 1:], cfg.audio_rows)
+        self.n_rows = 0
+
+    def choose(self, c: int, logits: np.ndarray) -> int:
+        return choose(logits, c, self.seen, self.cfg, self.options, self.rng)
+
+    def accept(self, row: np.ndarray) -> bool:
+        """Record a generated row; False when the utterance ends with it."""
+        self.seen |= seen_per_head(row[None, 1:], self.cfg.audio_rows)
+        self.n_rows += 1
+        return row[0] != self.cfg.audio_end_token_id and self.n_rows < self.max_new_frames
+
+
 # -- the runtime ------------------------------------------------------------------------------
 class GenerationState(SessionsOwner):
     """Per-utterance state owned by the caller (style C16): the backbone's decode session and
     the per-frame depth session (one replayed step graph per depth position). A context
-    manager, like every owner of native memory (C10)."""
+    manager, like every owner of native memory (C10). With `streams`, both sessions are shared
+    by up to that many streams (`SharedDecodeSession`), a step carrying one row per stream."""
 
     SESSIONS = ("backbone", "depth")
 
-    def __init__(self, model: "LocalModel", capacity: int):
+    def __init__(self, model: "LocalModel", capacity: int, *, streams: int | None = None):
         cfg, lc, loc = model.config, model.config.language_config, model.config.local_config
         w = model.w
-        self.backbone = DecodeSession(
+        self.capacity = capacity  # rows this state accepts
+        # variant (n_vq_for_inference, last row only); a batched step returns every row
+        session = DecodeSession if streams is None else SharedDecodeSession
+        self.backbone = session(
             lambda g, n, kv, variant: build_rows(g, w, cfg, n, kv, *variant),
             backend=model.backend, n_layer=lc.num_hidden_layers,
             n_kv_head=lc.num_key_value_heads, head_dim=lc.head_dim, capacity=capacity,
             prefix="backbone", name="local", dtype=model.kv_type)
         # ≤ n_vq + 1 positions, exact in f32: upstream recomputes the whole prefix (§family-3.4)
         with released_on_error(self.backbone):
-            self.depth = DecodeSession(
-                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
+            self.depth = session(
+                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.num_hidden_layers, n_kv_head=loc.num_key_value_heads,
-                head_dim=loc.head_dim, capacity=cfg.n_vq + 1, prefix="depth",
-                name="local.depth", dtype=F32)
-
+                head_dim=loc.head_dim, capacity=(cfg.n_vq + 1) * (streams or 1),
+                prefix="depth", name="local.depth", dtype=F32)
 
 
 class LocalModel:
@@ -257,8 +285,10 @@ class LocalModel:
             self.w = LocalWeights.from_tensors(weights.require(self.config.tensor_shapes()),
                                                self.config)
 
-    def make_state(self, capacity: int) -> GenerationState:
-        return GenerationState(self, capacity)
+    def make_state(self, capacity: int, *, streams: int | None = None) -> GenerationState:
+        """With `streams`, both sessions are shared by up to that many streams (models/
+        local_decode.py): `capacity` backbone rows in all."""
+        return GenerationState(self, capacity, streams=streams)
 
     # -- research API ---------------------------------------------------------------------
     def forward(self, rows, *, n_vq_for_inference: int | None = None) -> np.ndarray:
@@ -286,6 +316,14 @@ class LocalModel:
         audio[:, cfg.audio_pad_code] = -np.inf
         return out[0], audio
 
+    def depth_feed(self, p: int, values) -> dict[str, np.ndarray]:
+        """Host inputs of depth position p for one row per stream: values are the backbone
+        hiddens (n, H) at p = 0, the tokens chosen at position p − 1 after."""
+        if p == 0:
+            h = self.config.language_config.hidden_size
+            return {"depth.h": np.asarray(values, np.float32).reshape(-1, h)}
+        return {"depth.token": np.asarray(values, np.int32).reshape(-1)}
+
     def depth_step(self, state: GenerationState, p: int, value) -> np.ndarray:
         """Depth position p of the current frame: value is the backbone hidden [H] (p = 0,
         which starts a fresh depth sequence) or the token chosen at p − 1. → head p's logits."""
@@ -293,23 +331,43 @@ class LocalModel:
             raise InputError(f"depth position {p} is outside 0..{self.config.n_vq}")
         if p == 0:
             state.depth.reset()   # every frame is a fresh local sequence
-            feed = {"depth.h": np.asarray(value, np.float32).reshape(1, -1)}
-        else:
-            feed = {"depth.token": np.array([value], np.int32)}
         if state.depth.position != p:
             raise InputError(f"depth position {p} follows position {state.depth.position - 1}; "
                              "a frame's positions run 0, 1, 2, … in order")
-        return state.depth.run(feed, 1, variant=p)["depth.logits"]
+        return state.depth.run(self.depth_feed(p, value), 1, variant=p)["depth.logits"][0]
 
     def frame(self, state: GenerationState, h: np.ndarray, n_vq: int, choose_token) -> np.ndarray:
         """One row [1 + n_vq] from the backbone hidden h: positions 0..n_vq, each token chosen
         by `choose_token(channel, logits)` and fed to the next position; channels past n_vq
         are 0, as upstream fills them (P9)."""
-        row = np.zeros(self.config.n_vq + 1, dtype=np.int64)
-        value = h
-        for c in range(n_vq + 1):
-            row[c] = value = choose_token(c, self.depth_step(state, c, value))
-        return row
+        return self.frame_rows(lambda p, values, _: self.depth_step(state, p, values[0])[None],
+                               np.asarray(h)[None], [n_vq],
+                               lambda _, c, logits: choose_token(c, logits))[0]
+
+    def frame_rows(self, depth_run, h: np.ndarray, n_vqs: list[int], choose_token) -> np.ndarray:
+        """One row [1 + n_vq] for each of k streams from their backbone hiddens h (k, H):
+        stream i fills positions 0..n_vqs[i] (channels past them 0, P9), each token chosen by
+        `choose_token(i, channel, logits)` and fed to the stream's next position.
+        `depth_run(p, values, streams)` runs depth position p for the listed streams (one row
+        each) and returns their logits in that order. → rows (k, 1 + n_vq)."""
+        rows = np.zeros((len(h), self.config.n_vq + 1), dtype=np.int64)
+        for p in range(max(n_vqs) + 1):
+            streams = [i for i, n in enumerate(n_vqs) if n >= p]
+            logits = depth_run(p, h if p == 0 else rows[streams, p - 1], streams)
+            for j, i in enumerate(streams):
+                rows[i, p] = choose_token(i, p, logits[j])
+        return rows
+
+    def batch_rows(self, state: GenerationState, h: np.ndarray, n_vqs: list[int],
+                   choose_token) -> np.ndarray:
+        """`frame_rows` for the streams of a shared state, every depth position one graph over
+        their rows (the depth sequences start afresh each frame)."""
+        depth = state.depth
+        depth.reset()
+        seqs = [depth.open() for _ in range(len(h))]
+        return self.frame_rows(lambda p, values, streams: depth.step(
+            [seqs[i] for i in streams], self.depth_feed(p, values), variant=p)["depth.logits"],
+            h, n_vqs, choose_token)
 
     # -- generation -----------------------------------------------------------------------
     def generate(self, rows, **kwargs) -> np.ndarray:
@@ -328,19 +386,16 @@ class LocalModel:
         n = check_n_vq(n_vq_for_inference, cfg)
         if max_new_frames < 1:
             raise InputError(f"max_new_frames must be at least 1, got {max_new_frames}")
-        rng = np.random.default_rng(seed)
-        # per-channel history, prompt included (HF RepetitionPenaltyLogitsProcessor, §family-3.6)
-        seen = seen_per_head(rows[:, 1:], cfg.audio_rows)
+        chooser = RowChooser(cfg, rows, options, seed, max_new_frames)
         with self.make_state(len(rows) + max_new_frames) as state:
             feed = rows
-            for _ in range(max_new_frames):
+            while True:
                 h = state.backbone.prefill(row_feed(feed, n), len(feed),
                                            variant=(n, True))[-1]["hidden"]
-                row = self.frame(state, h[0], n, lambda c, logits: choose(
-                    logits, c, seen, cfg, options, rng))
-                seen |= seen_per_head(row[None, 1:], cfg.audio_rows)
+                row = self.frame(state, h[0], n, chooser.choose)
+                going = chooser.accept(row)
                 yield row
-                if row[0] == cfg.audio_end_token_id:
+                if not going:
                     return
                 feed = row[None]
 

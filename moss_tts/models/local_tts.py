@@ -19,6 +19,7 @@ from ..text.languages import LANGUAGES_V1
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay_tts import DelayTTS
 from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
+from .local_decode import LocalBatch
 from .long_text import speak, split_long_text
 
 # upstream's adaptive ladder (streaming.py, §family-4.7): the first chunk, then frames per chunk by
@@ -54,6 +55,9 @@ class LocalTTS(DelayTTS):
 
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer", LocalSamplingOptions
     DELAYED = False
+    # several streams per decode step: set here, not inherited, as `_rows_audio` (not Delay's
+    # stream path) takes the rows
+    BATCHED = LocalBatch
     # the `language` field's values: the 1.7B is a MOSS-TTS 1.0 release (the v1.5 card's
     # models table), and 1.0 speaks 20 languages (§family-7.2)
     LANGUAGES = LANGUAGES_V1
@@ -127,8 +131,11 @@ class LocalTTS(DelayTTS):
     def _rows_audio(self, codec, rows, prompt, n: int, chunk_frames: int, frames: list,
                    **generation) -> Iterator[np.ndarray]:
         """One prompt's audio (what `stream` does for a text of one chunk); every generated
-        row's codes [n_vq] go to `frames` (channels past n are upstream's zeros, P9)."""
-        made = BudgetMeter(self.model.iter_rows(rows, **generation),
+        row's codes [n_vq] go to `frames` (channels past n are upstream's zeros, P9). The rows
+        come from this request's own decode, or from the batch of a `synthesize_many`."""
+        rows_of = self.model.iter_rows if self._batch is None else \
+            lambda rows, **kw: self._batch.items(self._batch.family.job(rows, **kw))
+        made = BudgetMeter(rows_of(rows, **generation),
                            generation["max_new_frames"],
                            lambda row: row[0] == self.config.audio_end_token_id)
 

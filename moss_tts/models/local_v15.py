@@ -19,7 +19,7 @@ from ..ggml import F16, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
-from ..nn.session import DecodeSession, SessionsOwner, concat_rows
+from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, concat_rows
 from ..sampling import LocalV15SamplingOptions, check_finite, choose_rows, sample_audio_code
 from . import gpt2, qwen3, spec
 from .nano import row_inputs
@@ -132,19 +132,27 @@ def build_rows(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, n_rows: int, k
 
 
 def build_depth_step(g: Graph, w: LocalV15Weights, cfg: LocalV15Config, kv: CacheView,
-                     p: int) -> None:
-    """Local position p of a frame (§family-4.4): input the backbone hidden (p = 0) or
-    audio_embeddings[p−1][code] (p ≥ 1); output audio head p's logits "depth.logits" [V] and,
-    at p = 0, the continue/stop logits "depth.decision" [2] (position 0 feeds both, P13)."""
+                     p: int, n_rows: int = 1) -> None:
+    """Local position p of a frame (§family-4.4) for n_rows streams (one row each): input the
+    backbone hidden (p = 0) or audio_embeddings[p−1][code] (p ≥ 1); output audio head p's
+    logits "depth.logits" (n_rows, V) and, at p = 0, the continue/stop logits
+    "depth.decision" (n_rows, 2) (position 0 feeds both, P13)."""
     if p == 0:
-        x = g.input("depth.h", (1, cfg.local.n_embd))
+        x = g.input("depth.h", (n_rows, cfg.local.n_embd))
     else:
-        x = ops.get_rows(w.audio_embeddings[p - 1], g.input("depth.code", (1,), I32))
+        x = ops.get_rows(w.audio_embeddings[p - 1], g.input("depth.code", (n_rows,), I32))
     # the local block rotates interleaved pairs over head_dim 80 (GPT-J), not NEOX halves (P10)
     h = gpt2.forward(x, w.local_layers, w.local_ln_f, cfg.local, kv=kv, stage="depth")
     if p == 0:
-        g.output(ops.mul_mat(w.decision_head, h), "depth.decision", ndim=1)
-    g.output(ops.mul_mat(w.audio_embeddings[p], h), "depth.logits", ndim=1)
+        g.output(ops.mul_mat(w.decision_head, h), "depth.decision", ndim=2)
+    g.output(ops.mul_mat(w.audio_embeddings[p], h), "depth.logits", ndim=2)
+
+
+def depth_outputs(out: dict) -> dict[str, np.ndarray]:
+    """A local position graph's outputs by their names here: "logits" (rows, V) and, at
+    position 0, "decision" (rows, 2)."""
+    return {"logits": out["depth.logits"]} | (
+        {"decision": out["depth.decision"]} if "depth.decision" in out else {})
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -154,28 +162,57 @@ def decide(logits: np.ndarray, rng, opts: LocalV15SamplingOptions) -> int:
     return int(choose_rows(logits[None], rng, opts.text_channel)[0])
 
 
+class FrameChooser:
+    """One utterance's choices (§family-4.6): its generator (seeded per utterance), each
+    channel's history of generated codes (the repetition penalty), and its frame budget.
+    Shared by `LocalV15Model.iter_frames` and the batched decode (models/local_v15_decode.py),
+    so a stream makes the same draws alone or among others."""
+
+    def __init__(self, cfg: LocalV15Config, options: LocalV15SamplingOptions, seed: int | None,
+                 max_frames: int):
+        self.options, self.max_frames = options, max_frames
+        self.rng = np.random.default_rng(seed)
+        self.seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)
+        self.n_frames = 0
+
+    def goes_on(self, decision: np.ndarray) -> bool:
+        """The frame's continue/stop choice from the 2-way head's logits [2]."""
+        return decide(decision, self.rng, self.options) == CONTINUE
+
+    def choose_code(self, c: int, logits: np.ndarray) -> int:
+        return sample_audio_code(logits, self.seen[c], self.rng, self.options)
+
+    def accept(self, codes: np.ndarray) -> bool:
+        """Record a generated frame; False when the budget ends with it."""
+        self.seen[np.arange(len(codes)), codes] = True
+        self.n_frames += 1
+        return self.n_frames < self.max_frames
+
+
 # -- the runtime ------------------------------------------------------------------------------
 class GenerationState(SessionsOwner):
     """Per-utterance state owned by the caller (style C16): the backbone's decode session for
     the prompt plus the frame budget, and the per-frame local session (one replayed step graph
-    per local position, reset every frame: upstream's static 13-slot cache)."""
+    per local position, reset every frame: upstream's static 13-slot cache). With `streams`,
+    both sessions are shared by up to that many streams (`SharedDecodeSession`), a step
+    carrying one row per stream."""
 
     SESSIONS = ("backbone", "depth")
 
-    def __init__(self, model: "LocalV15Model", capacity: int):
+    def __init__(self, model: "LocalV15Model", capacity: int, *, streams: int | None = None):
         cfg, w, lc, loc = model.config, model.w, model.config.language_config, model.config.local
         self.capacity = capacity
-        self.backbone = DecodeSession(
+        session = DecodeSession if streams is None else SharedDecodeSession
+        self.backbone = session(
             lambda g, n, kv, last: build_rows(g, w, cfg, n, kv, last), backend=model.backend,
             n_layer=lc.num_hidden_layers, n_kv_head=lc.num_key_value_heads,
             head_dim=lc.head_dim, capacity=capacity, prefix="backbone", name="local_v15",
             dtype=model.kv_type)
         with released_on_error(self.backbone):
-            self.depth = DecodeSession(
-                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p), backend=model.backend,
+            self.depth = session(
+                lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
-                capacity=cfg.n_vq, prefix="depth", name="local_v15.depth")
-
+                capacity=cfg.n_vq * (streams or 1), prefix="depth", name="local_v15.depth")
 
 
 class LocalV15Model:
@@ -194,8 +231,10 @@ class LocalV15Model:
                 weights.require(self.config.tensor_shapes(), floats=True), self.config)
             self.tokenizer_json = weights.file.get(TOKENIZER_KEY)
 
-    def make_state(self, capacity: int) -> GenerationState:
-        return GenerationState(self, capacity)
+    def make_state(self, capacity: int, *, streams: int | None = None) -> GenerationState:
+        """With `streams`, both sessions are shared by up to that many streams (models/
+        local_v15_decode.py): `capacity` backbone rows in all."""
+        return GenerationState(self, capacity, streams=streams)
 
     def check_rows(self, rows) -> dict[str, np.ndarray]:
         """rows int [S, 1 + n_vq] → the backbone's row inputs (InputError when malformed)."""
@@ -207,33 +246,64 @@ class LocalV15Model:
         feed = self.check_rows(rows)
         return state.backbone.prefill(feed, len(rows), variant=True)[-1]["hidden"][0]
 
+    def depth_feed(self, p: int, values) -> dict[str, np.ndarray]:
+        """Host inputs of local position p for one row per stream: values are the backbone
+        hiddens (n, D) at p = 0, the previous channel's codes after."""
+        if p == 0:
+            return {"depth.h": np.asarray(values, np.float32).reshape(-1, self.config.local.n_embd)}
+        return {"depth.code": np.asarray(values, np.int32).reshape(-1)}
+
+    def depth_rows(self, state: GenerationState, p: int, values) -> dict[str, np.ndarray]:
+        """Local position p of the current frame for the one stream of `state` (p = 0 starts
+        a fresh local sequence) → `depth_outputs` with one row."""
+        if p == 0:
+            state.depth.reset()
+        return depth_outputs(state.depth.run(self.depth_feed(p, values), 1, variant=p))
+
     def depth_position(self, state: GenerationState, p: int, value) -> dict[str, np.ndarray]:
         """Local position p of the current frame: value is the backbone hidden (p = 0, which
         starts a fresh local sequence) or code p−1. → {"logits": audio head p [V]} and, at
         p = 0, "decision" [2]."""
-        if p == 0:
-            state.depth.reset()
-            feed = {"depth.h": np.asarray(value, np.float32).reshape(1, -1)}
-        else:
-            feed = {"depth.code": np.array([value], np.int32)}
-        out = state.depth.run(feed, 1, variant=p)
-        return {"logits": out["depth.logits"]} | (
-            {"decision": out["depth.decision"]} if p == 0 else {})
+        return {name: rows[0] for name, rows in self.depth_rows(state, p, value).items()}
 
-    def frame(self, state: GenerationState, h: np.ndarray, opts: LocalV15SamplingOptions, rng,
-              seen: np.ndarray) -> np.ndarray | None:
+    def frame(self, state: GenerationState, h: np.ndarray,
+              chooser: FrameChooser) -> np.ndarray | None:
         """One frame's codes [n_vq] from the backbone hidden h, or None when the 2-way head
-        stops (that frame has no codes: no trailing junk frame). `seen` [n_vq, V] is each
-        channel's generated history for the repetition penalty."""
-        out = self.depth_position(state, 0, h)
-        if decide(out["decision"], rng, opts) == STOP:
-            return None
-        codes = np.empty(self.config.n_vq, dtype=np.int64)
-        for c in range(self.config.n_vq):
+        stops (that frame has no codes: no trailing junk frame); the choices are `chooser`'s."""
+        return self.frames(lambda p, values, _: self.depth_rows(state, p, values),
+                           np.asarray(h)[None], lambda _, decision: chooser.goes_on(decision),
+                           lambda _, c, logits: chooser.choose_code(c, logits))[0]
+
+    def frames(self, depth_run, h: np.ndarray, goes_on, choose_code) -> list[np.ndarray | None]:
+        """One frame for each of k streams from their backbone hiddens h (k, D): position 0
+        gives each stream's continue/stop choice (`goes_on(i, decision logits)`) and channel
+        0's logits; the streams that go on then fill channels 1.. position by position, each
+        code chosen by `choose_code(i, channel, logits)`; None for a stream that stops.
+        `depth_run(p, values, streams)` runs local position p for the listed streams (one row
+        each) → their `depth_outputs`, in that order."""
+        k = len(h)
+        out = depth_run(0, h, list(range(k)))
+        going = [i for i in range(k) if goes_on(i, out["decision"][i])]
+        codes = np.zeros((k, self.config.n_vq), dtype=np.int64)
+        logits = out["logits"][going]
+        for c in range(self.config.n_vq if going else 0):
             if c:   # position c reads code c−1 through audio_embeddings[c−1]
-                out = self.depth_position(state, c, codes[c - 1])
-            codes[c] = sample_audio_code(out["logits"], seen[c], rng, opts)
-        return codes
+                logits = depth_run(c, codes[going, c - 1], going)["logits"]
+            for j, i in enumerate(going):
+                codes[i, c] = choose_code(i, c, logits[j])
+        kept = set(going)
+        return [codes[i] if i in kept else None for i in range(k)]
+
+    def batch_frames(self, state: GenerationState, h: np.ndarray, goes_on,
+                     choose_code) -> list[np.ndarray | None]:
+        """`frames` for the streams of a shared state, every local position one graph over
+        their rows (the local sequences start afresh each frame)."""
+        depth = state.depth
+        depth.reset()
+        seqs = [depth.open() for _ in range(len(h))]
+        return self.frames(lambda p, values, streams: depth_outputs(depth.step(
+            [seqs[i] for i in streams], self.depth_feed(p, values), variant=p)),
+            h, goes_on, choose_code)
 
     def frame_row(self, codes: np.ndarray) -> np.ndarray:
         """A generated frame as the next backbone row: the assistant slot and its codes."""
@@ -282,19 +352,18 @@ class LocalV15Model:
         return self._frames(np.asarray(rows), options, seed, max_frames)
 
     def _frames(self, rows, options, seed, max_frames):
-        cfg = self.config
-        rng = np.random.default_rng(seed)
-        seen = np.zeros((cfg.n_vq, cfg.audio_vocab_size), dtype=bool)
+        chooser = FrameChooser(self.config, options, seed, max_frames)
         with self.make_state(len(rows) + max_frames) as state:
             h = self.prefill(state, rows)
-            for i in range(max_frames):
-                codes = self.frame(state, h, options, rng, seen)
+            while True:
+                codes = self.frame(state, h, chooser)
                 if codes is None:
                     return
-                seen[np.arange(cfg.n_vq), codes] = True
+                going = chooser.accept(codes)
                 yield codes
-                if i + 1 < max_frames:   # the last frame's row: nothing would read its hidden
-                    h = self.prefill(state, self.frame_row(codes))
+                if not going:   # the last frame's row: nothing would read its hidden
+                    return
+                h = self.prefill(state, self.frame_row(codes))
 
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → the new rows [N, 1 + n_vq] (assistant slot + codes; the stop is not a

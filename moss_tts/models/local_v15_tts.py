@@ -19,6 +19,7 @@ from ..text.languages import LANGUAGES_V15
 from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
+from .local_v15_decode import LocalV15Batch
 from .long_text import speak, split_long_text
 from .nano_tts import continuation_prompt_text
 from .qwen3_tts import Qwen3TTS
@@ -80,6 +81,7 @@ class LocalV15TTS(Qwen3TTS):
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer-v1.5", LocalV15SamplingOptions
     CHANNELS = 2                      # the 48 kHz stereo codec v2
     MODEL, TOKENIZER_KEY = LocalV15Model, TOKENIZER_KEY
+    BATCHED = LocalV15Batch           # several streams per decode step (models/batching.py)
     PROMPT_FIELDS = FIELDS            # upstream's user-message fields, as Delay's
     LANGUAGES = LANGUAGES_V15         # the `language` field's values (v1.5 card: 31)
     TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
@@ -168,8 +170,10 @@ class LocalV15TTS(Qwen3TTS):
         def frames_of(chunk, prompt, prompt_text, seed):
             rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,
                              **fields)
-            return BudgetMeter(self.model.iter_frames(rows, options=options, seed=seed,
-                                                      max_frames=max_frames), max_frames)
+            frames = self.model.iter_frames if self._batch is None else \
+                lambda rows, **kw: self._batch.items(self._batch.family.job(rows, **kw))
+            return BudgetMeter(frames(rows, options=options, seed=seed, max_frames=max_frames),
+                               max_frames)
 
         # the first chunk's generator is made now: every argument is checked here, before any
         # frame (iter_frames checks before it returns its generator)

@@ -10,6 +10,7 @@ from fixtures.compare import assert_close, assert_differs
 from fixtures.make_local_v15 import AUDIO_VOCAB, N_VQ
 from fixtures.reference import local_v15 as ref
 from moss_tts.errors import InputError
+from moss_tts.models.local_v15 import FrameChooser
 from moss_tts.sampling import LocalV15SamplingOptions
 
 # f32 ggml vs float64 through 2 Qwen3 blocks (bf16-valued weights are exact in f32) and the
@@ -183,17 +184,16 @@ def test_each_local_position_graph_is_built_once_and_replayed(local_v15_model):
     replayed by every later one (the per-frame cache is reset, not rebuilt); the backbone's
     one-row step graph too."""
     model = local_v15_model(6.0)
-    rng, opts = np.random.default_rng(0), GREEDY
-    seen = np.zeros((N_VQ, AUDIO_VOCAB), dtype=bool)
+    chooser = FrameChooser(model.config, GREEDY, 0, 64)
     with model.make_state(64) as state:
         h = model.prefill(state, prompt_rows())
-        codes = model.frame(state, h, opts, rng, seen)
+        codes = model.frame(state, h, chooser)
         graphs = dict(state.depth.step_graphs)
         assert sorted(p for p, _ in graphs) == list(range(N_VQ))
         for _ in range(3):
             h = model.prefill(state, model.frame_row(codes))
             steps = dict(state.backbone.step_graphs)
-            codes = model.frame(state, h, opts, rng, seen)
+            codes = model.frame(state, h, chooser)
             assert state.depth.step_graphs == graphs
         assert state.backbone.step_graphs == steps and len(steps) == 1
 
