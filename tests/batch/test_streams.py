@@ -144,7 +144,7 @@ def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_l
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "--streams 2: MOSS-TTS (Delay)" in r.stderr
     assert ("--streams > 1 takes MOSS-TTS-Nano or MOSS-TTS-Local-Transformer or "
-            "MOSS-TTS-Local-Transformer-v1.5 models only") in r.stderr
+            "MOSS-TTS-Local-Transformer-v1.5 or MOSS-TTS-Realtime models only") in r.stderr
     assert not (tmp_path / "out").exists()
     # a line's own model counts too, with a Nano --model
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"id": "a", "text": "Hi."},
