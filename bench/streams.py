@@ -38,11 +38,14 @@ from bench.common import cpu_line, table  # noqa: E402
 from bench.harness import Contention, Driver, add_no_wait, peak_rss_gb, report_footer  # noqa: E402
 from bench.nano import WORK  # noqa: E402
 from bench.streams_families import FAMILIES, FRAME_S, quiet_budget_warnings  # noqa: E402
+from moss_tts.models.batching import PREFILL_ROWS  # noqa: E402
 
 # issue 25's goals on this 2-core host class
 GOAL_STREAMS, GOAL_SPEEDUP = 4, 3.0   # Nano f32 at 4 streams ≥ 3× one stream's aggregate
 GOAL_FIRST_AUDIO = 1.5                # first audio under load ≤ 1.5× an idle server's
-JOIN_ROUNDS = 8         # budget per stream for the others' prompts to join (8 × 32 rows)
+# frames of budget per stream for the rounds in which the others' prompts join (prompts of up
+# to 512 rows, appended PREFILL_ROWS at a time): every stream is still running when timed
+JOIN_ROUNDS = 512 // PREFILL_ROWS
 RAM_SHARE = 0.8         # N processes "fit" when N × the weight bytes ≤ this share of MemTotal
 LOAD_STREAMS = 3        # streams already running when the first-audio request arrives
 ONE, BATCH, PROCS = "one-stream loop", "batch", "processes"
