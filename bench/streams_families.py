@@ -33,7 +33,7 @@ class Family:
 
     name: str
     tts: str                        # "module:Class" of its TTS class
-    types: str                      # the weight types the README recommends
+    types: str                      # default --types: those docs/families.md converts to
     keeps_going: str                # how the random model is kept from stopping, for the report
     text: str = ""
     prepare: Callable | None = None
@@ -113,21 +113,21 @@ NANO = Family(
 # benches do it in their own loops, quoted below); and the decode-only `frames` / `job` of the
 # family's BatchFamily once its `.job(...)` signature exists.
 DELAY = Family(
-    "delay", "moss_tts.models.delay_tts:DelayTTS", "q4_K,q8_0",
+    "delay", "moss_tts.models.delay_tts:DelayTTS", "q6_K,q4_K",
     "bench/delay.py times a fixed number of steps in its own loop (Steps), whatever the text "
     "head picks; inside tts.stream an end token would end the stream",
     pending="a stream entry (tokenizer, 24 kHz codec, keep-speaking) and DelayBatch's job")
 LOCAL = Family(
-    "local", "moss_tts.models.local_tts:LocalTTS", "q8_0,q4_K",
+    "local", "moss_tts.models.local_tts:LocalTTS", "q6_K",
     "bench/local.py writes audio_assistant_gen_slot_token_id into each row's text channel "
     "(\"random weights: keep speaking\")",
     pending="a stream entry (tokenizer, 24 kHz codec, keep-speaking) and LocalBatch's job")
 LOCAL_V15 = Family(
-    "local_v15", "moss_tts.models.local_v15_tts:LocalV15TTS", "q8_0",
+    "local_v15", "moss_tts.models.local_v15_tts:LocalV15TTS", "q4_K",
     "bench/local_v15.py iterates LocalV15Model.iter_frames for a fixed max_frames",
     pending="a stream entry (tokenizer, 48 kHz v2 codec, keep-speaking) and LocalV15Batch's job")
 REALTIME = Family(
-    "realtime", "moss_tts.models.realtime_tts:RealtimeTTS", "q8_0",
+    "realtime", "moss_tts.models.realtime_tts:RealtimeTTS", "q6_K",
     "bench/realtime.py feeds a session a fixed number of tokens and drains it (SilentTTS skips "
     "the codec)",
     pending="a stream entry (24 kHz codec, a token feed that keeps it speaking) and "
