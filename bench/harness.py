@@ -70,18 +70,21 @@ def median(xs):
 
 class Contention:
     """CPU time the rest of the machine used while we measured, as a share of all cores: this
-    machine is shared, and ggml's spinning threads slow down badly when a core is taken."""
+    machine is shared, and ggml's spinning threads slow down badly when a core is taken.
+    `children`: our waited-for child processes' time is ours too (a group of workers run
+    together, measured from the driver once they ended)."""
 
-    def __init__(self):
+    def __init__(self, *, children: bool = False):
+        self.children = children
         self.t, self.busy, self.own = self._snap()
 
-    @staticmethod
-    def _snap():
+    def _snap(self):
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:9]]
         busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
         t = os.times()
-        return time.perf_counter(), busy, t.user + t.system
+        own = t.user + t.system + (t.children_user + t.children_system if self.children else 0)
+        return time.perf_counter(), busy, own
 
     def share(self) -> float:
         t, busy, own = self._snap()
