@@ -19,10 +19,14 @@ from ..ggml.backend import NativeResource
 # Streams per batch unless asked otherwise: on two cores 4 streams make 2.8-2.9× one stream's
 # audio per second in Nano f32, 2.1-2.3× in q8_0 (bench/streams.py, docs/performance.md)
 MAX_STREAMS = 4
-# Prompt rows appended per step while others decode (SLOT_ALIGN of nn/session.py): a step of
-# the others waits for at most this many rows of a joining prompt. With nobody decoding, a
+# Prompt rows appended per step while others decode: a step of the others waits for at most
+# this many rows of a joining prompt, and a prompt this long or shorter (a sentence's prompt,
+# most voice-clone prompts) joins in one step. Smaller chunks smooth the others' frames but hold
+# the joining request back one step of theirs per chunk: with 32-row chunks a Nano request
+# arriving while 3 run heard its first audio 2.7× later than on an idle server, with its
+# 177-row prompt whole 1.6× (bench/streams.py, docs/performance.md). With nobody decoding, a
 # prompt is appended whole.
-PREFILL_ROWS = 32
+PREFILL_ROWS = 256
 # Shared states are sized in steps of this many rows per stream, so the next batch can usually
 # reuse the last one (caches allocated and graphs built)
 STATE_ROWS_STEP = 256
