@@ -60,6 +60,8 @@ class LocalTTS(DelayTTS):
     # frames of one request: the Qwen3-1.7B backbone's 40960 positions (upstream's context)
     # hold the prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames", per_chunk=True)
+    # Local's rows are whole frames, not DelayBatch's staircase: one stream at a time here
+    BATCHED = None
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,

@@ -134,21 +134,21 @@ def test_a_worker_decodes_its_lines_in_one_batched_call(batch_models, voice_env,
 
 def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_line(
         batch_models, tmp_path):
-    from converters.delay import convert as convert_delay
-    from fixtures.make_delay import make_tiny_delay_checkpoint
+    from converters.realtime import convert as convert_realtime
+    from fixtures.make_realtime import make_tiny_realtime_checkpoint
 
-    delay = convert_delay(str(make_tiny_delay_checkpoint(tmp_path / "hf", seed=0, gen_bias=4.0)),
-                          tmp_path / "delay.gguf")
+    one = convert_realtime(str(make_tiny_realtime_checkpoint(tmp_path / "hf", seed=0)),
+                           tmp_path / "realtime.gguf")
     manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "Hello there."}])
-    r = batch_cli(manifest, tmp_path / "out", batch_models, "--model", delay, "--streams", 2)
+    r = batch_cli(manifest, tmp_path / "out", batch_models, "--model", one, "--streams", 2)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-    assert "--streams 2: MOSS-TTS (Delay)" in r.stderr
-    assert "--streams > 1 takes MOSS-TTS-Nano models only" in r.stderr
+    assert "--streams 2: MOSS-TTS-Realtime" in r.stderr
+    assert "--streams > 1 takes MOSS-TTS-Nano or MOSS-TTS (Delay) or MOSS-TTSD" in r.stderr
     assert not (tmp_path / "out").exists()
     # a line's own model counts too, with a Nano --model
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"id": "a", "text": "Hi."},
-                                                   {"id": "b", "text": "Hi.", "model": str(delay)}])
-    with pytest.raises(InputError, match=r"^--streams 3: MOSS-TTS \(Delay\)"):
+                                                   {"id": "b", "text": "Hi.", "model": str(one)}])
+    with pytest.raises(InputError, match=r"^--streams 3: MOSS-TTS-Realtime"):
         run(mixed, tmp_path / "out", batch_models, streams=3)
     with pytest.raises(InputError, match="--streams ≥ 1"):
         run(mixed, tmp_path / "out", batch_models, streams=0)
