@@ -15,18 +15,21 @@ from collections.abc import Iterator
 
 from ..errors import InputError
 from ..ggml.backend import NativeResource
+from ..nn.session import PREFILL_ROWS as SESSION_PREFILL_ROWS
 
 # Streams per batch unless asked otherwise: on two cores 4 streams make 2.8-2.9× one stream's
 # audio per second in Nano f32, 2.1-2.3× in q8_0 (bench/streams.py, docs/performance.md)
 MAX_STREAMS = 4
-# Prompt rows appended per step while others decode: a step of the others waits for at most
-# this many rows of a joining prompt, and a prompt this long or shorter (a sentence's prompt,
-# most voice-clone prompts) joins in one step. Smaller chunks smooth the others' frames but hold
-# the joining request back one step of theirs per chunk: with 32-row chunks a Nano request
-# arriving while 3 run heard its first audio 2.7× later than on an idle server, with its
-# 177-row prompt whole 1.6× (bench/streams.py, docs/performance.md). With nobody decoding, a
-# prompt is appended whole.
-PREFILL_ROWS = 256
+# Prompt rows appended per step while others decode: the chunks a one-stream session appends a
+# prompt in (nn/session.py), so a stream's cache holds exactly what it holds alone, f16 K/V
+# included (other chunk boundaries move an f16 cache's attention by its rounding,
+# tests/models/test_delay_decode.py). A prompt this long or shorter (a sentence's, a voice
+# clone's) joins in one step; a longer one holds the others back one chunk per step, never its
+# whole length. Smaller chunks would smooth the others' frames but hold the newcomer back one
+# step of theirs per chunk: with 32-row chunks a Nano request joining 3 others heard its first
+# audio 2.7× later than on an idle server, with its 177-row prompt whole 1.6×
+# (bench/streams.py, docs/performance.md).
+PREFILL_ROWS = SESSION_PREFILL_ROWS
 # Shared states are sized in steps of this many rows per stream, so the next batch can usually
 # reuse the last one (caches allocated and graphs built)
 STATE_ROWS_STEP = 256
@@ -177,17 +180,19 @@ class BatchDecoder(NativeResource):
 
     def _prefill(self) -> None:
         """One chunk of the first joining prompt when others decode; every joining prompt
-        whole when none do (nobody waits for them)."""
+        whole, chunk after chunk, when none do (nobody waits for them)."""
         busy = bool(self.active)
         for job in list(self.joining):
-            stop = min(job.prompt_rows, job.filled + self.prefill_rows) if busy \
-                else job.prompt_rows
-            try:
-                self.family.prefill(self.state, job, job.filled, stop)
-            except BaseException:
-                self.cancel(job)    # a bad prompt fails this job alone, before any step
-                raise
-            job.filled = stop
+            while not job.joined:
+                stop = min(job.prompt_rows, job.filled + self.prefill_rows)
+                try:
+                    self.family.prefill(self.state, job, job.filled, stop)
+                except BaseException:
+                    self.cancel(job)    # a bad prompt fails this job alone, before any step
+                    raise
+                job.filled = stop
+                if busy:
+                    break
             if job.joined:
                 self.joining.remove(job)
                 self.active.append(job)

@@ -17,7 +17,7 @@ from ..ggml import F16, I32, GGMLType, Graph, TensorStore, Weights, ops
 from ..ggml.graph import Tensor
 from ..ggml.repack import types as repack_types
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession, concat_rows
+from ..nn.session import DecodeSession, SharedDecodeSession, concat_rows
 from ..sampling import DelaySamplingOptions, choose_rows, seen_per_head, seen_pooled
 from . import qwen3, spec
 from .delay_state import (DelayIds, DelayState, advance, audio_channels, forced_text,
@@ -209,6 +209,17 @@ def few_text_ids(state: DelayState, cfg: DelayConfig) -> np.ndarray | None:
     return ids
 
 
+def row_logits(out: dict, i: int, ids: np.ndarray | None,
+               cfg: DelayConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Row i of a graph's outputs → (text logits [V], audio logits [n_vq, audio_rows]); with
+    the few `ids` fed to the text head, the text logits are −inf outside them."""
+    text = out["text_logits"][i]
+    if ids is not None:
+        text = np.full(cfg.vocab_size, -np.inf, dtype=np.float32)
+        text[ids] = out["text_logits"][i]
+    return text, out["audio_logits"][i]
+
+
 def step_run(session: DecodeSession, rows: np.ndarray, state: DelayState,
              cfg: DelayConfig) -> tuple[np.ndarray, np.ndarray]:
     """Feed rows; → (text logits [V], audio logits [n_vq, audio_rows]) of the last row, the
@@ -216,11 +227,10 @@ def step_run(session: DecodeSession, rows: np.ndarray, state: DelayState,
     ids = few_text_ids(state, cfg)
     if ids is None:
         out = session.prefill(row_feed(rows), len(rows), variant=True)[-1]
-        return out["text_logits"][0], out["audio_logits"][0]
-    out = session.prefill(row_feed(rows), len(rows), variant="few", extra={"text_ids": ids})[-1]
-    text = np.full(cfg.vocab_size, -np.inf, dtype=np.float32)
-    text[ids] = out["text_logits"][0]
-    return text, out["audio_logits"][0]
+    else:
+        out = session.prefill(row_feed(rows), len(rows), variant="few",
+                              extra={"text_ids": ids})[-1]
+    return row_logits(out, 0, ids, cfg)
 
 
 def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarray,
@@ -241,6 +251,36 @@ def next_row(state: DelayState, text_logits: np.ndarray, audio_logits: np.ndarra
         channel_seen = seen[np.minimum(np.flatnonzero(on), 1)]
         row[1:][on] = choose_rows(scores, rng, opts.audio_channel, channel_seen)
     return row, advance(state, token, ids)
+
+
+class RowSampler:
+    """One stream's choices (§family-2.6): its state machine, the repetition history of its
+    codes (the prompt's included, P5), its own generator (seeded per stream), and its end:
+    `<|im_end|>` or its budget of rows. Shared by `DelayModel.iter_rows` and the batched
+    decode (models/delay_decode.py), so a stream makes the same rows alone or among others."""
+
+    def __init__(self, rows: np.ndarray, cfg: DelayConfig, options: DelaySamplingOptions,
+                 seed: int | None, max_new_rows: int):
+        if max_new_rows < 1:
+            raise InputError(f"max_new_rows must be at least 1, got {max_new_rows}")
+        self.cfg, self.options, self.max_new_rows = cfg, options, max_new_rows
+        self.rng = np.random.default_rng(seed)
+        self.state = DelayState.from_prompt(rows[:, 0], cfg.ids)
+        self.seen = audio_seen(rows[:, 1:], cfg)
+        self.n_rows = 0
+
+    def text_ids(self) -> np.ndarray | None:
+        """The few text ids the next row may take (`few_text_ids`), or None: the vocabulary."""
+        return few_text_ids(self.state, self.cfg)
+
+    def take(self, text_logits: np.ndarray, audio_logits: np.ndarray) -> tuple[np.ndarray, bool]:
+        """The logits of the last row fed → (the next row [1 + n_vq], whether the stream goes
+        on after it)."""
+        row, self.state = next_row(self.state, text_logits, audio_logits, self.seen, self.cfg,
+                                   self.options, self.rng)
+        self.seen |= audio_seen(row[None, 1:], self.cfg)
+        self.n_rows += 1
+        return row, not self.state.stopping and self.n_rows < self.max_new_rows
 
 
 # -- the runtime ------------------------------------------------------------------------------
@@ -277,14 +317,17 @@ class DelayModel:
                 n: self.audio[n] for n in self.config.audio_shapes()}
         self.w = DelayWeights.from_tensors(tensors, self.config)
 
-    def make_session(self, capacity: int) -> DecodeSession:
-        """A decode session for `capacity` rows; variant True = heads on the last row only,
-        "few" = that with the text logits of the input "text_ids" only (`step_run`)."""
+    def make_session(self, capacity: int, *, shared: bool = False) -> DecodeSession:
+        """A decode session for `capacity` rows (`shared`: a SharedDecodeSession, several
+        streams in it, models/delay_decode.py). Variants: True = heads on the last row only,
+        "few" = that with the text logits of the input "text_ids" only (`step_run`); False =
+        heads on every row (`forward`; a batched step, one row per stream), "rows_few" = that
+        with the few text ids."""
         lc = self.config.language_config
-        return DecodeSession(
+        return (SharedDecodeSession if shared else DecodeSession)(
             lambda g, n, kv, variant: build_rows(g, self.w, self.config, n, kv,
-                                                 variant is not False,
-                                                 few_text_ids=variant == "few"),
+                                                 variant in (True, "few"),
+                                                 few_text_ids=variant in ("few", "rows_few")),
             backend=self.backend, n_layer=lc.num_hidden_layers,
             n_kv_head=lc.num_key_value_heads, head_dim=lc.head_dim, capacity=capacity,
             prefix="backbone", name="delay", dtype=self.kv_type)
@@ -309,22 +352,13 @@ class DelayModel:
     def iter_rows(self, rows, *, options: DelaySamplingOptions = DelaySamplingOptions(),
                   seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS):
         """Rows as they are generated (the generator of `generate`)."""
-        cfg = self.config
-        rows = check_rows(rows, cfg)
-        if max_new_rows < 1:
-            raise InputError(f"max_new_rows must be at least 1, got {max_new_rows}")
-        rng = np.random.default_rng(seed)
-        state = DelayState.from_prompt(rows[:, 0], cfg.ids)
-        seen = audio_seen(rows[:, 1:], cfg)      # the history includes the prompt (P5)
+        rows = check_rows(rows, self.config)
+        sampler = RowSampler(rows, self.config, options, seed, max_new_rows)
         with self.make_session(len(rows) + max_new_rows) as session:
-            feed = rows
-            for _ in range(max_new_rows):
-                text, audio = step_run(session, feed, state, cfg)
-                row, state = next_row(state, text, audio, seen, cfg, options, rng)
-                seen |= audio_seen(row[None, 1:], cfg)
+            feed, going = rows, True
+            while going:
+                row, going = sampler.take(*step_run(session, feed, sampler.state, self.config))
                 yield row
-                if state.stopping:
-                    return
                 feed = row[None]
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from ..text.languages import LANGUAGES_V15
 from ..text.script import CJK_OR_HANGUL
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
+from .delay_decode import DelayBatch
 from .delay_published import is_published_dir, load_published
 from .long_text import speak, split_long_text
 from .qwen3_tts import Qwen3TTS
@@ -70,6 +71,7 @@ class DelayTTS(Qwen3TTS):
     DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
     # the `language` field's values (name, code): one file may hold 1.0 or v1.5, so v1.5's 31
     LANGUAGES = LANGUAGES_V15
+    BATCHED = DelayBatch     # several streams per decode step (its published tasks' too)
 
     def __init__(self, model, codec):
         super().__init__(model, codec)
@@ -203,9 +205,10 @@ class DelayTTS(Qwen3TTS):
             pending = [f for f in map(assembler.push, staircase) if f is not None]
         else:
             pending = []
-        made = BudgetMeter(self.model.iter_rows(rows, options=options, seed=seed,
-                                                max_new_rows=max_new_rows), max_new_rows,
-                           lambda row: row[0] == self.config.im_end_token_id)
+        source = self.model.iter_rows(rows, options=options, seed=seed,
+                                      max_new_rows=max_new_rows) if self._batch is None \
+            else self._batch.items(self._batch.family.job(rows, options, seed, max_new_rows))
+        made = BudgetMeter(source, max_new_rows, lambda row: row[0] == self.config.im_end_token_id)
 
         def generated():
             for row in made:

@@ -133,23 +133,30 @@ def test_a_worker_decodes_its_lines_in_one_batched_call(batch_models, voice_env,
 
 
 def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_line(
-        batch_models, tmp_path):
-    from converters.delay import convert as convert_delay
-    from fixtures.make_delay import make_tiny_delay_checkpoint
+        batch_models, tmp_path, monkeypatch):
+    """Every family has a batched decoder today (the registry says so); one without — here
+    Realtime with its BATCHED taken away — is refused before any line runs, by its name, and
+    a line's own model counts too."""
+    from converters.realtime import convert as convert_realtime
+    from fixtures.make_realtime import make_tiny_realtime_checkpoint
+    from moss_tts.models.realtime_tts import RealtimeTTS
+    from moss_tts.models.registry import FAMILIES
 
-    delay = convert_delay(str(make_tiny_delay_checkpoint(tmp_path / "hf", seed=0, gen_bias=4.0)),
-                          tmp_path / "delay.gguf")
+    assert all(f.tts_class().BATCHED is not None for f in FAMILIES)
+    one = convert_realtime(str(make_tiny_realtime_checkpoint(tmp_path / "hf", seed=0)),
+                           tmp_path / "realtime.gguf")
+    monkeypatch.setattr(RealtimeTTS, "BATCHED", None)
     manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "Hello there."}])
-    r = batch_cli(manifest, tmp_path / "out", batch_models, "--model", delay, "--streams", 2)
-    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-    assert "--streams 2: MOSS-TTS (Delay)" in r.stderr
-    assert ("--streams > 1 takes MOSS-TTS-Nano or MOSS-TTS-Local-Transformer or "
-            "MOSS-TTS-Local-Transformer-v1.5 or MOSS-TTS-Realtime models only") in r.stderr
+    with pytest.raises(InputError, match=r"^--streams 2: MOSS-TTS-Realtime .* decodes one line "
+                       r"at a time; --streams > 1 takes MOSS-TTS-Nano or .* models only") as e:
+        run_batch(manifest, tmp_path / "out", model=one, codec=str(batch_models["codec"]),
+                  threads=1, streams=2)
+    assert "\n" not in str(e.value) and "or MOSS-TTS-Realtime" not in str(e.value)
     assert not (tmp_path / "out").exists()
     # a line's own model counts too, with a Nano --model
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"id": "a", "text": "Hi."},
-                                                   {"id": "b", "text": "Hi.", "model": str(delay)}])
-    with pytest.raises(InputError, match=r"^--streams 3: MOSS-TTS \(Delay\)"):
+                                                   {"id": "b", "text": "Hi.", "model": str(one)}])
+    with pytest.raises(InputError, match=r"^--streams 3: MOSS-TTS-Realtime"):
         run(mixed, tmp_path / "out", batch_models, streams=3)
     with pytest.raises(InputError, match="--streams ≥ 1"):
         run(mixed, tmp_path / "out", batch_models, streams=0)

@@ -20,19 +20,27 @@ GREEDY = SamplingOptions().greedy()
 
 
 class Recorded(NanoBatch):
-    """NanoBatch noting each prefill chunk (job index, start, stop) and the number of joined
-    streams each step carried."""
+    """NanoBatch noting each prefill chunk (job name, start, stop) and the streams each step
+    carried, in the order the scheduler asked for them."""
 
     def __init__(self, model):
         super().__init__(model)
-        self.chunks, self.widths, self.names = [], [], {}
+        self.events, self.names = [], {}
+
+    @property
+    def chunks(self):
+        return [e for e in self.events if isinstance(e, tuple)]
+
+    @property
+    def widths(self):
+        return [e for e in self.events if isinstance(e, list)]
 
     def prefill(self, state, job: StreamJob, start: int, stop: int) -> None:
-        self.chunks.append((self.names[id(job)], start, stop))
+        self.events.append((self.names[id(job)], start, stop))
         super().prefill(state, job, start, stop)
 
     def advance(self, state, jobs):
-        self.widths.append([self.names[id(j)] for j in jobs])
+        self.events.append([self.names[id(j)] for j in jobs])
         return super().advance(state, jobs)
 
 
@@ -42,9 +50,10 @@ def named(family: Recorded, name: str, job: StreamJob) -> StreamJob:
 
 
 def test_a_prompt_joining_running_streams_is_appended_in_chunks_between_their_steps(nano_tts):
-    """A and B start together (idle: each prompt whole, one call each); C queues for the place
-    A leaves after 3 frames, then its prompt goes in chunks of prefill_rows, one per step of B,
-    so B never waits for C's whole prompt; C's codes still equal its codes alone."""
+    """A and B start together (idle: each prompt whole before the first step, chunk after
+    chunk); C queues for the place A leaves after 3 frames, then its prompt goes in chunks of
+    prefill_rows, one per step of B, so B never waits for C's whole prompt; C's codes still
+    equal its codes alone."""
     tts = nano_tts(*NEVER_STOPS)
     rows = [tts.prompt_rows(t) for t in TEXTS[:3]]
     long_rows = rows[2]                                # a prompt of several chunks
@@ -54,13 +63,16 @@ def test_a_prompt_joining_running_streams_is_appended_in_chunks_between_their_st
         b = named(family, "B", family.job(rows[1], GREEDY, 2, 20))
         c = named(family, "C", family.job(long_rows, GREEDY, 3, 6))
         batch.run([a, b, c])
-    assert family.chunks[:2] == [("A", 0, len(rows[0])), ("B", 0, len(rows[1]))]
+    first_step = next(i for i, e in enumerate(family.events) if isinstance(e, list))
+    assert family.events[:first_step] == [
+        (name, s, min(len(r), s + 32)) for name, r in (("A", rows[0]), ("B", rows[1]))
+        for s in range(0, len(r), 32)]
     c_chunks = [(s, e) for name, s, e in family.chunks if name == "C"]
     n = len(long_rows)
     assert n > 3 * 32 and c_chunks == [(s, min(n, s + 32)) for s in range(0, n, 32)], c_chunks
-    # while C's prompt goes in, every step carries B alone: one chunk per step of B
-    joining = [w for w in family.widths if w == ["B"]]
-    assert len(joining) >= len(c_chunks) - 1
+    # while C's prompt goes in, one chunk of it between two steps of B alone
+    c_at = [i for i, e in enumerate(family.events) if isinstance(e, tuple) and e[0] == "C"]
+    assert all(family.events[i + 1] == ["B"] for i in c_at[:-1])
     assert ["B", "C"] in family.widths, "C never decoded beside B"
     want = alone(tts, (long_rows, GREEDY, 3, 6))
     assert np.array_equal(np.array(c.items), want), "C's codes changed by its chunked prompt"
