@@ -2,9 +2,11 @@
 concurrent clients, a full queue, a client that stops reading, a cross-origin text/plain POST,
 first-audio latency over SSE, held connections (past --max-connections, idle until the header
 deadline), idle live sockets (the tiny Realtime model, --live-idle) and voice listings while
-/health and speech are timed.
+/health and speech are timed; with --max-streams N the Nano server decodes N requests together
+(issue 25), and every concurrent request must still equal its solo run.
 
     python bench/serve_soak.py [--requests 1000] [--model nano.gguf --codec codec.gguf]
+                               [--max-streams 4]
 
 Without --model it uses the tiny fixture model (fast: it measures the server, not the model).
 """
@@ -88,10 +90,11 @@ def concurrent(url, body, clients, per_client):
     return lat, statuses, mismatches
 
 
-def full_queue(url, depth, long_body):
-    """depth + 1 long requests in flight, then one more and /health: how fast each answers."""
+def full_queue(url, depth, running, long_body):
+    """depth + `running` long requests in flight, then one more and /health: how fast each
+    answers."""
     threads = [threading.Thread(target=timed, args=(url, long_body | {"seed": i}))
-               for i in range(depth + 1)]
+               for i in range(depth + running)]
     for t in threads:
         t.start()
     time.sleep(0.5)
@@ -165,12 +168,12 @@ def cross_origin_plain_post(url, voices: Path):
     return st, after == before
 
 
-def first_audio(url, n):
+def first_audio(url, n, body):
     import urllib.request
     out = []
     for i in range(n):
         req = urllib.request.Request(url + "/v1/audio/speech", method="POST",
-                                     data=json.dumps(BODY | {"seed": i, "stream_format": "sse",
+                                     data=json.dumps(body | {"seed": i, "stream_format": "sse",
                                                              "response_format": "pcm"}).encode(),
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
@@ -267,6 +270,14 @@ def voice_listings(url, voices: Path, n_voices, listers, seconds):
 
 
 def main(argv=None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run_cases(args, Path(tmp))
+    report(args, r)
+    return 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--model")
@@ -274,9 +285,15 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=12, help="max_new_frames per short request")
     ap.add_argument("--long-frames", type=int, default=1000,
                     help="max_new_frames of the long requests that fill the queue")
+    ap.add_argument("--long-repeats", type=int, default=40,
+                    help="the long requests' text: the short one this many times")
+    ap.add_argument("--first-audio", type=int, default=20,
+                    help="SSE requests whose first audio is timed")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=10)
     ap.add_argument("--queue", type=int, default=4)
+    ap.add_argument("--max-streams", type=int, default=1,
+                    help="requests the Nano server decodes together (serve --max-streams)")
     ap.add_argument("--write-timeout", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--held", type=int, default=200, help="held connections")
@@ -288,11 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("--voices", type=int, default=300, help="stored voices to list")
     ap.add_argument("--listers", type=int, default=2)
     ap.add_argument("--listing-seconds", type=float, default=5.0)
-    args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        r = run_cases(args, Path(tmp))
-    report(args, r)
-    return 0
+    return ap.parse_args(argv)
 
 
 def run_cases(args, tmp: Path) -> dict:
@@ -305,11 +318,11 @@ def run_cases(args, tmp: Path) -> dict:
     tts = NanoTTS.load(model, codec=codec, threads=args.threads)
     voices = tmp / "voices"
     server = Served(create_app(tts, voices_root=voices, queue_depth=args.queue,
-                               write_timeout=args.write_timeout),
+                               write_timeout=args.write_timeout, max_streams=args.max_streams),
                     Limits(write_timeout=args.write_timeout))
     body = BODY | {"max_new_frames": args.frames}
     # the frame budget grows with the text: a long text lets max_new_frames take effect
-    long_body = BODY | {"input": " ".join([BODY["input"]] * 40),
+    long_body = BODY | {"input": " ".join([BODY["input"]] * args.long_repeats),
                         "max_new_frames": args.long_frames}
     for i in range(5):  # warm-up: graphs, allocators, the first page-ins
         timed(server.url, body | {"seed": i})
@@ -317,9 +330,9 @@ def run_cases(args, tmp: Path) -> dict:
     r["seq"] = sequential(server.url, body, args.requests)
     r["wall"] = time.perf_counter() - t0
     r["conc"] = concurrent(server.url, body, args.clients, args.per_client)
-    r["queue"] = full_queue(server.url, args.queue, long_body)
+    r["queue"] = full_queue(server.url, args.queue, args.max_streams, long_body)
     r["xo"] = cross_origin_plain_post(server.url, voices)
-    r["firsts"] = first_audio(server.url, 20)
+    r["firsts"] = first_audio(server.url, args.first_audio, body)
     r["voices"] = voice_listings(server.url, voices, args.voices, args.listers,
                                  args.listing_seconds)
     r["nr"] = non_reading_client(server, long_body)  # last on this server: small buffers
@@ -343,13 +356,15 @@ def report(args, r: dict) -> None:
     c_lat, c_st, c_bad = r["conc"]
     q_status, q_dt, h_status, h_dt = r["queue"]
     print(f"{args.requests} requests ({'tiny model' if not args.model else r['model']}, "
-          f"max_new_frames {args.frames}) in {r['wall']:.1f} s; latency ms: {ms(lat)}")
+          f"max_new_frames {args.frames}, --max-streams {args.max_streams}) in "
+          f"{r['wall']:.1f} s; latency ms: {ms(lat)}")
     print(f"process RSS: {rss0:.0f} MiB before, {rss1:.0f} MiB after ({rss1 - rss0:+.1f} MiB); "
           f"along the way (requests: MiB) {', '.join(marks)}")
     print(f"{args.clients} concurrent clients x {args.per_client}: {c_st.count(200)} ok, "
           f"{c_st.count(503)} x 503, {len(c_bad)} differing from their solo run; "
           f"ok latency ms: {ms(c_lat) if c_lat else '-'}")
-    print(f"full queue ({args.queue} waiting + 1 running, max_new_frames {args.long_frames}): "
+    print(f"full queue ({args.queue} waiting + {args.max_streams} running, max_new_frames "
+          f"{args.long_frames}): "
           f"one more got {q_status} in {1e3 * q_dt:.1f} ms; /health {h_status} in "
           f"{1e3 * h_dt:.1f} ms")
     nr_status, nr_dt, nr_drops = r["nr"]
@@ -359,7 +374,7 @@ def report(args, r: dict) -> None:
     xo_status, xo_clean = r["xo"]
     print(f"cross-origin text/plain voice POST: {xo_status}, "
           f"{'nothing written' if xo_clean else 'VOICE FILES CHANGED'}")
-    print(f"first audio over SSE (20 requests) ms: {ms(r['firsts'])}")
+    print(f"first audio over SSE ({args.first_audio} requests) ms: {ms(r['firsts'])}")
     listing, health, speech = r["voices"]
     print(f"{args.voices} stored voices, {args.listers} clients listing for "
           f"{args.listing_seconds:g} s: {len(listing)} listings, ms: {ms(listing)}; /health "

@@ -252,7 +252,9 @@ async def streamed(request, served: ServedModels, served_model, req):
             return
         try:
             for part in generate(served, served_model, model, req, words):
-                if not channel.put(part):
+                while (sent := channel.offer(part)) is None:
+                    yield channel   # its client has not read the buffer: the others go on
+                if not sent:
                     if channel.stalled:
                         logger.warning("a streaming client stopped reading; its synthesis "
                                        "was cancelled after %.0f s", write_timeout)

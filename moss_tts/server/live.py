@@ -27,7 +27,8 @@ Protocol (all client messages are JSON text; the server sends JSON text events a
                                                          after --live-idle s without a message
                                                          while nothing is spoken
 The session's work runs on its model's worker, one short job at a time (a slice of text, one
-chunk of the drain), held in the line by a Lane; leaving closes the session and frees the slot.
+chunk of the drain), held in the line by a Lane (with serve --max-streams > 1 it also holds one
+of the stream places: worker.py); leaving closes the session and frees the slot.
 """
 
 from __future__ import annotations

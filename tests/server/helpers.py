@@ -72,6 +72,19 @@ def call(url, path, body=None, method=None, headers=None, data=None, timeout=60)
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
 
 
+def raw_post(port, body: dict, *, rcvbuf=None) -> socket.socket:
+    """A POST sent over a bare socket whose reader we control (or never run)."""
+    sock = socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (port, len(data), data))
+    return sock
+
+
 def tiny_model_files(d, rate=SR):
     """(nano.gguf, codec.gguf) of the tiny fixture model at `rate`, converted under `d`."""
     codec_dir = make_tiny_nano_checkpoint(d / "codec", seed=1)

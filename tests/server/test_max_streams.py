@@ -2,11 +2,14 @@
 in one batched decode (worker.py's `_together`, NanoTTS.decoding_together). Each request's audio
 must equal the same request served alone by the one-request-at-a-time server (the batched
 decoder makes the codes a stream makes alone, models/nano_decode.py, after upstream's
-per-utterance sampling loop in MOSS-TTS-Nano's inference), a bad request fails alone, and a
-model without a batched decoder refuses the flag. No timing is asserted."""
+per-utterance sampling loop in MOSS-TTS-Nano's inference), a bad request fails alone, a client
+that stops reading holds up no other stream, and a model without a batched decoder refuses the
+flag. No timing is asserted."""
 
 import base64
+import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,8 +19,9 @@ import pytest
 from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
+from moss_tts.server.connections import Limits
 from moss_tts.server.worker import ModelWorker
-from tests.server.helpers import StubTTS, tiny_model_files
+from tests.server.helpers import StubTTS, call, raw_post, tiny_model_files
 
 # four different requests: texts, seeds, budgets, whole and streamed, two formats
 REQUESTS = [
@@ -119,6 +123,68 @@ def test_the_worker_runs_stream_jobs_together(files):
     first_end = min(i for i, e in enumerate(events) if isinstance(e, tuple))
     assert set(events[:first_end]) == {0, 1, 2, 3}
     assert events[:4] == [0, 1, 2, 3]          # one chunk of each in turn
+
+
+LONG = "Hello there, this is a longer text to speak for a while."
+# a stream that outlasts the buffers between the worker and a client that reads nothing (the
+# channel's 32 chunks, the transport's 64 KiB, 4 KiB socket buffers): hundreds of 1280-byte
+# SSE chunks; and one beside it that outlasts those buffers' worth of chunks too
+STALLED = {"input": " ".join([LONG] * 3), "seed": 3, "max_new_frames": 1000,
+           "stream_format": "sse", "response_format": "pcm"}
+BESIDE = dict(input=LONG, fmt="pcm", streamed=True, extra={"seed": 2, "max_new_frames": 1000})
+CUT_AFTER = {"long": 600.0, "short": 1.0}   # --write-timeout: past any wait here, or soon
+
+
+@pytest.mark.parametrize("write_timeout", ["long", "short"])
+def test_a_client_that_stops_reading_does_not_hold_up_the_streams_beside_it(
+        files, served, caplog, write_timeout):
+    """A streamed request whose client reads nothing fills its buffers; the request decoded
+    beside it still streams to its end, while the stalled one holds its place (a long
+    --write-timeout: until its client leaves; a short one: until the server drops it)."""
+    d, (model, codec) = files
+    loaded = [NanoTTS.load(model, codec=codec, threads=1) for _ in range(2)]
+    try:
+        alone = served(create_app(loaded[0], voices_root=d / "voices"))
+        expected = speak(client_of(alone), BESIDE)
+        timeout = CUT_AFTER[write_timeout]
+        together = served(create_app(loaded[1], voices_root=d / "voices", queue_depth=1,
+                                     max_streams=2, write_timeout=timeout),
+                          Limits(write_timeout=timeout), sndbuf=4096)
+        stalled = raw_post(together.port, STALLED, rcvbuf=4096)
+        try:
+            assert stalled.recv(64).startswith(b"HTTP/1.1 200")   # it streams; then no reads
+            assert speak(client_of(together), BESIDE) == expected
+            if write_timeout == "long":
+                # 3 places: the one beside it frees its own as its job returns, just after
+                # its client has read the end; the stalled one keeps its place
+                wait_until(lambda: free_places(together) == 2)
+                stalled.close()
+            wait_until(lambda: free_places(together) == 3)   # its place came back
+            if write_timeout == "short":
+                assert "stopped reading" in caplog.text
+        finally:
+            stalled.close()
+    finally:
+        served.stop_all()      # before the models close
+        for tts in loaded:
+            tts.close()
+
+
+def client_of(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=60)
+
+
+def free_places(server) -> int:
+    return json.loads(call(server.url, "/v1/models")[2])["data"][0]["free_places"]
+
+
+def wait_until(condition, guard: float = 60) -> None:
+    """Until `condition()` holds (a state the server reaches); `guard` s is a broken test."""
+    deadline = time.monotonic() + guard
+    while not condition():
+        assert time.monotonic() < deadline, "the server never got there"
+        time.sleep(0.01)
 
 
 def test_a_model_without_a_batched_decoder_refuses_more_streams(tmp_path):

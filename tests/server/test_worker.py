@@ -7,7 +7,6 @@ and the sockets are real. The tests wait on events (the stub's, or the app's thr
 import http.client
 import json
 import logging
-import socket
 import threading
 
 import numpy as np
@@ -17,7 +16,7 @@ from moss_tts.errors import BackendError
 from moss_tts.server import create_app
 from moss_tts.server.connections import WRITE_TIMEOUT, Limits
 from moss_tts.server.worker import ModelWorker
-from tests.server.helpers import SR, StubTTS, call, silent_wav_b64
+from tests.server.helpers import SR, StubTTS, call, raw_post, silent_wav_b64
 
 
 class Watched:
@@ -75,19 +74,6 @@ def in_thread(target, *args):
     t = threading.Thread(target=lambda: out.setdefault("result", target(*args)))
     t.start()
     return t, out
-
-
-def raw_post(port, body: dict, *, rcvbuf=None) -> socket.socket:
-    """A POST sent over a bare socket whose reader we control (or never run)."""
-    sock = socket.socket()
-    if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.connect(("127.0.0.1", port))
-    data = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (port, len(data), data))
-    return sock
 
 
 def test_worker_runs_one_job_at_a_time_and_refuses_past_depth():
