@@ -2,8 +2,9 @@
 25): a stream decoded in a batch equals the same stream decoded alone (RealtimeModel.generate,
 the one-stream loop that follows upstream's inferencer); a stream that joins (its prompt
 appended in chunks while others decode) or leaves never changes another's frames; a different
-seed or text does (the guard). The tiny steered model speaks one frame per text id, then stops
-on EOS, so streams with texts of different lengths stop at different steps.
+seed or text does (the guard); a live session inside decoding_together decodes on its own
+and changes no batched stream, nor they it. The tiny steered model speaks one frame per text
+id, then stops on EOS, so streams with texts of different lengths stop at different steps.
 
 Exactness: a batched step runs the same per-row ops as a one-row step, except that ggml's f32
 matmul over B columns may sum in another order than its one-column kernel (bounded below).
@@ -208,3 +209,53 @@ def test_a_bad_job_fails_alone(realtime_model):
     assert np.array_equal(frames_of(running.items), alone(model, good))
     with pytest.raises(InputError, match="max_streams"):
         BatchDecoder(RealtimeBatch(model), max_streams=0)
+
+
+def live_audio(tts, text: str, seed: int, between=lambda: None) -> np.ndarray:
+    """A live session's audio for `text` pushed a character at a time (as an LLM's stream
+    arrives), then drained; `between()` runs after each push and each drained chunk."""
+    with tts.session(seed=seed) as s:
+        parts = []
+        for ch in text:
+            parts.append(s.push_text(ch))
+            between()
+        s.end_text()
+        for chunk in s.drain():
+            parts.append(chunk)
+            between()
+    return np.concatenate(parts)
+
+
+def test_a_live_session_inside_decoding_together_leaves_the_batch_streams_alone(realtime_tts):
+    """Inside decoding_together a live session decodes on its own (its own cache, not the
+    batch's): its pushes and drained chunks interleaved, in one thread, with pulls of two
+    batched streams (each pull may step both), its audio equals the session's outside, and
+    each stream's audio its `synthesize` alone; the streams outlast the session, so every
+    session step fell between two batch steps."""
+    tts = realtime_tts()
+    requests = [dict(text=TEXT + " " + TEXT, seed=7), dict(text=TEXT[::-1] + TEXT,
+                                                             options=GREEDY)]
+    live_text, live_seed = "Sure, here is a live answer, arriving word by word.", 5
+    want = [tts.synthesize(**r)[0] for r in requests]
+    want_live = live_audio(tts, live_text, live_seed)
+    with tts.decoding_together(2):
+        streams = [tts.stream(**r) for r in requests]
+        chunks = [[], []]
+
+        def pull_each():
+            for stream, got in zip(streams, chunks):
+                got.append(next(stream))
+
+        live = live_audio(tts, live_text, live_seed, between=pull_each)
+        pulled_beside = len(chunks[0])
+        for stream, got in zip(streams, chunks):
+            got += list(stream)
+    assert pulled_beside > 40 and all(len(c) > pulled_beside for c in chunks), \
+        "the streams did not outlast the session"
+    assert_close(live, want_live, atol=AUDIO_ATOL, what="live session beside the batch")
+    for i, (got, w) in enumerate(zip(chunks, want)):
+        assert_close(np.concatenate(got), w, atol=AUDIO_ATOL, what=f"stream {i} beside a session")
+    # guard: another seed changes the session's audio
+    other = live_audio(tts, live_text, live_seed + 1)
+    n = min(len(other), len(live))
+    assert_differs(other[:n], live[:n], atol=1e-6, what="session with another seed")
