@@ -29,13 +29,13 @@ GUARD = 60                 # seconds a waited-for state may take: only a broken 
 
 
 class LiveNano(NanoTTS):
-    """The real tiny Nano given a live mode made of its own `stream`: the family that has one
-    (MOSS-TTS-Realtime) has no batched decoder yet, and Nano has the batched decoder but no
-    live mode, so this is how a live session shares a batched model here. A turn's text is
-    spoken at its end, as `stream(text, **the session's keywords)`, so the turn's audio is
-    the speech request's with the same text and knobs. `most` records the most streams
-    open at once, by kind ("speech", "live", "all"); a voice upload holds the worker
-    (`holding` set) until the test sets `release`."""
+    """The real tiny Nano given a live mode made of its own `stream`, so that the streams
+    open at once can be counted (the real live mode, MOSS-TTS-Realtime's, beside batched
+    requests: test_max_streams_realtime.py). A turn's text is spoken at its end, as
+    `stream(text, **the session's keywords)`, so the turn's audio is the speech request's
+    with the same text and knobs. `most` records the most streams open at once, by kind
+    ("speech", "live", "all"); a voice upload holds the worker (`holding` set) until the test
+    sets `release`."""
 
     def reset(self):
         self.open = {"speech": 0, "live": 0}
