@@ -1,4 +1,4 @@
-"""Compute backends (cpu / cuda / vulkan / metal by name), threads, and the native handles
+"""Compute backends (cpu / cuda / vulkan / metal / rpc://HOST:PORT by name), threads, and the native handles
 that outlive one graph: a backend, a graph allocator, a tensor buffer (style C10)."""
 
 from __future__ import annotations
@@ -108,7 +108,11 @@ def devices() -> list[Device]:
 
 
 def _find_device(name: str):
-    """`cpu`, `cuda`, `cuda1`, `vulkan0`, ... or an exact ggml device name → device handle."""
+    """`cpu`, `cuda`, `cuda1`, `vulkan0`, ..., an exact ggml device name, or `rpc://HOST:PORT`
+    (a ggml RPC server, rpc.py) → device handle."""
+    from . import rpc   # here, not at the top: `python -m moss_tts.ggml.rpc` runs that module
+    if rpc.is_rpc_name(name):
+        return rpc.device(name)
     L = _lib.get()
     wanted = name.strip()
     base = wanted.rstrip("0123456789").lower()

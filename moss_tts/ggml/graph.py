@@ -84,6 +84,13 @@ class Tensor:
     def name(self) -> str:
         return _lib.ggml_tensor.from_address(self.ptr).name.decode()
 
+    @property
+    def on_host(self) -> bool:
+        """Is this tensor's memory the host's (a CPU buffer)? False on a GPU or an RPC server,
+        and for a tensor that has no memory yet."""
+        buffer = _lib.ggml_tensor.from_address(self.ptr).buffer
+        return bool(buffer) and bool(_lib.get().ggml_backend_buffer_is_host(buffer))
+
     def is_contiguous(self, n: int = 0) -> bool:
         """ggml_is_contiguous_n from the cached ne/nb (no C call): packed, except that axes
         1..n may have padded strides (n=1: rows contiguous, row stride free)."""

@@ -289,6 +289,25 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_backend_reg_name", c_char_p, [_P]),
         # void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
         ("ggml_backend_reg_get_proc_address", c_void_p, [_P, c_char_p]),
+        # size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg);
+        ("ggml_backend_reg_dev_count", c_size_t, [_P]),
+        # ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);
+        ("ggml_backend_reg_dev_get", _P, [_P, c_size_t]),
+        # ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);
+        ("ggml_backend_dev_by_type", _P, [c_int]),
+    ],
+    # Present only in a build with MOSS_TTS_GGML_RPC=1 (OPTIONAL_GROUPS).
+    "ggml-rpc.h": [
+        # ggml_backend_t ggml_backend_rpc_init(const char * endpoint, uint32_t device);
+        ("ggml_backend_rpc_init", _P, [c_char_p, c_uint32]),
+        # bool ggml_backend_is_rpc(ggml_backend_t backend);
+        ("ggml_backend_is_rpc", c_bool, [_P]),
+        # ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint);
+        ("ggml_backend_rpc_add_server", _P, [c_char_p]),
+        # void ggml_backend_rpc_start_server(const char * endpoint, const char * cache_dir,
+        #     size_t n_threads, size_t n_devices, ggml_backend_dev_t * devices);
+        ("ggml_backend_rpc_start_server", None, [c_char_p, c_char_p, c_size_t, c_size_t,
+                                                 POINTER(c_void_p)]),
     ],
     "ggml-cpu.h": [
         # void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads);
@@ -349,6 +368,11 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
 }
 
 
+# Header groups of a backend the build may leave out: header → the manifest's backend name. Its
+# functions are bound only when the manifest lists that backend (then all must be there).
+OPTIONAL_GROUPS = {"ggml-rpc.h": "rpc"}
+
+
 class Lib:
     """The loaded libraries: each declared C function is an attribute of the same name."""
 
@@ -356,8 +380,12 @@ class Lib:
         self.lib_dir = lib_dir
         self.manifest = manifest
         self._handles = handles
+        self.backends = {str(b).lower() for b in manifest.get("backends", ())}
         missing = []
-        for group in DECLARATIONS.values():
+        for header, group in DECLARATIONS.items():
+            needs = OPTIONAL_GROUPS.get(header)
+            if needs is not None and needs not in self.backends:
+                continue
             for name, restype, argtypes in group:
                 fn = _find_symbol(handles, name)
                 if fn is None:
