@@ -237,6 +237,9 @@ class Allocator(NativeResource):
                                "(out of memory?)")
         self.current = graph
 
+    def compute(self, graph) -> None:
+        self.backend.compute(graph.cgraph)
+
     @property
     def buffer_size(self) -> int:
         return self.lib.ggml_gallocr_get_buffer_size(self._ptr, 0) if self._ptr else 0

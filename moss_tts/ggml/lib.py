@@ -198,6 +198,8 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_new_graph_custom", _P, [_P, c_size_t, c_bool]),
         # void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
         ("ggml_build_forward_expand", None, [_P, _T]),
+        # int ggml_graph_size(struct ggml_cgraph * cgraph);
+        ("ggml_graph_size", c_int, [_P]),
         # int ggml_graph_n_nodes(struct ggml_cgraph * cgraph);
         ("ggml_graph_n_nodes", c_int, [_P]),
         # struct ggml_tensor * ggml_graph_node(struct ggml_cgraph * cgraph, int i);
@@ -295,6 +297,29 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_backend_reg_dev_get", _P, [_P, c_size_t]),
         # ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);
         ("ggml_backend_dev_by_type", _P, [c_int]),
+        # ggml_backend_sched_t ggml_backend_sched_new(ggml_backend_t * backends,
+        #     ggml_backend_buffer_type_t * bufts, int n_backends, size_t graph_size, bool parallel,
+        #     bool op_offload);
+        ("ggml_backend_sched_new", _P, [POINTER(c_void_p), c_void_p, c_int, c_size_t, c_bool,
+                                        c_bool]),
+        # void ggml_backend_sched_free(ggml_backend_sched_t sched);
+        ("ggml_backend_sched_free", None, [_P]),
+        # bool ggml_backend_sched_reserve(ggml_backend_sched_t sched, struct ggml_cgraph * measure_graph);
+        ("ggml_backend_sched_reserve", c_bool, [_P, _P]),
+        # void ggml_backend_sched_reset(ggml_backend_sched_t sched);
+        ("ggml_backend_sched_reset", None, [_P]),
+        # bool ggml_backend_sched_alloc_graph(ggml_backend_sched_t sched, struct ggml_cgraph * graph);
+        ("ggml_backend_sched_alloc_graph", c_bool, [_P, _P]),
+        # enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched, struct ggml_cgraph * graph);
+        ("ggml_backend_sched_graph_compute", c_int, [_P, _P]),
+        # int ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched);
+        ("ggml_backend_sched_get_n_splits", c_int, [_P]),
+        # size_t ggml_backend_sched_get_buffer_size(ggml_backend_sched_t sched, ggml_backend_t backend);
+        ("ggml_backend_sched_get_buffer_size", c_size_t, [_P, _P]),
+        # void ggml_backend_sched_set_tensor_backend(ggml_backend_sched_t sched, struct ggml_tensor * node, ggml_backend_t backend);
+        ("ggml_backend_sched_set_tensor_backend", None, [_P, _T, _P]),
+        # ggml_backend_t ggml_backend_sched_get_tensor_backend(ggml_backend_sched_t sched, struct ggml_tensor * node);
+        ("ggml_backend_sched_get_tensor_backend", _P, [_P, _T]),
     ],
     # Present only in a build with MOSS_TTS_GGML_RPC=1 (OPTIONAL_GROUPS).
     "ggml-rpc.h": [
