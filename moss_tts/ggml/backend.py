@@ -142,7 +142,8 @@ class Backend(NativeResource):
     backend, a voice upload during a synthesis) corrupt each other's results.
     """
 
-    def __init__(self, name: str = "cpu", threads: int | None = None):
+    def __init__(self, name: str = "cpu", threads: int | None = None, *,
+                 lacks: frozenset[str] = frozenset()):
         self.lib = _lib.get()
         dev = _find_device(name)
         self._ptr = self.lib.ggml_backend_dev_init(dev, None)
@@ -155,6 +156,12 @@ class Backend(NativeResource):
         self.alignment = self.lib.ggml_backend_buft_get_alignment(self.buffer_type)
         self.threads = 0
         self._compute_lock = threading.Lock()
+        # ggml op names this device is to treat as unsupported (run on the CPU): the test of the
+        # scheduler's fallback on a device that has every op
+        self.lacks = frozenset(lacks)
+        if self.lacks and self.is_cpu:
+            self.close()
+            raise BackendError("lacks= names ops a device leaves to the CPU; the CPU has them all")
         self.set_threads(threads)
 
     @property
@@ -209,6 +216,15 @@ def get_backend(backend: "Backend | str | None" = None, threads: int | None = No
         if key not in _default:
             _default[key] = Backend(key[0], threads)
         return _default[key]
+
+
+def allocator_for(backend: Backend):
+    """A persistent allocator for graphs on `backend`: the CPU's own, or for any other backend
+    ggml's scheduler over it and the CPU, so an op it lacks runs on the CPU (sched.py)."""
+    if backend.is_cpu:
+        return Allocator(backend)
+    from .sched import Scheduler
+    return Scheduler(backend, lacks=backend.lacks)
 
 
 class Allocator(NativeResource):

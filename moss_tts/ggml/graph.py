@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import BackendError, InputError, ShapeError
 from . import lib as _lib
-from .backend import Allocator, Backend, NativeResource, get_backend
+from .backend import Allocator, Backend, NativeResource, allocator_for, get_backend
 from .repack import check_graph
 from .types import F32, GGMLType, numpy_dtype
 from . import work as _work
@@ -167,7 +167,7 @@ class Graph(NativeResource):
         self.lib = self.backend.lib
         self.name = name
         self._owns_allocator = allocator is None  # a shared allocator belongs to its creator
-        self.allocator = allocator or Allocator(self.backend)
+        self.allocator = allocator or allocator_for(self.backend)
         # metadata contexts: (ggml_context*, view of its Python-owned memory, base address, memory)
         self._ctxs: list = []
         self._ctx_index = -1

@@ -33,8 +33,8 @@ def _mul_mat(backend, w, x, *, weight_type=F32):
     with TensorStore({"w": w.astype(np.float16 if weight_type == F16 else np.float32)},
                      backend) as store, Graph(backend, name="mm") as g:
         xt = g.input("x", x.shape)
-        g.output(ops.mul_mat(store["w"], xt), "y", ndim=2)
-        return g.run({"x": x})["y"], store["w"].on_host, xt.on_host
+        y = g.output(ops.mul_mat(store["w"], xt), "y", ndim=2)
+        return g.run({"x": x})["y"], store["w"].on_host, (xt.on_host, y.on_host)
 
 
 @needs_rpc
@@ -56,10 +56,12 @@ def test_mul_mat_on_rpc_equals_cpu(rpc, cpu, rng, weight_type, rows):
 def test_rpc_tensors_are_not_host_memory(rpc, cpu, rng):
     w, x = rng.standard_normal((4, 32)), rng.standard_normal((2, 32))
     assert not rpc.is_host and not rpc.is_cpu
-    _, weight_on_host, input_on_host = _mul_mat(rpc, w, x)
-    assert (weight_on_host, input_on_host) == (False, False)
-    _, weight_on_host, input_on_host = _mul_mat(cpu, w, x)
-    assert (weight_on_host, input_on_host) == (True, True)
+    # the weight and the product on the server; the graph input is written on the host and
+    # copied over by the scheduler (sched.py), as on a GPU
+    _, weight_on_host, (input_on_host, output_on_host) = _mul_mat(rpc, w, x)
+    assert (weight_on_host, input_on_host, output_on_host) == (False, True, False)
+    _, weight_on_host, (input_on_host, output_on_host) = _mul_mat(cpu, w, x)
+    assert (weight_on_host, input_on_host, output_on_host) == (True, True, True)
 
 
 @needs_rpc

@@ -122,6 +122,22 @@ def test_nano_streams_decoded_together_on_rpc_equal_cpu(on_rpc, on_cpu):
     for (a, _), (b, _) in zip(got, want):
         np.testing.assert_array_equal(a, b)
 
+
+# ops every family uses: the scheduler runs them on the CPU, the rest on the server, with the
+# copies between them at every switch
+LACKED = frozenset({"MUL_MAT", "SOFT_MAX", "FLASH_ATTN_EXT", "ROPE"})
+
+
+@needs_rpc
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_device_lacking_ops_falls_back_to_the_cpu_and_speaks_the_same(files, rpc_server,
+                                                                        on_cpu, family):
+    model, codec = files[family]
+    with Backend(rpc_server.name, lacks=LACKED) as lacking, \
+            CLASSES[family].load(model, codec=codec, backend=lacking) as tts:
+        got = speak(tts, family)
+    np.testing.assert_array_equal(got, speak(on_cpu(family), family), err_msg=family)
+
 # --- MossTTSDelay's published checkpoints (TTSD, VoiceGenerator, SoundEffect) ----------------
 PUBLISHED = {"ttsd": {"text": "[S1] Hello there. [S2] Fine, thanks."},
              "voicegen": {"text": TEXT, "instruction": "a calm, low voice"},
