@@ -38,16 +38,16 @@ def endpoint_of(name: str) -> str:
     return f"{host}:{int(port)}"
 
 
-def _require_rpc(lib: _lib.Lib) -> None:
+def _require_rpc(lib: _lib.Lib, name: str) -> None:
     if "rpc" not in lib.backends:
-        raise BackendError(f"this ggml build has no RPC backend (built: "
+        raise BackendError(f"backend {name!r}: this ggml build has no RPC backend (built: "
                            f"{', '.join(sorted(lib.backends))}) — {BUILD_HINT}")
 
 
 def device(name: str):
     """The ggml device of the RPC server `name` (its first device)."""
     L = _lib.get()
-    _require_rpc(L)
+    _require_rpc(L, name)
     endpoint = endpoint_of(name)
     if endpoint not in _added:
         _check_reachable(endpoint)  # ggml aborts the whole process when it cannot connect
@@ -70,7 +70,7 @@ def _check_reachable(endpoint: str) -> None:
 def serve(endpoint: str, threads: int = 1) -> None:
     """Serve this machine's CPU backend at `endpoint` (HOST:PORT); returns only on failure."""
     L = _lib.get()
-    _require_rpc(L)
+    _require_rpc(L, SCHEME + endpoint)
     endpoint = endpoint_of(SCHEME + endpoint)
     cpu = L.ggml_backend_dev_by_type(_CPU_DEVICE)
     devices = (ctypes.c_void_p * 1)(cpu)

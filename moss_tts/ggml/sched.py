@@ -28,7 +28,8 @@ class Scheduler(NativeResource):
     def __init__(self, backend: Backend, cpu: Backend | None = None, *,
                  lacks: frozenset[str] = frozenset()):
         self.backend = backend
-        self.cpu = cpu if cpu is not None else get_backend("cpu")
+        # the CPU part runs with the threads the device's backend was given (--threads)
+        self.cpu = cpu if cpu is not None else get_backend("cpu", backend.threads)
         if not self.cpu.is_cpu:
             raise BackendError(f"a scheduler falls back to the CPU backend, not {self.cpu.name}")
         if self.backend is self.cpu:
