@@ -170,6 +170,11 @@ class Backend(NativeResource):
             raise BackendError(f"backend {self.name} is closed")
         return self._ptr
 
+    @property
+    def compute_lock(self) -> threading.Lock:
+        """Held while a graph computes here (the CPU backend plans into one work buffer)."""
+        return self._compute_lock
+
     def set_threads(self, threads: int | None) -> None:
         n = default_threads() if threads is None else int(threads)
         if n < 1:

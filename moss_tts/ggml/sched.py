@@ -45,7 +45,8 @@ class Scheduler(NativeResource):
     def _fit(self, graph) -> None:
         """Make the scheduler (again) when a graph is larger than its tables: ggml sizes them
         once, and a fixed budget would abort on a long input."""
-        size = self.lib.ggml_graph_size(graph.cgraph)
+        # its hash table holds the graph's nodes and leafs (each at most the graph's size)
+        size = 2 * self.lib.ggml_graph_size(graph.cgraph)
         if self._ptr and size <= self._size:
             self.lib.ggml_backend_sched_reset(self._ptr)
             return
@@ -111,7 +112,7 @@ class Scheduler(NativeResource):
 
     def compute(self, graph) -> None:
         # both backends' locks, in one order: the CPU backend may be shared with other graphs
-        with self.backend._compute_lock, self.cpu._compute_lock:
+        with self.backend.compute_lock, self.cpu.compute_lock:
             status = self.lib.ggml_backend_sched_graph_compute(self._ptr, graph.cgraph)
         if status != 0:
             raise BackendError(f"ggml graph compute failed on {self.backend.name} + CPU "
