@@ -30,3 +30,10 @@ def test_an_rpc_backend_with_no_server_is_a_one_line_error(models, tmp_path):
     err = r.stderr.decode().strip()
     assert r.returncode != 0 and len(err.splitlines()) == 1, err
     assert "127.0.0.1:9" in err and "Traceback" not in err
+
+
+@needs_rpc
+def test_doctor_names_the_rpc_backend_and_how_to_reach_one():
+    r = cli("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "--backend rpc://HOST:PORT" in r.stdout.decode()
