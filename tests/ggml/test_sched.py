@@ -7,7 +7,7 @@ import pytest
 
 from fixtures.compare import assert_close, assert_differs
 from moss_tts.errors import BackendError
-from moss_tts.ggml import F32, I32, Backend, Graph, TensorStore, ops
+from moss_tts.ggml import F32, I32, Allocator, Backend, Graph, TensorStore, allocator_for, ops
 from moss_tts.ggml.sched import Scheduler
 from tests.device import needs_rpc
 
@@ -114,3 +114,15 @@ def test_an_op_writing_into_device_memory_cannot_fall_back(rpc, cpu, rng):
 def test_a_scheduler_needs_a_device_beside_the_cpu(cpu):
     with pytest.raises(BackendError, match="needs a device backend beside the CPU"):
         Scheduler(cpu, cpu)
+
+
+@needs_rpc
+def test_only_a_device_gets_a_scheduler(rpc, cpu):
+    """The CPU keeps its own allocator (nothing changes for a CPU-only run); a device's graphs
+    go through the scheduler, with the ops it is said to lack."""
+    with allocator_for(cpu) as own, allocator_for(rpc) as scheduled:
+        assert type(own) is Allocator and type(scheduled) is Scheduler
+    with Backend(rpc.name, lacks=frozenset({"ROPE"})) as lacking, allocator_for(lacking) as s:
+        assert s.lacks == {"ROPE"}
+    with pytest.raises(BackendError, match="the CPU has them all"):
+        Backend("cpu", lacks=frozenset({"ROPE"}))
