@@ -117,12 +117,12 @@ def test_a_scheduler_needs_a_device_beside_the_cpu(cpu):
 
 
 @needs_rpc
-def test_only_a_device_gets_a_scheduler(rpc, cpu):
+def test_only_a_device_gets_a_scheduler(rpc_server, rpc, cpu):
     """The CPU keeps its own allocator (nothing changes for a CPU-only run); a device's graphs
     go through the scheduler, with the ops it is said to lack."""
     with allocator_for(cpu) as own, allocator_for(rpc) as scheduled:
         assert type(own) is Allocator and type(scheduled) is Scheduler
-    with Backend(rpc.name, lacks=frozenset({"ROPE"})) as lacking, allocator_for(lacking) as s:
+    with Backend(rpc_server.name, lacks=frozenset({"ROPE"})) as lacking, allocator_for(lacking) as s:
         assert s.lacks == {"ROPE"}
     with pytest.raises(BackendError, match="the CPU has them all"):
         Backend("cpu", lacks=frozenset({"ROPE"}))
