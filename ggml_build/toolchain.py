@@ -36,7 +36,14 @@ ENV_FLAGS = {
     "MOSS_TTS_GGML_VULKAN": ("GGML_VULKAN", False),
     "MOSS_TTS_GGML_METAL": ("GGML_METAL", False),
     "MOSS_TTS_GGML_BLAS": ("GGML_BLAS", False),
+    "MOSS_TTS_GGML_RPC": ("GGML_RPC", False),
 }
+# Passed to CMake only when turned on (ggml's own default is off): adding the switch left the
+# default build's flags, and so its cache key and everyone's cached build, as they were.
+ONLY_WHEN_ON = {"GGML_RPC"}
+# With RPC: TCP only. ggml would otherwise turn RDMA on wherever it finds libibverbs, tying the
+# libraries to it; a test talks to a local rpc server and needs no RDMA.
+RPC_FLAGS = {"GGML_RPC_RDMA": "OFF"}
 EXTRA_ARGS_ENV = "MOSS_TTS_GGML_CMAKE_ARGS"
 
 _TRUE = {"1", "on", "true", "yes"}
@@ -54,7 +61,11 @@ def cmake_flags() -> tuple[dict[str, str], list[str]]:
     remaining raw arguments of MOSS_TTS_GGML_CMAKE_ARGS."""
     flags = dict(FIXED_FLAGS)
     for var, (option, default) in ENV_FLAGS.items():
-        flags[option] = "ON" if _env_bool(var, default) else "OFF"
+        on = _env_bool(var, default)
+        if on or option not in ONLY_WHEN_ON:
+            flags[option] = "ON" if on else "OFF"
+    if flags.get("GGML_RPC") == "ON":
+        flags.update(RPC_FLAGS)
     extra = []
     args = iter(shlex.split(os.environ.get(EXTRA_ARGS_ENV, "")))
     for arg in args:

@@ -182,7 +182,8 @@ def _discard_stdout() -> None:
 
 def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cpu",
-                   help="ggml backend: cpu (default), cuda, vulkan, metal")
+                   help="ggml backend: cpu (default), cuda, vulkan, metal, or rpc://HOST:PORT "
+                        "(a ggml RPC server: python -m moss_tts.ggml.rpc HOST:PORT)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default and maximum: the usable cores)")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")

@@ -45,6 +45,9 @@ def _print_doctor() -> int:
     for d in backend.devices():
         mem = f", {d.memory_total / 2**30:.1f} GiB" if d.memory_total else ""
         print(f"  {d.registry.lower():8s} {d.name} — {d.description} [{d.kind}{mem}]")
+    if "rpc" in L.backends:   # servers are not enumerated: the user names one
+        print("  rpc      any ggml RPC server: --backend rpc://HOST:PORT "
+              "(serve this CPU with python -m moss_tts.ggml.rpc HOST:PORT)")
     with backend.Backend("cpu") as b:
         ok = _smoke_test(b)
     print(f"smoke test (2x2 matmul on cpu): {'ok' if ok else 'FAILED'}")

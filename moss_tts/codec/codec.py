@@ -10,7 +10,7 @@ import numpy as np
 
 from ..audio import StreamResampler, as_sample_rate, as_samples, resample, to_channels
 from ..errors import InputError, whole_number
-from ..ggml import I32, Allocator, Graph, Weights, get_backend
+from ..ggml import I32, Graph, Weights, allocator_for, get_backend
 from ..ggml.backend import NativeResource, released_on_error
 from . import rlfq
 from .config import FORMAT_VERSION, KIND, CodecConfig, tensor_shapes
@@ -49,7 +49,7 @@ class _TowerRunner:
         self.codec, self.tower, self.chunk = codec, tower, chunk_frames
         self.state = TowerState(codec.config, tower, chunk_frames, codec.backend,
                                 prefix=prefix, v_trans=v_trans)
-        self.allocator = Allocator(codec.backend)
+        self.allocator = allocator_for(codec.backend)
         self.graphs: dict[tuple, Graph] = {}
 
     def graph(self, n_frames: int, n_q: int, counts: tuple[int, ...]) -> Graph:

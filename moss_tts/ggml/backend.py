@@ -1,4 +1,4 @@
-"""Compute backends (cpu / cuda / vulkan / metal by name), threads, and the native handles
+"""Compute backends (cpu / cuda / vulkan / metal / rpc://HOST:PORT by name), threads, and the native handles
 that outlive one graph: a backend, a graph allocator, a tensor buffer (style C10)."""
 
 from __future__ import annotations
@@ -108,7 +108,11 @@ def devices() -> list[Device]:
 
 
 def _find_device(name: str):
-    """`cpu`, `cuda`, `cuda1`, `vulkan0`, ... or an exact ggml device name → device handle."""
+    """`cpu`, `cuda`, `cuda1`, `vulkan0`, ..., an exact ggml device name, or `rpc://HOST:PORT`
+    (a ggml RPC server, rpc.py) → device handle."""
+    from . import rpc   # here, not at the top: `python -m moss_tts.ggml.rpc` runs that module
+    if rpc.is_rpc_name(name):
+        return rpc.device(name)
     L = _lib.get()
     wanted = name.strip()
     base = wanted.rstrip("0123456789").lower()
@@ -138,7 +142,8 @@ class Backend(NativeResource):
     backend, a voice upload during a synthesis) corrupt each other's results.
     """
 
-    def __init__(self, name: str = "cpu", threads: int | None = None):
+    def __init__(self, name: str = "cpu", threads: int | None = None, *,
+                 lacks: frozenset[str] = frozenset()):
         self.lib = _lib.get()
         dev = _find_device(name)
         self._ptr = self.lib.ggml_backend_dev_init(dev, None)
@@ -151,6 +156,12 @@ class Backend(NativeResource):
         self.alignment = self.lib.ggml_backend_buft_get_alignment(self.buffer_type)
         self.threads = 0
         self._compute_lock = threading.Lock()
+        # ggml op names this device is to treat as unsupported (run on the CPU): the test of the
+        # scheduler's fallback on a device that has every op
+        self.lacks = frozenset(lacks)
+        if self.lacks and self.is_cpu:
+            self.close()
+            raise BackendError("lacks= names ops a device leaves to the CPU; the CPU has them all")
         self.set_threads(threads)
 
     @property
@@ -158,6 +169,11 @@ class Backend(NativeResource):
         if not self._ptr:
             raise BackendError(f"backend {self.name} is closed")
         return self._ptr
+
+    @property
+    def compute_lock(self) -> threading.Lock:
+        """Held while a graph computes here (the CPU backend plans into one work buffer)."""
+        return self._compute_lock
 
     def set_threads(self, threads: int | None) -> None:
         n = default_threads() if threads is None else int(threads)
@@ -207,6 +223,15 @@ def get_backend(backend: "Backend | str | None" = None, threads: int | None = No
         return _default[key]
 
 
+def allocator_for(backend: Backend):
+    """A persistent allocator for graphs on `backend`: the CPU's own, or for any other backend
+    ggml's scheduler over it and the CPU, so an op it lacks runs on the CPU (sched.py)."""
+    if backend.is_cpu:
+        return Allocator(backend)
+    from .sched import Scheduler
+    return Scheduler(backend, lacks=backend.lacks)
+
+
 class Allocator(NativeResource):
     """A persistent `ggml_gallocr`: reused by every graph run on it, growing to the largest."""
 
@@ -232,6 +257,9 @@ class Allocator(NativeResource):
             raise BackendError(f"could not allocate the compute buffer for graph {graph.name!r} "
                                "(out of memory?)")
         self.current = graph
+
+    def compute(self, graph) -> None:
+        self.backend.compute(graph.cgraph)
 
     @property
     def buffer_size(self) -> int:

@@ -10,16 +10,19 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from ..errors import BackendError, InputError, ShapeError
 from . import lib as _lib
-from .backend import Allocator, Backend, NativeResource, get_backend
+from .backend import Allocator, Backend, NativeResource, allocator_for, get_backend
 from .repack import check_graph
 from .types import F32, GGMLType, numpy_dtype
 from . import work as _work
+
+if TYPE_CHECKING:
+    from .sched import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +86,13 @@ class Tensor:
     @property
     def name(self) -> str:
         return _lib.ggml_tensor.from_address(self.ptr).name.decode()
+
+    @property
+    def on_host(self) -> bool:
+        """Is this tensor's memory the host's (a CPU buffer)? False on a GPU or an RPC server,
+        and for a tensor that has no memory yet."""
+        buffer = _lib.ggml_tensor.from_address(self.ptr).buffer
+        return bool(buffer) and bool(_lib.get().ggml_backend_buffer_is_host(buffer))
 
     def is_contiguous(self, n: int = 0) -> bool:
         """ggml_is_contiguous_n from the cached ne/nb (no C call): packed, except that axes
@@ -152,12 +162,12 @@ class Graph(NativeResource):
     """
 
     def __init__(self, backend: "Backend | str | None" = None, *, name: str = "graph",
-                 allocator: Allocator | None = None):
+                 allocator: "Allocator | Scheduler | None" = None):
         self.backend = get_backend(backend)
         self.lib = self.backend.lib
         self.name = name
         self._owns_allocator = allocator is None  # a shared allocator belongs to its creator
-        self.allocator = allocator or Allocator(self.backend)
+        self.allocator = allocator or allocator_for(self.backend)
         # metadata contexts: (ggml_context*, view of its Python-owned memory, base address, memory)
         self._ctxs: list = []
         self._ctx_index = -1
@@ -172,6 +182,7 @@ class Graph(NativeResource):
         self._output_ndim: dict[str, int] = {}
         self._allocated = False
         self._placed = False     # tensors carry addresses from an earlier allocation
+        self.builds = 0          # counts build(): a scheduler tells a rebuilt graph by it
         self._unused: set[str] = set()
         # index inputs: each entry is a window (view) of the input whose values index `bound` rows
         self._bounds: dict[str, list[IndexWindow]] = {}
@@ -298,6 +309,7 @@ class Graph(NativeResource):
         else:
             self.lib.ggml_reset(self._graph_ctx)
         self.cgraph = self.lib.ggml_new_graph_custom(self._graph_ctx, size, False)
+        self.builds += 1
         self._work = None
         # Cache writes first: nodes run in expansion order, so every later read of the cache
         # (built from a plain view of it, not from the write) sees the new rows.
@@ -393,7 +405,7 @@ class Graph(NativeResource):
     def compute(self) -> None:
         """Compute once. Write every input before each call: the allocator may reuse an input's
         memory after its last reader (only outputs are kept), so `run()` is the safe replay."""
-        self.backend.compute(self.cgraph)
+        self.allocator.compute(self)   # one backend's, or a Scheduler's over several
         if _work.counting():
             if self._work is None:
                 self._work = _work.graph_work(self.lib, self.cgraph)

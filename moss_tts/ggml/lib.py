@@ -198,6 +198,8 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_new_graph_custom", _P, [_P, c_size_t, c_bool]),
         # void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
         ("ggml_build_forward_expand", None, [_P, _T]),
+        # int ggml_graph_size(struct ggml_cgraph * cgraph);
+        ("ggml_graph_size", c_int, [_P]),
         # int ggml_graph_n_nodes(struct ggml_cgraph * cgraph);
         ("ggml_graph_n_nodes", c_int, [_P]),
         # struct ggml_tensor * ggml_graph_node(struct ggml_cgraph * cgraph, int i);
@@ -289,6 +291,48 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_backend_reg_name", c_char_p, [_P]),
         # void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
         ("ggml_backend_reg_get_proc_address", c_void_p, [_P, c_char_p]),
+        # size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg);
+        ("ggml_backend_reg_dev_count", c_size_t, [_P]),
+        # ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);
+        ("ggml_backend_reg_dev_get", _P, [_P, c_size_t]),
+        # ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);
+        ("ggml_backend_dev_by_type", _P, [c_int]),
+        # ggml_backend_sched_t ggml_backend_sched_new(ggml_backend_t * backends,
+        #     ggml_backend_buffer_type_t * bufts, int n_backends, size_t graph_size, bool parallel,
+        #     bool op_offload);
+        ("ggml_backend_sched_new", _P, [POINTER(c_void_p), c_void_p, c_int, c_size_t, c_bool,
+                                        c_bool]),
+        # void ggml_backend_sched_free(ggml_backend_sched_t sched);
+        ("ggml_backend_sched_free", None, [_P]),
+        # bool ggml_backend_sched_reserve(ggml_backend_sched_t sched, struct ggml_cgraph * measure_graph);
+        ("ggml_backend_sched_reserve", c_bool, [_P, _P]),
+        # void ggml_backend_sched_reset(ggml_backend_sched_t sched);
+        ("ggml_backend_sched_reset", None, [_P]),
+        # bool ggml_backend_sched_alloc_graph(ggml_backend_sched_t sched, struct ggml_cgraph * graph);
+        ("ggml_backend_sched_alloc_graph", c_bool, [_P, _P]),
+        # enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched, struct ggml_cgraph * graph);
+        ("ggml_backend_sched_graph_compute", c_int, [_P, _P]),
+        # int ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched);
+        ("ggml_backend_sched_get_n_splits", c_int, [_P]),
+        # size_t ggml_backend_sched_get_buffer_size(ggml_backend_sched_t sched, ggml_backend_t backend);
+        ("ggml_backend_sched_get_buffer_size", c_size_t, [_P, _P]),
+        # void ggml_backend_sched_set_tensor_backend(ggml_backend_sched_t sched, struct ggml_tensor * node, ggml_backend_t backend);
+        ("ggml_backend_sched_set_tensor_backend", None, [_P, _T, _P]),
+        # ggml_backend_t ggml_backend_sched_get_tensor_backend(ggml_backend_sched_t sched, struct ggml_tensor * node);
+        ("ggml_backend_sched_get_tensor_backend", _P, [_P, _T]),
+    ],
+    # Present only in a build with MOSS_TTS_GGML_RPC=1 (OPTIONAL_GROUPS).
+    "ggml-rpc.h": [
+        # ggml_backend_t ggml_backend_rpc_init(const char * endpoint, uint32_t device);
+        ("ggml_backend_rpc_init", _P, [c_char_p, c_uint32]),
+        # bool ggml_backend_is_rpc(ggml_backend_t backend);
+        ("ggml_backend_is_rpc", c_bool, [_P]),
+        # ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint);
+        ("ggml_backend_rpc_add_server", _P, [c_char_p]),
+        # void ggml_backend_rpc_start_server(const char * endpoint, const char * cache_dir,
+        #     size_t n_threads, size_t n_devices, ggml_backend_dev_t * devices);
+        ("ggml_backend_rpc_start_server", None, [c_char_p, c_char_p, c_size_t, c_size_t,
+                                                 POINTER(c_void_p)]),
     ],
     "ggml-cpu.h": [
         # void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads);
@@ -349,6 +393,11 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
 }
 
 
+# Header groups of a backend the build may leave out: header → the manifest's backend name. Its
+# functions are bound only when the manifest lists that backend (then all must be there).
+OPTIONAL_GROUPS = {"ggml-rpc.h": "rpc"}
+
+
 class Lib:
     """The loaded libraries: each declared C function is an attribute of the same name."""
 
@@ -356,8 +405,12 @@ class Lib:
         self.lib_dir = lib_dir
         self.manifest = manifest
         self._handles = handles
+        self.backends = {str(b).lower() for b in manifest.get("backends", ())}
         missing = []
-        for group in DECLARATIONS.values():
+        for header, group in DECLARATIONS.items():
+            needs = OPTIONAL_GROUPS.get(header)
+            if needs is not None and needs not in self.backends:
+                continue
             for name, restype, argtypes in group:
                 fn = _find_symbol(handles, name)
                 if fn is None:

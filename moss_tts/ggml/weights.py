@@ -230,6 +230,8 @@ class Weights(NativeResource):
             self._map = _map(file)
             self._bytes = np.frombuffer(self._map, dtype=np.uint8)
             self.buffer = self._load(set(self._repack_names(repack)))
+            if not self.zero_copy:
+                self._unmap()   # uploaded: the file's pages need not stay in this process
         self._tensors = {name: Tensor.from_ptr(self.lib.ggml_get_tensor(
             file._meta_ctx, name.encode()), None, self) for name in file.tensors}
         logger.info("loaded %s: %d tensors, %.1f MiB on %s%s%s", file.path.name,
@@ -289,6 +291,17 @@ class Weights(NativeResource):
             t = L.ggml_get_tensor(f._meta_ctx, name.encode())
             L.ggml_backend_tensor_set(t, base + info.offset, 0, info.nbytes)
         return buf
+
+    def _unmap(self) -> None:
+        self._bytes = None      # the only export of the map: close() would refuse while it lives
+        self._map.close()
+        self._map = None
+
+    @property
+    def maps_file(self) -> bool:
+        """Does this still map the GGUF (zero-copy CPU weights)? False once uploaded to a
+        backend's own memory (a GPU's, an RPC server's)."""
+        return self._map is not None
 
     def _upload_packed(self, packed: set[str], base: int) -> None:
         f, L = self.file, self.lib

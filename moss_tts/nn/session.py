@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable
 import numpy as np
 
 from ..errors import ContextFull, InputError
-from ..ggml.backend import Allocator, Backend, NativeResource
+from ..ggml.backend import Backend, NativeResource, allocator_for
 from ..ggml.graph import Graph
 from ..ggml.types import F32, GGMLType
 from .kv_cache import CacheView, KVCache
@@ -78,7 +78,7 @@ class DecodeSession(NativeResource):
                              dtype=dtype)
         self._build, self.prefix, self.name, self.flash = build, prefix, name, flash
         self.step_graphs: dict[tuple, Graph] = {}    # (variant, n_slots) → replayed graph
-        self.prefill_allocator = Allocator(backend)
+        self.prefill_allocator = allocator_for(backend)
         self.position = 0
 
     def _graph(self, n_rows: int, n_slots: int, variant, allocator=None) -> Graph:
