@@ -36,10 +36,12 @@ ENV_FLAGS = {
     "MOSS_TTS_GGML_VULKAN": ("GGML_VULKAN", False),
     "MOSS_TTS_GGML_METAL": ("GGML_METAL", False),
     "MOSS_TTS_GGML_BLAS": ("GGML_BLAS", False),
-    "MOSS_TTS_GGML_RPC": ("GGML_RPC", False),
+    # on by default: ggml's RPC backend is the one non-host backend a CPU-only machine can run,
+    # so the device path (uploads, copies in and out, the scheduler) is tested everywhere
+    # (tests/ggml/test_rpc.py, tests/models/test_rpc_backend.py); it costs a small library
+    "MOSS_TTS_GGML_RPC": ("GGML_RPC", True),
 }
-# Passed to CMake only when turned on (ggml's own default is off): adding the switch left the
-# default build's flags, and so its cache key and everyone's cached build, as they were.
+# Passed to CMake only when turned on (ggml's own default is off)
 ONLY_WHEN_ON = {"GGML_RPC"}
 # With RPC: TCP only. ggml would otherwise turn RDMA on wherever it finds libibverbs, tying the
 # libraries to it; a test talks to a local rpc server and needs no RDMA.

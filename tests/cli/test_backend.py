@@ -4,7 +4,6 @@ serving the CPU, moss_tts/ggml/rpc.py) speaks exactly as the CPU, and a bad name
 import numpy as np
 import soundfile as sf
 
-from tests.device import needs_rpc
 
 from .test_tts import cli, models  # noqa: F401
 
@@ -15,7 +14,6 @@ def _speak(models, out, backend):
                "--backend", backend, "-o", out)
 
 
-@needs_rpc
 def test_tts_on_an_rpc_backend_equals_cpu(models, rpc_server, tmp_path):
     for name, backend in (("rpc", rpc_server.name), ("cpu", "cpu")):
         r = _speak(models, tmp_path / f"{name}.wav", backend)
@@ -32,7 +30,6 @@ def test_an_rpc_backend_with_no_server_is_a_one_line_error(models, tmp_path):
     assert "127.0.0.1:9" in err and "Traceback" not in err
 
 
-@needs_rpc
 def test_doctor_names_the_rpc_backend_and_how_to_reach_one():
     r = cli("doctor")
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,6 @@ from moss_tts.errors import BackendError
 from moss_tts.ggml import F16, F32, Backend, Graph, TensorStore, Weights, ops
 from moss_tts.ggml.quant import quantize
 from moss_tts.ggml.rpc import LocalServer, endpoint_of
-from tests.device import needs_rpc
 from tests.ggml.test_weights import write_gguf
 
 EXACT = 0.0  # the same CPU kernels, one thread on each side: bit-equal
@@ -37,7 +36,6 @@ def _mul_mat(backend, w, x, *, weight_type=F32):
         return g.run({"x": x})["y"], store["w"].on_host, (xt.on_host, y.on_host)
 
 
-@needs_rpc
 @pytest.mark.parametrize("weight_type", [F32, F16])
 @pytest.mark.parametrize("rows", [1, 7])
 def test_mul_mat_on_rpc_equals_cpu(rpc, cpu, rng, weight_type, rows):
@@ -52,7 +50,6 @@ def test_mul_mat_on_rpc_equals_cpu(rpc, cpu, rng, weight_type, rows):
     assert_differs(moved, want, atol=1e-3, what="rpc mul_mat of a shifted input")
 
 
-@needs_rpc
 def test_rpc_tensors_are_not_host_memory(rpc, cpu, rng):
     w, x = rng.standard_normal((4, 32)), rng.standard_normal((2, 32))
     assert not rpc.is_host and not rpc.is_cpu
@@ -64,7 +61,6 @@ def test_rpc_tensors_are_not_host_memory(rpc, cpu, rng):
     assert (weight_on_host, input_on_host, output_on_host) == (True, True, True)
 
 
-@needs_rpc
 def test_gguf_weights_are_uploaded_to_rpc_and_compute_as_on_cpu(tmp_path, rpc, cpu, rng):
     wq = rng.standard_normal((16, 64)).astype(np.float32)
     raw = quantize(wq, "q8_0")
@@ -95,7 +91,6 @@ def test_malformed_rpc_names_raise_backend_error(name):
         endpoint_of(name)
 
 
-@needs_rpc
 def test_rpc_name_with_no_server_raises_backend_error():
     with LocalServer() as server:
         name = server.name

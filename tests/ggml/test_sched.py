@@ -9,7 +9,6 @@ from fixtures.compare import assert_close, assert_differs
 from moss_tts.errors import BackendError
 from moss_tts.ggml import F32, I32, Allocator, Backend, Graph, TensorStore, allocator_for, ops
 from moss_tts.ggml.sched import Scheduler
-from tests.device import needs_rpc
 
 EXACT = 0.0  # the same CPU kernels on each side of the RPC connection
 
@@ -50,7 +49,6 @@ def _run(backend, weights, x, *, allocator=None, depth=1):
     return y, g, store
 
 
-@needs_rpc
 @pytest.mark.parametrize("lacks", [frozenset(), frozenset({"SOFT_MAX"}),
                                    frozenset({"RMS_NORM", "ADD"})])
 def test_scheduled_graph_equals_cpu_with_ops_on_the_cpu(rpc, cpu, weights, rng, lacks):
@@ -80,7 +78,6 @@ def _node(g, op):
     raise AssertionError(f"no {op} node in {g.name}")
 
 
-@needs_rpc
 def test_graphs_taking_turns_and_growing_on_one_scheduler(rpc, cpu, weights, rng):
     """Graph A, a larger B (more rows, three blocks: the scheduler is made again for it),
     then A again: each is allocated anew, split anew, and still computes its own result."""
@@ -97,7 +94,6 @@ def test_graphs_taking_turns_and_growing_on_one_scheduler(rpc, cpu, weights, rng
             r.close()
 
 
-@needs_rpc
 def test_an_op_writing_into_device_memory_cannot_fall_back(rpc, cpu, rng):
     cache = TensorStore({"k": ((8, 16), F32)}, rpc)
     with Scheduler(rpc, cpu, lacks=frozenset({"SET_ROWS"})) as sched, \
@@ -116,7 +112,6 @@ def test_a_scheduler_needs_a_device_beside_the_cpu(cpu):
         Scheduler(cpu, cpu)
 
 
-@needs_rpc
 def test_only_a_device_gets_a_scheduler(rpc_server, rpc, cpu):
     """The CPU keeps its own allocator (nothing changes for a CPU-only run); a device's graphs
     go through the scheduler, with the ops it is said to lack."""

@@ -13,9 +13,10 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-def test_rpc_is_left_out_of_the_default_flags(clean_env):
+def test_the_default_build_has_the_rpc_backend_without_rdma(clean_env):
+    """On by default, so the device path is tested on every machine (tests/ggml/test_rpc.py)."""
     flags, extra = cmake_flags()
-    assert "GGML_RPC" not in flags and "GGML_RPC_RDMA" not in flags
+    assert flags["GGML_RPC"] == "ON" and flags["GGML_RPC_RDMA"] == "OFF"
     assert flags["GGML_CUDA"] == "OFF" and extra == []
 
 

@@ -12,7 +12,6 @@ from moss_tts.errors import BudgetWarning
 from moss_tts.ggml import Backend
 from moss_tts.models.nano_tts import Reference
 from moss_tts.sampling import SamplingOptions
-from tests.device import needs_rpc
 
 from .conftest import THREADS, seeded_codes
 from .test_contract import CLASSES, FAMILIES, TEXT, clip, files, small, v2_codec  # noqa: F401
@@ -65,7 +64,6 @@ def speak(tts, family, **kw):
         return tts.synthesize(TEXT, seed=3, **small(family), **kw)[0]
 
 
-@needs_rpc
 @pytest.mark.parametrize("family", FAMILIES)
 def test_model_and_codec_live_off_the_host(on_rpc, on_cpu, family):
     tts = on_rpc(family)
@@ -76,7 +74,6 @@ def test_model_and_codec_live_off_the_host(on_rpc, on_cpu, family):
     assert cpu.model.weights.zero_copy and cpu.model.weights[cpu.model.weights.names()[0]].on_host
 
 
-@needs_rpc
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sampled_speech_on_rpc_equals_cpu(on_rpc, on_cpu, family):
     got, want = speak(on_rpc(family), family), speak(on_cpu(family), family)
@@ -84,7 +81,6 @@ def test_sampled_speech_on_rpc_equals_cpu(on_rpc, on_cpu, family):
     np.testing.assert_array_equal(got, want, err_msg=family)
 
 
-@needs_rpc
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cloned_speech_on_rpc_equals_cpu(on_rpc, on_cpu, family):
     # the reference goes through the codec's encoder on each backend
@@ -98,7 +94,6 @@ def test_cloned_speech_on_rpc_equals_cpu(on_rpc, on_cpu, family):
     assert got.shape != speak(tts, family).shape or (got != speak(tts, family)).any()
 
 
-@needs_rpc
 def test_nano_greedy_codes_on_rpc_equal_cpu(on_rpc, on_cpu):
     rows = on_cpu("nano").plan(TEXT, reference=Reference(seeded_codes(6, seed=1)))[0][1]
     want = on_cpu("nano").generate(rows, options=GREEDY, max_frames=24)
@@ -108,7 +103,6 @@ def test_nano_greedy_codes_on_rpc_equal_cpu(on_rpc, on_cpu):
 
 
 
-@needs_rpc
 def test_nano_streams_decoded_together_on_rpc_equal_cpu(on_rpc, on_cpu):
     """Several streams per step (models/batching.py): the shared caches on the device too."""
     requests = [{"text": TEXT, "seed": 3, "max_frames": 6},
@@ -128,7 +122,6 @@ def test_nano_streams_decoded_together_on_rpc_equal_cpu(on_rpc, on_cpu):
 LACKED = frozenset({"MUL_MAT", "SOFT_MAX", "FLASH_ATTN_EXT", "ROPE"})
 
 
-@needs_rpc
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_device_lacking_ops_falls_back_to_the_cpu_and_speaks_the_same(files, rpc_server,
                                                                         on_cpu, family):
@@ -144,7 +137,6 @@ PUBLISHED = {"ttsd": {"text": "[S1] Hello there. [S2] Fine, thanks."},
              "sfx": {"text": "Rain on a tin roof."}}
 
 
-@needs_rpc
 @pytest.mark.parametrize("kind", list(PUBLISHED))
 def test_published_delay_checkpoints_on_rpc_equal_cpu(published_files, v1_codec_gguf, rpc, kind):
     from moss_tts.models.registry import family_of_model
@@ -162,7 +154,6 @@ def test_published_delay_checkpoints_on_rpc_equal_cpu(published_files, v1_codec_
     np.testing.assert_array_equal(out[0], out[1], err_msg=kind)
 
 
-@needs_rpc
 def test_published_llama_cpp_layout_on_rpc_equals_cpu(tmp_path, rpc):
     """Its numpy tables go to the backend through a TensorStore beside the GGUF's weights."""
     from fixtures.make_delay import make_state, make_tokenizer_json, tiny_config, write_published_layout
