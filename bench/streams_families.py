@@ -143,6 +143,15 @@ def _with_tokenizer(write: Callable[[], Path], key: str, driver) -> None:
         write()
 
 
+def _patch_once(owner, name: str, wrap: Callable) -> None:
+    """owner.name = wrap(the plain one), once per process however often a worker loads."""
+    plain = getattr(owner, name)
+    if not getattr(plain, "keeps_speaking", False):
+        patched = wrap(plain)
+        patched.keeps_speaking = True
+        setattr(owner, name, patched)
+
+
 def _local_path(outtype: str) -> Path:
     from bench import local
 
@@ -162,18 +171,15 @@ def _local_keep_speaking() -> None:
     and its generator are otherwise the family's own), which ends a stream alone or batched."""
     from moss_tts.models import local
 
-    plain = local.choose
-    if getattr(plain, "keeps_speaking", False):
-        return
+    def wrap(plain):
+        def choose(logits, c, seen, cfg, opts, rng):
+            if c == 0:
+                logits = logits.copy()
+                logits[cfg.audio_end_token_id] = NEVER
+            return plain(logits, c, seen, cfg, opts, rng)
+        return choose
 
-    def choose(logits, c, seen, cfg, opts, rng):
-        if c == 0:
-            logits = logits.copy()
-            logits[cfg.audio_end_token_id] = NEVER
-        return plain(logits, c, seen, cfg, opts, rng)
-
-    choose.keeps_speaking = True
-    local.choose = choose
+    _patch_once(local, "choose", wrap)
 
 
 def _local_load(outtype: str, threads: int, codec: bool):
@@ -217,16 +223,13 @@ def _v15_keep_speaking() -> None:
     taken whatever it said (`decide`, which the alone loop and the batch share)."""
     from moss_tts.models import local_v15
 
-    plain = local_v15.decide
-    if getattr(plain, "keeps_speaking", False):
-        return
+    def wrap(plain):
+        def decide(logits, rng, opts):
+            plain(logits, rng, opts)
+            return local_v15.CONTINUE
+        return decide
 
-    def decide(logits, rng, opts):
-        plain(logits, rng, opts)
-        return local_v15.CONTINUE
-
-    decide.keeps_speaking = True
-    local_v15.decide = decide
+    _patch_once(local_v15, "decide", wrap)
 
 
 def _v15_load(outtype: str, threads: int, codec: bool):
@@ -260,18 +263,15 @@ def _realtime_keep_speaking() -> None:
     `TurnSampler.choose`, which the alone loop and the batch share."""
     from moss_tts.models.realtime import TurnSampler
 
-    plain = TurnSampler.choose
-    if getattr(plain, "keeps_speaking", False):
-        return
+    def wrap(plain):
+        def choose(self, j, logits, seen):
+            if j == 0:
+                logits = logits.copy()
+                logits[self.cfg.audio_eos] = NEVER
+            return plain(self, j, logits, seen)
+        return choose
 
-    def choose(self, j, logits, seen):
-        if j == 0:
-            logits = logits.copy()
-            logits[self.cfg.audio_eos] = NEVER
-        return plain(self, j, logits, seen)
-
-    choose.keeps_speaking = True
-    TurnSampler.choose = choose
+    _patch_once(TurnSampler, "choose", wrap)
 
 
 def _realtime_load(outtype: str, threads: int, codec: bool):
@@ -326,17 +326,14 @@ def _delay_keep_speaking() -> None:
     slot (the audio's end) nor <|im_end|>: their logits are set far below the rest first."""
     from moss_tts.models import delay
 
-    plain = delay.next_row
-    if getattr(plain, "keeps_speaking", False):
-        return
+    def wrap(plain):
+        def next_row(state, text_logits, audio_logits, seen, cfg, opts, rng):
+            text_logits = text_logits.copy()
+            text_logits[[cfg.audio_assistant_delay_slot_token_id, cfg.im_end_token_id]] = NEVER
+            return plain(state, text_logits, audio_logits, seen, cfg, opts, rng)
+        return next_row
 
-    def next_row(state, text_logits, audio_logits, seen, cfg, opts, rng):
-        text_logits = text_logits.copy()
-        text_logits[[cfg.audio_assistant_delay_slot_token_id, cfg.im_end_token_id]] = NEVER
-        return plain(state, text_logits, audio_logits, seen, cfg, opts, rng)
-
-    next_row.keeps_speaking = True
-    delay.next_row = next_row
+    _patch_once(delay, "next_row", wrap)
 
 
 def _delay_load(outtype: str, threads: int, codec: bool):
