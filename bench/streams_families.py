@@ -122,7 +122,9 @@ NANO = Family(
 # --- the Qwen3 families: no codec at real dims here, so frames only ------------------------------
 # Each reuses its own bench's random checkpoint (writer and cache), loads it as its TTS class
 # (the tokenizer the writers embed plans the sentence) and keeps its random model speaking the
-# way that bench does, in every worker (alone, batch, processes) alike.
+# way that bench does, in every worker (alone, batch, processes) alike. That tokenizer is the
+# fixtures' 400-piece BPE: the sentence takes ~3× the ids Qwen's would (prompts of 135 rows for
+# Local and v1.5; 237 rows + 52 text ids fed as it speaks for Realtime).
 def _bench_data(sub: str) -> str:
     """A family bench's default --data (where its random-weight files are written once)."""
     return os.environ.get("MOSS_TTS_BENCH_DATA", str(ROOT / "bench" / "results" / sub))
