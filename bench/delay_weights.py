@@ -35,7 +35,7 @@ import numpy as np
 
 from converters.delay import tensor_types
 from converters.gguf_io import Lazy, write_tensors
-from fixtures.make_delay import add_llama_qwen3_keys
+from fixtures.make_delay import add_llama_qwen3_keys, make_tokenizer_json
 from moss_tts.ggml import F16
 from moss_tts.models.delay import DelayConfig
 from moss_tts.models.delay_published import HEAD, TABLE, TOKENIZER
@@ -153,7 +153,8 @@ def write_published(out: Path, cfg: DelayConfig, outtype: str, head: str | None)
     for k in range(cfg.n_vq):
         np.save(tmp / TABLE.format(k), PooledRows(f"emb_ext.{k}", (cfg.audio_rows, d)).as_f16())
         np.save(tmp / HEAD.format(k), PooledRows(f"head.{k}", (cfg.audio_rows, d)).as_f16())
-    (tmp / TOKENIZER).write_text("{}")     # read by the loader, not used here
+    # not used by bench/delay.py; DelayTTS needs a usable one (bench/streams.py plans a sentence)
+    (tmp / TOKENIZER).write_text(make_tokenizer_json())
     tmp.rename(out)
     print(f"{out}: written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return out

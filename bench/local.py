@@ -40,6 +40,7 @@ from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local import local_group, tensor_types  # noqa: E402
+from fixtures.make_delay import make_tokenizer_json  # noqa: E402
 from moss_tts.ggml import Graph, Weights, get_backend, ops  # noqa: E402
 from moss_tts.models.local import (FORMAT_VERSION, KIND, LOCAL, TOKENIZER_KEY,  # noqa: E402
                                    LocalConfig, LocalModel, choose, row_feed)
@@ -74,7 +75,9 @@ def weights_file(args) -> Path:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        write_gguf(out, tensor_values(cfg), cfg.to_metadata() | {TOKENIZER_KEY: "{}"},
+        # a working tokenizer: bench/streams.py loads it as a LocalTTS and plans a sentence
+        meta = cfg.to_metadata() | {TOKENIZER_KEY: make_tokenizer_json()}
+        write_gguf(out, tensor_values(cfg), meta,
                    kind=KIND, version=FORMAT_VERSION,
                    type_for=tensor_types(args.type))
         print(f"{out}: written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)

@@ -39,6 +39,7 @@ from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local_v15 import tensor_types  # noqa: E402
+from fixtures.make_delay import make_tokenizer_json  # noqa: E402
 from fixtures.upstream_local_v15 import (  # noqa: E402
     UPSTREAM_ENV, backbone_hidden, upstream_model, upstream_modules)
 from moss_tts.ggml import Graph, Weights, get_backend, ops  # noqa: E402
@@ -69,7 +70,8 @@ def model_path(args, outtype: str) -> Path:
         tensors = {n: PooledRows(n, s) if len(s) == 2 else np.ones(s, np.float32)
                    for n, s in cfg.tensor_shapes().items()}
         t0 = time.perf_counter()
-        write_gguf(path, tensors, cfg.to_metadata() | {lv.TOKENIZER_KEY: "{}"}, kind=lv.KIND,
+        meta = cfg.to_metadata() | {lv.TOKENIZER_KEY: make_tokenizer_json()}   # streams.py plans
+        write_gguf(path, tensors, meta, kind=lv.KIND,
                    version=lv.FORMAT_VERSION, type_for=tensor_types(outtype, embed=args.embed_type))
         print(f"{path}: written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return path

@@ -1,21 +1,25 @@
 """Several streams in one decode step (issue 25), at a family's REAL dimensions with random
-weights (bench/streams_families.py: Nano today): aggregate audio seconds per wall second and
-per-stream ms per frame at 1, 2, 4, 8 streams decoded together, against (a) one stream through
-today's one-stream loop and (b) the same number of streams as separate processes, each with
-max(1, threads // N) threads as `batch --workers` gives them; then the time to first audio of a
-request that arrives while 3 others run, against an idle one's; peak RSS; each at --threads-list.
+weights (bench/streams_families.py: Nano, Local, Local v1.5, Realtime): aggregate audio seconds
+per wall second and per-stream ms per frame at 1, 2, 4, 8 streams decoded together, against (a)
+one stream through today's one-stream loop and (b) the same number of streams as separate
+processes, each with max(1, threads // N) threads as `batch --workers` gives them; then the
+time to first audio of a request that arrives while 3 others run, against an idle one's; peak
+RSS; each at --threads-list.
 
-    python bench/streams.py [--family nano] [--types f32,q8_0] [--streams 1,2,4,8]
-        [--threads-list 1,2] [--frames 30] [--warmup 5] [--runs 3] [--repeat 1]
-        [--source auto|frames|stream] [--no-wait]
+    python bench/streams.py [--family nano,local,local_v15,realtime] [--types f32,q8_0]
+        [--streams 1,2,4,8] [--threads-list 1,2] [--frames 30] [--warmup 5] [--runs 3]
+        [--repeat 1] [--source auto|frames|stream] [--no-wait]
 
 --source frames (auto where the family has it) takes the frames alone (the one-stream loop, or
 the family's BatchFamily jobs): the codec decode, per stream and unbatched, is not in those
 figures, and audio seconds are frames × 80 ms. --source stream goes through the public API
 (`tts.stream`, inside `tts.decoding_together(N)` for a batch): the codec is in, audio seconds
-are the samples made. First audio always goes through the public API. Every measurement runs in
-a fresh subprocess (`--worker ...`), after waiting for a quiet machine unless --no-wait (then
-the other load seen is reported beside each row). Not a timed test.
+are the samples made. First audio goes through the public API where the family has a codec
+(Nano); the Qwen3 families have none at real dims here, so they run frames only and report the
+frame-level equivalent: a job submitted (or the one-stream loop started) → its first frame.
+Every measurement runs in a fresh subprocess (`--worker ...`), after waiting for a quiet
+machine unless --no-wait (then the other load seen is reported beside each row). Not a timed
+test.
 """
 
 from __future__ import annotations
@@ -139,11 +143,11 @@ def worker_batch(args) -> dict:
     return out | {"source": source}
 
 
-def first_audio(tts, fam, seed: int, budget: int, running: list = ()) -> float:
-    """Seconds from a new `tts.stream` to its first audio chunk, pulling the running streams
-    (one chunk each) and then it, in turn, as the server's worker does."""
+def first_item(start, running: list = ()) -> float:
+    """Seconds from starting a stream (`start()`) to its first item, pulling the running streams
+    (one item each) and then it, in turn, as the server's worker does."""
     t0 = time.perf_counter()
-    stream = tts.stream(fam.text, **fam.stream_kwargs(seed, budget))
+    stream = start()
     try:
         while True:
             for other in running:
@@ -159,29 +163,44 @@ def first_audio(tts, fam, seed: int, budget: int, running: list = ()) -> float:
 def worker_first_audio(args) -> dict:
     """A request's first audio: idle (no decoding_together; then alone inside one), and while
     LOAD_STREAMS others run inside decoding_together(LOAD_STREAMS + 1). The first call of each
-    case is cold (graphs built, weights paged in) and not counted; medians of --runs."""
+    case is cold (graphs built, weights paged in) and not counted; medians of --runs. A family
+    without a codec here (`fam.codec` False) gets the frame-level equivalent: from submitting
+    its one-stream loop, or its job to the batch, to the first frame."""
     fam = _family(args)
-    tts = fam.load(args.type, args.threads, True)
+    source = "stream" if fam.codec else "frames"
+    tts = fam.load(args.type, args.threads, fam.codec)
     c = Contention()
     budget = _budget(args, LOAD_STREAMS + 1) + (args.runs + 1) * JOIN_ROUNDS
-    idle = [first_audio(tts, fam, 100 + i, budget) for i in range(args.runs + 1)][1:]
-    with tts.decoding_together(LOAD_STREAMS + 1):
-        inside = [first_audio(tts, fam, 100 + i, budget) for i in range(args.runs + 1)][1:]
-    with tts.decoding_together(LOAD_STREAMS + 1):
-        running = [tts.stream(fam.text, **fam.stream_kwargs(seed, budget))
-                   for seed in range(LOAD_STREAMS)]
+
+    def start(batch, seed: int):
+        """A new request: `tts.stream` (inside decoding_together it joins the batch), or
+        without a codec the one-stream loop (batch None) or a job of the batch."""
+        if fam.codec:
+            return tts.stream(fam.text, **fam.stream_kwargs(seed, budget))
+        if batch is None:
+            return fam.frames(tts, seed, budget)
+        return batch.items(fam.job(tts, batch.family, seed, budget))
+
+    def timed(batch=None, running=()) -> list[float]:
+        return [first_item(lambda: start(batch, 100 + i), running)
+                for i in range(args.runs + 1)][1:]
+
+    idle = timed()
+    with tts.decoding_together(LOAD_STREAMS + 1) as batch:
+        inside = timed(batch)
+    with tts.decoding_together(LOAD_STREAMS + 1) as batch:
+        running = [start(batch, seed) for seed in range(LOAD_STREAMS)]
         for _ in range(1 + args.warmup):            # all joined and decoding
             for stream in running:
                 next(stream)
         # the first builds the graphs of a prompt appended in chunks: not counted either
-        loaded = [first_audio(tts, fam, 100 + i, budget, running)
-                  for i in range(args.runs + 1)][1:]
+        loaded = timed(batch, running)
         for stream in running:
             stream.close()
     ms = lambda xs: 1e3 * statistics.median(xs)    # noqa: E731
     return {"idle_ms": ms(idle), "idle_together_ms": ms(inside), "loaded_ms": ms(loaded),
             "loaded_all_ms": [1e3 * x for x in loaded], "foreign": c.share(),
-            "peak_rss_gb": peak_rss_gb()}
+            "peak_rss_gb": peak_rss_gb(), "source": source}
 
 
 WORKERS = {"alone": worker_alone, "batch": worker_batch, "first_audio": worker_first_audio}
@@ -260,7 +279,7 @@ def measure(d: Driver, args, fam) -> tuple[list[tuple], dict, dict]:
             elif mode == BATCH:
                 r = d.worker("batch", streams=n, **kw)
             else:
-                too_big = fits_in_ram(fam.weight_path(t).stat().st_size, n)
+                too_big = fits_in_ram(fam.weight_bytes(t), n)
                 r = {"skipped": too_big} if too_big else \
                     run_group(d, n, kw | {"threads": max(1, th // n)})
             d.say(f"round {round_ + 1}: {key}: {json.dumps(r)}")
@@ -353,10 +372,11 @@ def goal_lines(fam, keys, best, first) -> list[str]:
         if speedup < 1.0:
             lines.append(f"  {t}, {n} streams, {th} thread(s): {speedup:.2f}× one stream: "
                          "BELOW it")
+    what = "first audio" if fam.codec else "first frame (frame-level, no codec)"
     for (t, th), r in first.items():
         if "loaded_ms" in r:
             slower = r["loaded_ms"] / r["idle_ms"]
-            lines.append(f"  first audio {t}, {th} thread(s): {slower:.2f}× idle (goal ≤ "
+            lines.append(f"  {what} {t}, {th} thread(s): {slower:.2f}× idle (goal ≤ "
                          f"{GOAL_FIRST_AUDIO}×): {verdict(slower <= GOAL_FIRST_AUDIO)}")
     return lines
 
@@ -385,9 +405,12 @@ def report(d: Driver, args, fam, keys, best, first) -> None:
         rows = threads_rows(keys, best, threads_list)
         d.say(table(rows, list(rows[0])))
     d.say("")
-    d.say(f"first audio (tts.stream → its first chunk, codec in; medians of {args.runs} warm): "
-          f"idle; alone inside decoding_together({LOAD_STREAMS + 1}); arriving while "
-          f"{LOAD_STREAMS} others run in it, all pulled in turn as the server's worker does")
+    what = "first audio (tts.stream → its first chunk, codec in" if fam.codec else \
+        ("first FRAME, the frame-level equivalent of first audio (no codec at real dims here: "
+         "its one-stream loop or its job submitted → its first frame, codec not in")
+    d.say(f"{what}; medians of {args.runs} warm): idle; alone inside decoding_together("
+          f"{LOAD_STREAMS + 1}); arriving while {LOAD_STREAMS} others run in it, all pulled in "
+          f"turn as the server's worker does")
     rows = first_audio_rows(first)
     d.say(table(rows, list(max(rows, key=len))))
     d.say("")
@@ -407,7 +430,7 @@ def drive(args) -> int:
     t_start = time.perf_counter()
     for name in args.family.split(","):
         fam = FAMILIES[name]
-        blocked = fam.blocked()
+        blocked = fam.blocked(args.source)
         if blocked:
             d.say(f"{name}: {blocked}")
             continue
