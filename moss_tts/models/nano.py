@@ -189,7 +189,7 @@ class GenerationState(SessionsOwner):
         self.global_ = session(
             lambda g, n, kv, v: build_global_step(g, w, cfg, n, kv, every_row=v == "step"),
             backend=model.backend, n_layer=b.n_layer, n_kv_head=b.n_head, head_dim=b.head_dim,
-            capacity=capacity, prefix="global", name="nano.global")
+            capacity=capacity, prefix="global", name="nano.global", head_major=True)
         with released_on_error(self.global_):
             self.depth = session(
                 lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
