@@ -194,7 +194,8 @@ class GenerationState(SessionsOwner):
             self.depth = session(
                 lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
-                capacity=(cfg.n_vq + 1) * (streams or 1), prefix="depth", name="nano.depth")
+                capacity=(cfg.n_vq + 1) * (streams or 1), prefix="depth", name="nano.depth",
+                head_major=True)
 
     @property
     def position(self) -> int:
