@@ -62,7 +62,7 @@ class KVCache(NativeResource):
 
     `head_major` stores each head's slots together ([Hkv, capacity, Dh], numpy order) instead
     of each slot's heads: a one-row query's flash attention walks one head's keys at a time,
-    so they are read as one stream, not one 256-byte row every slot width apart (the same
+    so they are read as one stream, not one Dh-long row every slot width apart (the same
     values in the same order: the result is unchanged).
     """
 
