@@ -189,12 +189,13 @@ class GenerationState(SessionsOwner):
         self.global_ = session(
             lambda g, n, kv, v: build_global_step(g, w, cfg, n, kv, every_row=v == "step"),
             backend=model.backend, n_layer=b.n_layer, n_kv_head=b.n_head, head_dim=b.head_dim,
-            capacity=capacity, prefix="global", name="nano.global")
+            capacity=capacity, prefix="global", name="nano.global", head_major=True)
         with released_on_error(self.global_):
             self.depth = session(
                 lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
-                capacity=(cfg.n_vq + 1) * (streams or 1), prefix="depth", name="nano.depth")
+                capacity=(cfg.n_vq + 1) * (streams or 1), prefix="depth", name="nano.depth",
+                head_major=True)
 
     @property
     def position(self) -> int:

@@ -59,21 +59,32 @@ class KVCache(NativeResource):
     tags each slot with its sequence id, the mask keeps each query row to its own sequence's
     slots, and `free(seq)` hands a finished sequence's slots to the next `reserve`. Linear mode
     only: a ring is one sequence's window.
+
+    `head_major` stores each head's slots together ([Hkv, capacity, Dh], numpy order) instead
+    of each slot's heads: a one-row query's flash attention walks one head's keys at a time,
+    so they are read as one stream, not one Dh-long row every slot width apart (the same
+    values in the same order: the result is unchanged).
     """
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, *,
                  backend: "Backend | str | None" = None, dtype: GGMLType = F32,
-                 v_trans: bool = False):
+                 v_trans: bool = False, head_major: bool = False):
         if min(n_layer, n_kv_head, head_dim, capacity) < 1:
             raise ShapeError("KVCache: layers, heads, head_dim and capacity must be positive")
         if dtype not in (F32, F16):
             raise ShapeError(f"KVCache: dtype must be F32 or F16, got {GGMLType(dtype).name}")
         self.backend = get_backend(backend)
         self.n_layer, self.n_kv_head, self.head_dim = n_layer, n_kv_head, head_dim
+        if v_trans and head_major:
+            raise ShapeError("KVCache: a transposed V cache cannot also be head-major")
         self.capacity, self.dtype, self.v_trans = capacity, GGMLType(dtype), bool(v_trans)
+        self.head_major = bool(head_major)
         # one row of Dh·Hkv values per slot: set_rows writes rows, views split heads for reading;
-        # a transposed V holds a row of `capacity` slots per channel (numpy shapes below)
+        # a transposed V holds a row of `capacity` slots per channel; head-major, a row of Dh per
+        # (head, slot) (numpy shapes below)
         rows = (capacity, head_dim * n_kv_head)
+        if head_major:
+            rows = (n_kv_head, capacity, head_dim)
         specs = {}
         for il in range(n_layer):
             specs[f"cache.{il}.k"] = (rows, self.dtype)
@@ -182,6 +193,11 @@ class KVCache(NativeResource):
         """Write k, v of layer il into the slots given by I32 `slots` [T]. Each is [Dh, Hkv, T]
         (a strided view is fine while each row's heads are packed) or [Dh·Hkv, T]."""
         n = slots.ne[0]
+        if self.head_major:
+            # [Dh, cap, Hkv] ← [Dh, T, Hkv]: the slot indices broadcast over the heads
+            ops.set_rows(self._k[il], self._head_rows(k, n), slots)
+            ops.set_rows(self._v[il], self._head_rows(v, n), slots)
+            return
         ops.set_rows(self._k[il], self._rows(k, n), slots)
         v = self._rows(v, n)
         if not self.v_trans:
@@ -207,6 +223,18 @@ class KVCache(NativeResource):
                              f"{self.n_kv_head}, {n}] or [{width}, {n}]")
         return rows if rows.nb[0] == size else ops.cont(rows)
 
+    def _head_rows(self, t: Tensor, n: int) -> Tensor:
+        """t as [Dh, n, Hkv] (a permuted view: each (row, head) stays Dh contiguous values)."""
+        width, dh = self.head_dim * self.n_kv_head, self.head_dim
+        if t.ne == (width, n, 1, 1):
+            t = ops.reshape(t if t.is_contiguous() else ops.cont(t), dh, self.n_kv_head, n)
+        elif t.ne != (dh, self.n_kv_head, n, 1):
+            raise ShapeError(f"KVCache.store: got {list(t.ne)}, expected [{dh}, "
+                             f"{self.n_kv_head}, {n}] or [{width}, {n}]")
+        if t.nb[0] != type_size(t.type)[0]:
+            t = ops.cont(t)
+        return ops.permute(t, 0, 2, 1)
+
     def keys(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
         """View [Dh, Hkv, n_slots] of layer il's K rows in graph g (default: every slot)."""
         return self._view(g, self._k[il], n_slots)
@@ -228,6 +256,9 @@ class KVCache(NativeResource):
 
     def _view(self, g: Graph, cache: Tensor, n_slots: int | None) -> Tensor:
         n = self._n_slots(n_slots)
+        if self.head_major:   # cache [Dh, capacity, Hkv]: heads capacity rows apart
+            return ops.view(cache, (self.head_dim, self.n_kv_head, n), (cache.nb[2], cache.nb[1]),
+                            graph=g)
         dh_bytes = self.head_dim * type_size(cache.type)[0]
         return ops.view(cache, (self.head_dim, self.n_kv_head, n), (dh_bytes, cache.nb[1]),
                         graph=g)

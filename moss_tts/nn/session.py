@@ -71,11 +71,11 @@ class DecodeSession(NativeResource):
 
     def __init__(self, build: Builder, *, backend: Backend, n_layer: int, n_kv_head: int,
                  head_dim: int, capacity: int, prefix: str, name: str, flash: bool = True,
-                 dtype: GGMLType = F32):
+                 dtype: GGMLType = F32, head_major: bool = False):
         self.backend = backend
         self.capacity = -(-capacity // SLOT_ALIGN) * SLOT_ALIGN
         self.cache = KVCache(n_layer, n_kv_head, head_dim, self.capacity, backend=backend,
-                             dtype=dtype)
+                             dtype=dtype, head_major=head_major)
         self._build, self.prefix, self.name, self.flash = build, prefix, name, flash
         self.step_graphs: dict[tuple, Graph] = {}    # (variant, n_slots) → replayed graph
         self.prefill_allocator = allocator_for(backend)

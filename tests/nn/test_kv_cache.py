@@ -35,13 +35,16 @@ F16_ATOL = 5e-2
 # CPU kernels give each output element to one thread, so there is no reduction-order noise.
 REPEAT_ATOL = 0.0
 
-# Attention paths: "softmax" (mul_mat + soft_max), "flash" (ggml_flash_attn_ext, F16 mask) and
-# "vtrans" (softmax over a cache that stores V transposed, KVCache(v_trans=True)).
+# Attention paths: "softmax" (mul_mat + soft_max), "flash" (ggml_flash_attn_ext, F16 mask),
+# "vtrans" (softmax over a cache that stores V transposed, KVCache(v_trans=True)) and
+# "flash_heads" (flash over a cache that keeps each head's slots together, head_major=True).
 # (id, cache type, attention path, tolerance)
 PATHS = [("f32_cache", F32, "softmax", F32_ATOL), ("f32_cache_flash", F32, "flash", F32_ATOL),
          ("f32_cache_vtrans", F32, "vtrans", F32_ATOL),
+         ("f32_cache_flash_heads", F32, "flash_heads", F32_ATOL),
          ("f16_cache", F16, "softmax", F16_ATOL), ("f16_cache_flash", F16, "flash", F16_ATOL),
-         ("f16_cache_vtrans", F16, "vtrans", F16_ATOL)]
+         ("f16_cache_vtrans", F16, "vtrans", F16_ATOL),
+         ("f16_cache_flash_heads", F16, "flash_heads", F16_ATOL)]
 path_param = pytest.mark.parametrize("path", PATHS, ids=[p[0] for p in PATHS])
 
 GPT2_SHAPES = {
@@ -71,8 +74,8 @@ def _cached_attention(qkv, *, g, cache, il, pos, slots, mask, n_slots, attn):
     cache.store(il, k, v, slots)
     # keys [Dh, H, n_slots]; values the same, or [n_slots, Dh, H] from a transposed cache
     keys, values = cache.keys(g, il, n_slots), cache.values(g, il, n_slots)
-    assert cache.v_trans == (attn == "vtrans")
-    return nn.attention(q, keys, values, mask, scale=DH ** -0.5, flash=attn == "flash",
+    assert cache.v_trans == (attn == "vtrans") and cache.head_major == (attn == "flash_heads")
+    return nn.attention(q, keys, values, mask, scale=DH ** -0.5, flash=_flash(attn),
                         v_transposed=cache.v_trans)                         # [D, T]
 
 
@@ -96,6 +99,10 @@ def _codec_layer(x, w, attend):
     return x + nn.layer_scale(f, w["layer_scale_2.scale"])
 
 
+def _flash(attn: str) -> bool:
+    return attn.startswith("flash")
+
+
 FAMILIES = {"gpt2": (GPT2_SHAPES, _gpt2_layer), "codec": (CODEC_SHAPES, _codec_layer)}
 
 
@@ -107,7 +114,7 @@ def build_stack(cache, family, t, *, n_slots=None, attn="softmax"):
     g = Graph(name=f"{family}_stack")
     x = g.input("x", (t, D))                                                  # [D, T]
     pos, slots = g.input("pos", (t,), I32), g.input("slots", (t,), I32)
-    mask = g.input("mask", (t, n), F16 if attn == "flash" else F32)         # [n, T] additive
+    mask = g.input("mask", (t, n), F16 if _flash(attn) else F32)         # [n, T] additive
     shapes, layer = FAMILIES[family]
     for il in range(N_LAYER):
         w = {name: g.input(f"backbone.{il}.{name}", shape) for name, shape in shapes.items()}
@@ -127,7 +134,7 @@ def run_rows(cache, family, weights, x, positions, *, attn="softmax", ring=False
     slots = cache.reserve(positions, ring=ring)
     n = cache.n_filled if exact_prefix else None
     mask = cache.mask(positions, window=window, n_slots=n,
-                      dtype=np.float16 if attn == "flash" else np.float32)
+                      dtype=np.float16 if _flash(attn) else np.float32)
     if hide_key is not None:
         mask[:, hide_key] = -np.inf
     g = graph or build_stack(cache, family, len(positions), n_slots=n, attn=attn)
@@ -178,7 +185,8 @@ def make_cache():
     made = []
 
     def make(capacity=CAPACITY, dtype=F32, attn="softmax"):
-        cache = nn.KVCache(N_LAYER, N_HEAD, DH, capacity, dtype=dtype, v_trans=attn == "vtrans")
+        cache = nn.KVCache(N_LAYER, N_HEAD, DH, capacity, dtype=dtype, v_trans=attn == "vtrans",
+                           head_major=attn == "flash_heads")
         made.append(cache)
         return cache
 
@@ -357,7 +365,7 @@ def test_ring_cache_never_silently_drops_keys_a_chunk_still_needs(rng, make_cach
 
 
 # --- (g) f16 cache -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("attn", ["softmax", "flash", "vtrans"])
+@pytest.mark.parametrize("attn", ["softmax", "flash", "vtrans", "flash_heads"])
 def test_f16_cache_matches_f32_reference_within_f16_tolerance(rng, make_cache, attn):
     """Prefill + decode through an F16 cache against the f32/f64 reference; the guard shows the
     f16 rounding is real (the F16 run is not bit-identical to the F32 run)."""
@@ -408,6 +416,39 @@ def test_transposed_cache_views_and_flash_refusal(make_cache):
         nn.attention(q, keys, values, mask, scale=1.0, flash=True, v_transposed=True)
     with pytest.raises(ShapeError):
         nn.attention(q, keys, values, mask, scale=1.0)       # shape says transposed: refused
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_head_major_cache_attends_bit_equal_to_slot_major(rng, make_cache, dtype):
+    """A head-major cache only moves where each (slot, head) row lives: flash attention reads the
+    same values in the same order, so prefill and single-row steps give bit-equal outputs; the
+    guard (one key hidden) shows the comparison sees the cache."""
+    n = 9
+    weights, x = random_weights(rng, "gpt2"), random_rows(rng, n + 3)
+    outs = {}
+    for attn in ("flash", "flash_heads"):
+        cache = make_cache(dtype=dtype, attn=attn)
+        rows = [run_rows(cache, "gpt2", weights, x[:n], np.arange(n), attn=attn)]
+        rows += [run_rows(cache, "gpt2", weights, x[i:i + 1], [i], attn=attn)
+                 for i in range(n, n + 3)]
+        outs[attn] = np.concatenate(rows)
+    assert_close(outs["flash_heads"], outs["flash"], atol=REPEAT_ATOL, what="head-major cache")
+    cache = make_cache(dtype=dtype, attn="flash_heads")
+    run_rows(cache, "gpt2", weights, x[:n], np.arange(n), attn="flash_heads")
+    hidden = run_rows(cache, "gpt2", weights, x[n:n + 1], [n], attn="flash_heads", hide_key=3)
+    assert_differs(hidden, outs["flash"][n:n + 1], atol=F32_ATOL, what="a hidden key")
+
+
+def test_head_major_cache_views_and_transposed_refusal(make_cache):
+    """A head-major cache hands out K and V as [Dh, H, n_slots] with each head's slots one row
+    apart (heads `capacity` rows apart), and refuses to be transposed too."""
+    cache = make_cache(attn="flash_heads")
+    g = Graph(name="head_major_views")
+    keys, values = cache.keys(g, 0, 8), cache.values(g, 0, 8)
+    assert keys.ne[:3] == values.ne[:3] == (DH, N_HEAD, 8)
+    assert keys.nb[1] == CAPACITY * DH * 4 and keys.nb[2] == DH * 4
+    with pytest.raises(ShapeError, match="head-major"):
+        nn.KVCache(N_LAYER, N_HEAD, DH, CAPACITY, v_trans=True, head_major=True)
 
 
 # --- (h) several sequences in one cache ----------------------------------------------------------
