@@ -4,9 +4,9 @@ is the CPU run's, alone or decoded together (issue 26)."""
 
 import pytest
 
-from .conftest import batch_cli, outputs, records, speech_rows, write_jsonl
+from tests.conftest import RPC_ACCEPTED as ACCEPTED
 
-ACCEPTED = "Accepted client connection"     # what ggml's RPC server prints per client
+from .conftest import batch_cli, outputs, records, speech_rows, write_jsonl
 
 
 def test_batch_on_an_rpc_backend_makes_the_cpu_runs_lines(batch_models, rpc_server, tmp_path):
@@ -24,10 +24,9 @@ def test_batch_on_an_rpc_backend_makes_the_cpu_runs_lines(batch_models, rpc_serv
         assert [x["status"] for x in records(tmp_path / name)] == ["ok"] * 3
         made[name] = outputs(tmp_path / name)
     assert len(made["cpu"]) == 3 and len(set(made["cpu"].values())) == 3   # three distinct lines
-    # guard: the workers themselves reached the server. Each run's driver checks it with one
-    # bare connection, and the server may print the fixture's readiness probe late (at most
-    # one more): without the workers the two runs would count 3 at most
-    assert clients["rpc"] + clients["rpc-together"] >= 4 and clients["cpu"] == 0, clients
+    # guard: the workers themselves reached the server (each run's driver checks it with one
+    # bare connection)
+    assert clients["rpc"] >= 2 and clients["rpc-together"] >= 2 and clients["cpu"] == 0, clients
     assert made["rpc"] == made["cpu"]
     assert made["rpc-together"] == made["cpu"]
 
