@@ -8,6 +8,9 @@ def rng():
     return np.random.default_rng(1234)
 
 
+# a device backend (`cuda`, `rpc://HOST:PORT`) for the op tables and the device model tests
+# (tests/ggml/test_ops.py, tests/models/test_device_backend.py); bench/gpu_check.sh sets it
+TEST_BACKEND_ENV = "MOSS_TTS_TEST_BACKEND"
 RPC_ACCEPTED = "Accepted client connection"    # ggml's RPC server, per client
 
 
