@@ -117,8 +117,53 @@ build_ggml() {   # build_ggml CUDA(0|1) ARCH_ARGS: the carried source into $WORK
     MOSS_TTS_GGML_SOURCE=$CARRY/ggml MOSS_TTS_GGML_CUDA=$1 MOSS_TTS_GGML_CMAKE_ARGS="$2" \
         MOSS_TTS_CACHE=$WORK/cache "$PY" -m ggml_build --target "$WORK/lib" || return 1
 }
+cublas_args() {   # CMake arguments that find cuBLAS, on stdout: none where the toolkit has it
+    local bin inc whl
+    bin=$(dirname "$(readlink -f "$(command -v nvcc)")")
+    for inc in "$bin/../include" "$bin"/../targets/*/include; do
+        [ -f "$inc/cublas_v2.h" ] && return 0
+    done
+    # a toolkit without its math libraries: the nvidia-cublas wheel PyTorch brings
+    whl=$("$PY" -c 'import glob, site, sys, sysconfig
+roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")} | set(site.getsitepackages())
+roots |= {p for p in sys.path if p}
+hits = sorted(h for r in roots for h in glob.glob(r + "/nvidia/*/include/cublas_v2.h"))
+print(hits[0].rsplit("/include/", 1)[0] if hits else "")')
+    if [ -z "$whl" ]; then
+        echo "no cuBLAS: neither the CUDA toolkit nor an nvidia-cublas wheel has cublas_v2.h" >&2
+        return 1
+    fi
+    echo "cuBLAS from $whl (the toolkit has none)" >&2
+    mkdir -p "$WORK/cublas"    # CMake finds libcublas.so; the wheel has only libcublas.so.13
+    for lib in "$whl"/lib/libcublas*.so.*; do
+        ln -sf "$lib" "$WORK/cublas/$(basename "${lib%%.so.*}").so"
+    done
+    # ggml_build's load check ignores LD_LIBRARY_PATH: the dynamic linker must know the folder
+    if [ -w /etc/ld.so.conf.d ]; then
+        echo "$whl/lib" > /etc/ld.so.conf.d/moss-tts-cublas.conf && ldconfig
+    else
+        echo "not root: LD_LIBRARY_PATH=$whl/lib (ggml_build's load check may fail)" >&2
+    fi
+    echo "-DCMAKE_LIBRARY_PATH=$WORK/cublas -DCMAKE_CUDA_FLAGS=-I$whl/include -DCMAKE_CXX_FLAGS=-I$whl/include"
+}
+driver_args() {   # ggml links libcuda.so for its VMM pool: where CMake cannot find one (no
+                  # stubs in the toolkit, none known to the dynamic linker) it does without
+    local bin
+    bin=$(dirname "$(readlink -f "$(command -v nvcc)")")
+    ls "$bin"/../lib64/stubs/libcuda.so "$bin"/../targets/*/lib/stubs/libcuda.so 2>/dev/null \
+        | grep -q . && return 0
+    ldconfig -p 2>/dev/null | grep -q 'libcuda\.so ' && return 0
+    echo "no libcuda.so to link: GGML_CUDA_NO_VMM=ON" >&2
+    echo "-DGGML_CUDA_NO_VMM=ON"
+}
 if [ $MODE = cuda ]; then
-    stage "build ggml (CUDA, sm 90)" 360 build_ggml 1 "-DCMAKE_CUDA_ARCHITECTURES=90" || exit 1
+    CUDA_ARGS=$(cublas_args) || exit 1
+    CUDA_ARGS="$CUDA_ARGS $(driver_args)"
+    if [ -e "$WORK/cublas/libcublas.so" ] && [ ! -w /etc/ld.so.conf.d ]; then   # set in cublas_args' subshell
+        LIBS=$(dirname "$(readlink -f "$WORK/cublas/libcublas.so")")
+        export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+    stage "build ggml (CUDA, sm 90)" 400 build_ggml 1 "-DCMAKE_CUDA_ARCHITECTURES=90 $CUDA_ARGS" || exit 1
     export MOSS_TTS_GGML_LIB_DIR=$WORK/lib
 elif [ $BUILD_CPU = 1 ]; then
     stage "build ggml (CPU, the carried source)" 600 build_ggml 0 "" || exit 1
@@ -131,7 +176,7 @@ stage "doctor" 60 "$PY" -m moss_tts doctor
 
 # -- the device: cuda, or an RPC server serving the CPU ------------------------------------------
 RPC_PID=""
-stop_rpc() { [ -n "$RPC_PID" ] && kill "$RPC_PID" 2>/dev/null; wait "$RPC_PID" 2>/dev/null; RPC_PID=""; }
+stop_rpc() { [ -n "$RPC_PID" ] && kill -9 "$RPC_PID" 2>/dev/null; wait "$RPC_PID" 2>/dev/null; RPC_PID=""; }
 trap stop_rpc EXIT
 if [ $MODE = cuda ]; then
     DEVICE=cuda
