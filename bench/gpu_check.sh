@@ -36,7 +36,8 @@ prepare() {
     src=$("$PY" -c "from ggml_build.source import obtain_source; print(obtain_source().ggml_dir)") || exit 1
     rm -rf "$CARRY/ggml" && mkdir -p "$CARRY/whl"
     cp -r "$src" "$CARRY/ggml"
-    cp "$src/../LICENSE" "$CARRY/ggml/LICENSE" 2>/dev/null || true
+    # beside the tree, not in it: the tree hashes as the pinned one (doctor's source sha256)
+    cp "$src/../LICENSE" "$CARRY/LICENSE" 2>/dev/null || true
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$CARRY/whl" $WHEELS || exit 1
@@ -86,7 +87,8 @@ stage() {   # stage NAME CAP_S COMMAND...: run with the smaller of its cap and w
         return 1
     fi
     local t0=$SECONDS
-    timeout --kill-after=10 "$cap" "$@"
+    # through bash, so that a stage may be one of this script's (exported) functions
+    timeout --kill-after=10 "$cap" bash -c '"$@"' "$name" "$@"
     local rc=$?
     echo "--- $name: rc $rc in $(( SECONDS - t0 ))s"
     (( rc == 0 )) || FAILED+=("$name (rc $rc)")
@@ -114,9 +116,13 @@ fi
 # -- 1. ggml ------------------------------------------------------------------------------------
 build_ggml() {   # build_ggml CUDA(0|1) ARCH_ARGS: the carried source into $WORK/lib
     [ -f "$CARRY/ggml/CMakeLists.txt" ] || { echo "no ggml source in $CARRY/ggml: run 'bench/gpu_check.sh prepare' and carry .gpu"; return 1; }
-    MOSS_TTS_GGML_SOURCE=$CARRY/ggml MOSS_TTS_GGML_CUDA=$1 MOSS_TTS_GGML_CMAKE_ARGS="$2" \
-        MOSS_TTS_CACHE=$WORK/cache "$PY" -m ggml_build --target "$WORK/lib" || return 1
+    # GIT_CEILING_DIRECTORIES: ggml asks git for its commit, which is not this repository's
+    GIT_CEILING_DIRECTORIES=$CARRY MOSS_TTS_GGML_SOURCE=$CARRY/ggml MOSS_TTS_GGML_CUDA=$1 \
+        MOSS_TTS_GGML_CMAKE_ARGS="$2" MOSS_TTS_CACHE=$WORK/cache \
+        "$PY" -m ggml_build --target "$WORK/lib" || return 1
 }
+export -f build_ggml
+export CARRY PY WORK
 cublas_args() {   # CMake arguments that find cuBLAS, on stdout: none where the toolkit has it
     local bin inc whl
     bin=$(dirname "$(readlink -f "$(command -v nvcc)")")
