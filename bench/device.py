@@ -55,7 +55,7 @@ def nano_steps(backend: Backend, kind: str, args) -> tuple[list[float], int]:
             make_tiny_nano_tts_checkpoint(ckpt, tokenizer_model_bytes=make_tiny_spm(), seed=0,
                                           **dims)
         convert(str(ckpt), gguf, outtype=kind)
-    n = WARMUP + args.steps
+    n = WARMUP + args.steps + 1      # the first interval holds the prefill: not a step
     with NanoTTS.load(gguf, codec=None, backend=backend) as tts:
         t = tts.model.weights.file.tensors
         n_vq = tts.model.config.n_vq
@@ -70,7 +70,7 @@ def nano_steps(backend: Backend, kind: str, args) -> tuple[list[float], int]:
             times.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
         frames.close()
-    return times[1:], step_bytes     # the first interval holds the prefill
+    return times[1:], step_bytes
 
 
 def delay_steps(backend: Backend, kind: str, args) -> tuple[list[float], int]:
