@@ -156,14 +156,15 @@ def usable_cores() -> int:
 def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
               workers: int | None = None,
               threads: int | None = None, fmt: str = "wav", retries: int = 2,
-              ray: str | None = None, chunk: int = 4, streams: int = 1, progress=None,
-              warn=None) -> Summary:
+              ray: str | None = None, chunk: int = 4, streams: int = 1, backend: str = "cpu",
+              progress=None, warn=None) -> Summary:
     """Synthesize every line of `manifest` into `out_dir`/<id>.<fmt>, resuming a previous run.
 
     Local worker processes by default (`workers`, default 1, each with cores // workers
     threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead. Each
     worker decodes up to `streams` lines together in one batched model (families with a
-    batched decoder, `synthesize_many`), each line's audio as it is alone.
+    batched decoder, `synthesize_many`), each line's audio as it is alone. Each worker opens
+    the backend named `backend` itself (`cpu`, `cuda`, `rpc://HOST:PORT`).
     `warn(id, messages)` hears what a line's synthesis warned (results.jsonl keeps it too).
     What would fail every line (--model, --codec, the cluster) stops the run before any line
     is recorded."""
@@ -171,6 +172,7 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
         raise InputError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
     if retries < 0 or any(n is not None and n < 1 for n in (workers, threads, streams)):
         raise InputError("--retries must be ≥ 0, --workers, --threads and --streams ≥ 1")
+    check_backend(backend, workers, ray)
     lines = read_manifest(manifest)
     models = _ModelFiles(model)
     if codec is None:       # the default model's family's codec, as `tts` and `serve` choose
@@ -197,13 +199,28 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
             if ray:
                 from .ray_runner import run_ray
                 run_ray(job, ray, workers=workers, threads=threads or 1, chunk=chunk,
-                        streams=streams)
+                        streams=streams, backend=backend)
             else:
                 from .local import run_local
                 n = min(workers or 1, -(-len(job.pending) // streams))
-                run_local(job, n, threads or max(1, usable_cores() // n), streams)
+                run_local(job, n, threads or max(1, usable_cores() // n), streams, backend)
         job.record_rejected()
     return job.summary
+
+
+def check_backend(backend: str, workers: int | None, ray: str | None) -> None:
+    """The workers' backend, checked here so a bad name is one error before any line runs. An
+    RPC server serves one client at a time: a second worker on it would wait for ever."""
+    from ..ggml.backend import check_name
+    from ..ggml.rpc import is_rpc_name
+
+    try:
+        check_name(backend)
+    except MossTTSError as e:
+        raise InputError(f"--backend: {e}") from None
+    if is_rpc_name(backend) and (ray or (workers or 1) > 1):
+        raise InputError(f"--backend {backend}: an RPC server serves one client at a time; "
+                         "run one local worker on it (--workers 1, no --ray)")
 
 
 def check_streams(streams: int, models) -> None:

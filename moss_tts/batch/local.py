@@ -17,9 +17,9 @@ from .work import LineRunner
 STOP_TIMEOUT = 10.0  # seconds a worker gets to free its models after the last line
 
 
-def _worker_main(conn, threads: int, streams: int) -> None:
+def _worker_main(conn, threads: int, streams: int, backend: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver handles Ctrl-C and stops us
-    runner = LineRunner(threads)
+    runner = LineRunner(threads, backend)
     try:
         while (tasks := conn.recv()) is not None:
             conn.send(runner.run_many(tasks, streams))
@@ -30,9 +30,9 @@ def _worker_main(conn, threads: int, streams: int) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, threads: int, streams: int):
+    def __init__(self, ctx, threads: int, streams: int, backend: str):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, threads, streams),
+        self.process = ctx.Process(target=_worker_main, args=(child, threads, streams, backend),
                                    daemon=True)
         self.process.start()
         child.close()
@@ -58,11 +58,11 @@ class _Worker:
         self.conn.close()
 
 
-def run_local(job, workers: int, threads: int, streams: int = 1) -> None:
+def run_local(job, workers: int, threads: int, streams: int = 1, backend: str = "cpu") -> None:
     """Run `job`'s pending tasks on `workers` processes of `threads` ggml threads each, each
-    taking up to `streams` lines at a time."""
+    taking up to `streams` lines at a time, each opening the backend named `backend`."""
     ctx = multiprocessing.get_context("spawn")   # fork would copy the driver's threads and locks
-    pool = [_Worker(ctx, threads, streams) for _ in range(workers)]
+    pool = [_Worker(ctx, threads, streams, backend) for _ in range(workers)]
     graceful = False
     try:
         while True:
@@ -76,14 +76,14 @@ def run_local(job, workers: int, threads: int, streams: int = 1) -> None:
             for i, w in enumerate(pool):
                 if w.tasks is None or not (w.conn in ready or w.process.sentinel in ready):
                     continue
-                pool[i] = _collect(job, w, ctx, threads, streams)
+                pool[i] = _collect(job, w, ctx, threads, streams, backend)
         graceful = True
     finally:
         for w in pool:
             w.stop(graceful)
 
 
-def _collect(job, w: _Worker, ctx, threads: int, streams: int) -> _Worker:
+def _collect(job, w: _Worker, ctx, threads: int, streams: int, backend: str) -> _Worker:
     """Take a ready worker's outcomes; a dead worker's lines are retried on a fresh worker."""
     try:
         if w.conn.poll():
@@ -100,4 +100,4 @@ def _collect(job, w: _Worker, ctx, threads: int, streams: int) -> _Worker:
         job.lost(task, f"worker process died (exit code {w.process.exitcode})")
     job.summary.replaced_workers += 1
     w.stop(False)
-    return _Worker(ctx, threads, streams)
+    return _Worker(ctx, threads, streams, backend)

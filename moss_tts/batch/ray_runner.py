@@ -27,10 +27,11 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0
 
 
 class LineActor:
-    """The body of a Ray actor: a LineRunner kept alive between chunks."""
+    """The body of a Ray actor: a LineRunner kept alive between chunks, on the backend named
+    `backend` as the actor's node has it."""
 
-    def __init__(self, threads: int, streams: int = 1):
-        self.runner = LineRunner(threads)
+    def __init__(self, threads: int, streams: int = 1, backend: str = "cpu"):
+        self.runner = LineRunner(threads, backend)
         self.streams = streams
 
     def run_chunk(self, tasks: list[dict]):
@@ -85,7 +86,7 @@ def check_address(address: str) -> None:
 
 
 def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int,
-            streams: int = 1) -> None:
+            streams: int = 1, backend: str = "cpu") -> None:
     if address == "local":
         # Ray's default for a new cluster, stated, so it does not warn on every run that it took
         # the default (ray/_private/authentication/authentication_token_setup.py); Ray reads it
@@ -98,12 +99,13 @@ def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int,
     _connect(ray, address)
     try:
         # a chunk holds whole batches, so an actor's lines can share its decode steps
-        _run(ray, job, workers, threads, -(-chunk // streams) * streams, streams)
+        _run(ray, job, workers, threads, -(-chunk // streams) * streams, streams, backend)
     finally:
         ray.shutdown()   # the actors belong to this driver's job and go with it
 
 
-def _run(ray, job, workers: int | None, threads: int, chunk: int, streams: int) -> None:
+def _run(ray, job, workers: int | None, threads: int, chunk: int, streams: int,
+         backend: str) -> None:
     actor_class = ray.remote(num_cpus=threads, max_restarts=0)(LineActor)
     count = workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
     made = 0
@@ -111,7 +113,7 @@ def _run(ray, job, workers: int | None, threads: int, chunk: int, streams: int) 
     def new_actor():
         nonlocal made
         made += 1
-        return actor_class.options(name=f"worker-{made}").remote(threads, streams)
+        return actor_class.options(name=f"worker-{made}").remote(threads, streams, backend)
 
     actors = [new_actor() for _ in range(min(count, len(job.pending)))]
     running = {}                       # outcome stream → (actor index, its lines not yet back)

@@ -22,10 +22,13 @@ MAX_VOICES = 32  # encoded references kept per worker (a corpus usually has a fe
 
 
 class LineRunner:
-    """A worker's state: loaded models by (model path, codec path), encoded voices by model."""
+    """A worker's state: loaded models by (model path, codec path) on its backend (a name:
+    `cpu`, `cuda`, `rpc://HOST:PORT`, opened in the worker's own process), encoded voices by
+    model."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, backend: str = "cpu"):
         self.threads = threads
+        self.backend = backend
         self.models: dict[tuple[str, str], object] = {}
         self.voices: dict[tuple, object] = {}
 
@@ -114,8 +117,8 @@ class LineRunner:
         if key not in self.models:
             from ..models.registry import family_of_model   # the GGUF's kind, as `tts` reads it
 
-            self.models[key] = family_of_model(model).tts_class().load(model, codec=codec,
-                                                                       threads=self.threads)
+            self.models[key] = family_of_model(model).tts_class().load(
+                model, codec=codec, backend=self.backend, threads=self.threads)
         return self.models[key]
 
     def _voices(self, tts, task: dict, words: dict) -> dict:

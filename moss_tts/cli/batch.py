@@ -58,7 +58,7 @@ def _batch(args) -> int:
         summary = run_batch(args.manifest, args.out, model=args.model, codec=args.codec,
                             workers=args.workers, threads=args.threads, fmt=args.format,
                             retries=args.retries, ray=args.ray, streams=args.streams,
-                            progress=bar,
+                            backend=args.backend, progress=bar,
                             warn=None if args.quiet else _warn(bar))
     finally:
         bar.close()
@@ -97,6 +97,9 @@ def add_parser(sub, common) -> None:
                    help="lines each worker decodes together in one batched model, one row per "
                    "line in each step (each line's audio is what it is alone); MOSS-TTS-Nano "
                    "only so far; default 1")
+    p.add_argument("--backend", default="cpu",
+                   help="ggml backend each worker opens: cpu (default), cuda, vulkan, metal, or "
+                   "rpc://HOST:PORT (one worker: an RPC server serves one client at a time)")
     p.add_argument("--format", choices=["wav", "flac"], default="wav", help="audio file format")
     p.add_argument("--retries", type=int, default=2, help="extra attempts for a line that fails "
                    "in a way another try may not repeat (out of memory, I/O, a dead worker); a "

@@ -8,7 +8,7 @@ import os
 
 from ..errors import InputError
 from ..knobs import MAX_PROMPT_CHARS
-from .common import positive_int, printing, resolve, resolve_model, say, utf8, writing
+from .common import add_runtime_flags, printing, resolve, resolve_model, say, utf8, writing
 
 # what a designed voice says: a few seconds of ordinary speech with most English sounds, as a
 # reference should be (upstream suggests 5-15 s); its transcript is stored with it
@@ -75,7 +75,8 @@ def _add_recording(args, transcript: str | None) -> int:
 
     samples, sr = read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS)
     codec_spec = args.codec or DEFAULT.default_codec
-    with Codec.load(resolve(codec_spec, "codec", "--codec"), threads=args.threads) as codec:
+    with Codec.load(resolve(codec_spec, "codec", "--codec"), backend=args.backend,
+                    threads=args.threads) as codec:
         codes = codec.encode(samples, sr)
         info = {"source": str(args.reference)} | codec_info(codec)
     if transcript is not None:       # MOSS-TTSD continues from a speaker's words
@@ -107,7 +108,8 @@ def _add_designed(args) -> int:
     words = synthesis_keywords(family, {"instruction": args.from_description, "seed": args.seed,
                                         "max_new_rows": args.max_new_rows}, "cli")
     codec_spec = resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
-    with family.tts_class().load(model, codec=codec_spec, threads=args.threads) as tts:
+    with family.tts_class().load(model, codec=codec_spec, backend=args.backend,
+                                 threads=args.threads) as tts:
         parts, sr = [], tts.sample_rate
         with Progress("designing", args.quiet) as bar:
             for part in tts.stream(text, **words):
@@ -171,8 +173,7 @@ def add_parser(sub, common) -> None:
                    help="codec GGUF, checkpoint directory or repo id (default: "
                         f"{DEFAULT.default_codec}; with --from-description the model's family's)")
     a.add_argument("--force", action="store_true", help="replace an existing voice")
-    a.add_argument("--threads", type=positive_int, default=None)
-    a.add_argument("--quiet", action="store_true")
+    add_runtime_flags(a)
     lst = vs.add_parser("list", help="list stored voices (and where they are)", parents=[common])
     lst.add_argument("--quiet", action="store_true")
     r = vs.add_parser("remove", help="delete a stored voice", parents=[common])

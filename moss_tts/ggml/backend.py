@@ -134,6 +134,17 @@ def _find_device(name: str):
                        "rebuild with e.g. MOSS_TTS_GGML_CUDA=1 to add one")
 
 
+def check_name(name: str) -> None:
+    """Raise the BackendError `Backend(name)` would, without initializing it: for a process
+    that hands the name on (batch workers). An RPC server serves one client at a time, so its
+    name is checked with a bare connection that is closed at once."""
+    from . import rpc
+    if rpc.is_rpc_name(name):
+        rpc.check_name(name)
+    else:
+        _find_device(name)
+
+
 class Backend(NativeResource):
     """One initialized ggml backend. `Backend("cpu", threads=2)`; close() frees it.
 

@@ -44,6 +44,14 @@ def _require_rpc(lib: _lib.Lib, name: str) -> None:
                            f"{', '.join(sorted(lib.backends))}) — {BUILD_HINT}")
 
 
+def check_name(name: str) -> None:
+    """A well-formed `rpc://HOST:PORT` of a build with RPC, where a server listens."""
+    _require_rpc(_lib.get(), name)
+    endpoint = endpoint_of(name)
+    if endpoint not in _added:
+        _check_reachable(endpoint)
+
+
 def device(name: str):
     """The ggml device of the RPC server `name` (its first device)."""
     L = _lib.get()

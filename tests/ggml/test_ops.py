@@ -1,11 +1,13 @@
 """Parity of the op functions in moss_tts/ggml/ops.py with the numpy references in
 fixtures/reference/ops.py: one table row per op × shape × layout, each with a named tolerance
 (style C28-C29), plus the ShapeError checks that keep a bad shape from aborting the process (C11).
+$MOSS_TTS_TEST_BACKEND names another backend to run them on (a device's kernels, same tolerances).
 Past 600 lines because it mirrors all of ops.py (C27); the tables are most of it.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,7 +22,12 @@ from moss_tts.ggml import BF16, F16, F32, I32, GGMLType, Graph, Weights, ops
 from moss_tts.ggml.quant import dequantize, quantize
 from moss_tts.ggml.types import bf16_bits_to_float32, float32_to_bf16_bits
 
+from tests.conftest import TEST_BACKEND_ENV
+
 from .child import death_detail, run_graph_child
+
+# the backend the tables run on: the CPU, or a device (bench/gpu_check.sh sets cuda)
+BACKEND = os.environ.get(TEST_BACKEND_ENV) or "cpu"
 
 NUMPY_FLOAT = {F32: np.float32, F16: np.float16}
 
@@ -99,7 +106,7 @@ def run(build: Callable, values: list, *, dtypes=None, layout: str = "contiguous
     """Build `build(*operands)` over graph inputs holding `values`, run it, return the output
     (with at least `ndim` axes: ggml drops trailing size-1 axes, e.g. M = 1)."""
     dtypes = dtypes or [F32] * len(values)
-    with Graph(name="test_ops") as g:
+    with Graph(BACKEND, name="test_ops") as g:
         operands, feeds = [], {}
         for i, (v, dt) in enumerate(zip(values, dtypes)):
             t, feeds[f"in{i}"] = _operand(g, f"in{i}", v, dt, layout)
@@ -334,7 +341,7 @@ def gguf_weights(tmp_path):
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        opened.append(Weights.load(path))
+        opened.append(Weights.load(path, BACKEND))
         return opened[-1]
 
     yield load
@@ -343,7 +350,7 @@ def gguf_weights(tmp_path):
 
 
 def _run_with_weight(weights: Weights, name: str, build: Callable, x: np.ndarray, dtype=F32):
-    with Graph(name="test_ops_weights") as g:
+    with Graph(BACKEND, name="test_ops_weights") as g:
         t = g.input("x", x.shape, dtype)
         g.output(build(weights[name], t), "out", ndim=2)
         return g.run({"x": x})["out"]
@@ -596,7 +603,7 @@ SHAPE_ERRORS = {  # name: (input shapes and types, build that must raise)
 @pytest.mark.parametrize("name", list(SHAPE_ERRORS))
 def test_bad_shapes_raise_shape_error_and_the_graph_survives(rng, name):
     specs, build = SHAPE_ERRORS[name]
-    with Graph(name="test_shape_errors") as g:
+    with Graph(BACKEND, name="test_shape_errors") as g:
         ts = [g.input(f"in{i}", shape, dt) for i, (shape, dt) in enumerate(specs)]
         with pytest.raises(ShapeError):
             build(*ts)
