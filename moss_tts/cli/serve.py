@@ -88,9 +88,10 @@ def add_parser(sub, common) -> None:
                    help="speech requests to one model decoded together in one batched decode, "
                    "each joining at the next step and leaving when done (streamed ones get "
                    "audio as made); --queue more wait behind them. Default auto: 4 for a family "
-                   "with a batched decoder (a lone request runs as fast as with 1; under load 4 "
-                   "make up to 2-3x the audio per second on two cores: docs/performance.md, "
-                   "Several streams), 1 for another; 1 = one request at a time")
+                   "with a batched decoder (under load 4 make 1.8-3.8x one stream's audio per second "
+                   "on two cores, by weight type; a lone request runs up to 5%% slower than "
+                   "with 1: docs/performance.md, Several streams), 1 for another; 1 = one "
+                   "request at a time")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on all but /health and the page "
                         "(default: $MOSS_TTS_API_KEY, else no key)")
