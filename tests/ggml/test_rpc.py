@@ -15,18 +15,6 @@ from tests.ggml.test_weights import write_gguf
 EXACT = 0.0  # the same CPU kernels, one thread on each side: bit-equal
 
 
-@pytest.fixture(scope="module")
-def rpc(rpc_server):
-    with Backend(rpc_server.name) as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    with Backend("cpu", threads=1) as backend:
-        yield backend
-
-
 def _mul_mat(backend, w, x, *, weight_type=F32):
     """y = x · wᵀ with w persistent on `backend` (uploaded once), x a graph input."""
     with TensorStore({"w": w.astype(np.float16 if weight_type == F16 else np.float32)},

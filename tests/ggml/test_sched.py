@@ -13,18 +13,6 @@ from moss_tts.ggml.sched import Scheduler
 EXACT = 0.0  # the same CPU kernels on each side of the RPC connection
 
 
-@pytest.fixture(scope="module")
-def rpc(rpc_server):
-    with Backend(rpc_server.name) as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    with Backend("cpu", threads=1) as backend:
-        yield backend
-
-
 @pytest.fixture
 def weights(rng):
     return {"w1": rng.standard_normal((32, 16)).astype(np.float32),

@@ -4,20 +4,18 @@ speech as the CPU within DEVICE_AUDIO_ATOL, and exactly on RPC (the same kernels
 RPC suite is test_rpc_backend.py; this is the set a GPU check runs (issue 26)."""
 
 import os
-import warnings
 
 import numpy as np
 import pytest
 
 from fixtures.compare import assert_close
-from moss_tts.errors import BudgetWarning
 from moss_tts.ggml import Backend
 from moss_tts.ggml.rpc import is_rpc_name
 from tests.conftest import TEST_BACKEND_ENV
 
 from .conftest import THREADS
-from .test_contract import CLASSES, FAMILIES, TEXT, clip, files, small, v2_codec  # noqa: F401
-from .test_rpc_backend import LACKED
+from .test_contract import CLASSES, FAMILIES, clip, files, v2_codec  # noqa: F401
+from .test_rpc_backend import LACKED, speak
 
 # A GPU's f32 kernels sum in other orders (cuBLAS GEMM tiles, parallel reductions) and its
 # expf/tanhf differ by an ulp or two: ~1e-6 per op, grown through the tiny models' few layers
@@ -57,14 +55,6 @@ def loaded(files, device):
     yield get
     for tts in made.values():
         tts.close()
-
-
-def speak(tts, family, **kw):
-    if family == "local":
-        kw["chunk_frames"] = 4
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", BudgetWarning)
-        return tts.synthesize(TEXT, seed=3, **small(family), **kw)[0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
