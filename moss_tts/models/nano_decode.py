@@ -71,6 +71,8 @@ def choose_codes(samplers: list[FrameSampler]):
     channels = [s.options.audio_channel for s in samplers]
 
     def choose(c: int, streams: list[int], logits: np.ndarray) -> np.ndarray:
+        if len(streams) == 1:    # a batch of one draws as the one-stream loop does, no grouping
+            return np.array([samplers[streams[0]].choose_code(c, logits[0])], dtype=np.int32)
         check_finite(logits, "audio")
         groups: dict = {}
         for j, i in enumerate(streams):
