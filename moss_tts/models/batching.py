@@ -63,12 +63,16 @@ class BatchFamily:
 
     def make_state(self, rows: int, streams: int) -> NativeResource:
         """A shared state (caches, graphs) of `rows` rows in all for up to `streams` streams,
-        with `.capacity` (rows)."""
+        with `.capacity` (rows): the model's own generation state made for streams."""
+        return self.model.make_state(rows, streams=streams)
+
+    def sequences(self, state):
+        """The state's SharedDecodeSession whose sequence ids the jobs hold (the backbone's)."""
         raise NotImplementedError
 
     def open(self, state, job: StreamJob) -> None:
-        """Start the job's sequence(s) in the state: set `job.seq`."""
-        raise NotImplementedError
+        """Start the job's sequence in the state: set `job.seq`."""
+        job.seq = self.sequences(state).open()
 
     def prefill(self, state, job: StreamJob, start: int, stop: int) -> None:
         """Append rows [start, stop) of the job's prompt; the last call (stop ==
@@ -81,8 +85,8 @@ class BatchFamily:
         raise NotImplementedError
 
     def release(self, state, job: StreamJob) -> None:
-        """Free the job's sequence(s) (`job.seq`)."""
-        raise NotImplementedError
+        """Free the job's sequence (`job.seq`) and its slots."""
+        self.sequences(state).release(job.seq)
 
     def report_end(self, job: StreamJob) -> None:
         """Called from the pull that finds the job's items all read: warnings of its end (a

@@ -67,8 +67,8 @@ class DelayBatch(BatchFamily):
     def make_state(self, rows: int, streams: int) -> SharedDecodeSession:
         return self.model.make_session(rows, shared=True)
 
-    def open(self, state: SharedDecodeSession, job: StreamJob) -> None:
-        job.seq = state.open()
+    def sequences(self, state: SharedDecodeSession) -> SharedDecodeSession:
+        return state
 
     def prefill(self, state: SharedDecodeSession, job: StreamJob, start: int, stop: int) -> None:
         """Rows [start, stop) of the prompt; the last chunk's heads (on its last row, the few
@@ -106,5 +106,3 @@ class DelayBatch(BatchFamily):
                 job.work.logits = row_logits(out, i, ids, cfg)
         return going
 
-    def release(self, state: SharedDecodeSession, job: StreamJob) -> None:
-        state.release(job.seq)

@@ -362,12 +362,9 @@ class LocalModel:
                    choose_token) -> np.ndarray:
         """`frame_rows` for the streams of a shared state, every depth position one graph over
         their rows (the depth sequences start afresh each frame)."""
-        depth = state.depth
-        depth.reset()
-        seqs = [depth.open() for _ in range(len(h))]
-        return self.frame_rows(lambda p, values, streams: depth.step(
-            [seqs[i] for i in streams], self.depth_feed(p, values), variant=p)["depth.logits"],
-            h, n_vqs, choose_token)
+        run = state.depth.per_frame(len(h))
+        return self.frame_rows(lambda p, values, streams: run(
+            self.depth_feed(p, values), streams, p)["depth.logits"], h, n_vqs, choose_token)
 
     # -- generation -----------------------------------------------------------------------
     def generate(self, rows, **kwargs) -> np.ndarray:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..sampling import LocalSamplingOptions
+from ..nn.session import SharedDecodeSession
 from .batching import BatchFamily, StreamJob
 from .delay import check_rows
 from .local import (MAX_NEW_FRAMES, GenerationState, LocalModel, RowChooser, check_n_vq,
@@ -52,11 +53,8 @@ class LocalBatch(BatchFamily):
         return StreamJob(RowWork(rows, n, (options, seed, max_new_frames)), length,
                          length + max_new_frames)
 
-    def make_state(self, rows: int, streams: int) -> GenerationState:
-        return self.model.make_state(rows, streams=streams)
-
-    def open(self, state: GenerationState, job: StreamJob) -> None:
-        job.seq = state.backbone.open()
+    def sequences(self, state: GenerationState) -> SharedDecodeSession:
+        return state.backbone
 
     def prefill(self, state: GenerationState, job: StreamJob, start: int, stop: int) -> None:
         work = job.work
@@ -87,5 +85,3 @@ class LocalBatch(BatchFamily):
                 job.work.h = h
         return going
 
-    def release(self, state: GenerationState, job: StreamJob) -> None:
-        state.backbone.release(job.seq)

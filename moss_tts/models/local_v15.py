@@ -298,12 +298,9 @@ class LocalV15Model:
                      choose_code) -> list[np.ndarray | None]:
         """`frames` for the streams of a shared state, every local position one graph over
         their rows (the local sequences start afresh each frame)."""
-        depth = state.depth
-        depth.reset()
-        seqs = [depth.open() for _ in range(len(h))]
-        return self.frames(lambda p, values, streams: depth_outputs(depth.step(
-            [seqs[i] for i in streams], self.depth_feed(p, values), variant=p)),
-            h, goes_on, choose_code)
+        run = state.depth.per_frame(len(h))
+        return self.frames(lambda p, values, streams: depth_outputs(run(
+            self.depth_feed(p, values), streams, p)), h, goes_on, choose_code)
 
     def frame_row(self, codes: np.ndarray) -> np.ndarray:
         """A generated frame as the next backbone row: the assistant slot and its codes."""

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import InputError, whole_number
 from ..sampling import LocalV15SamplingOptions
+from ..nn.session import SharedDecodeSession
 from .batching import BatchFamily, StreamJob
 from .local_v15 import MAX_FRAMES, FrameChooser, GenerationState, LocalV15Model
 
@@ -47,11 +48,8 @@ class LocalV15Batch(BatchFamily):
         chooser = FrameChooser(self.model.config, options, seed, max_frames)
         return StreamJob(FrameWork(rows, chooser), length, length + max_frames)
 
-    def make_state(self, rows: int, streams: int) -> GenerationState:
-        return self.model.make_state(rows, streams=streams)
-
-    def open(self, state: GenerationState, job: StreamJob) -> None:
-        job.seq = state.backbone.open()
+    def sequences(self, state: GenerationState) -> SharedDecodeSession:
+        return state.backbone
 
     def prefill(self, state: GenerationState, job: StreamJob, start: int, stop: int) -> None:
         work = job.work
@@ -80,5 +78,3 @@ class LocalV15Batch(BatchFamily):
                 job.work.h = h
         return going
 
-    def release(self, state: GenerationState, job: StreamJob) -> None:
-        state.backbone.release(job.seq)

@@ -285,12 +285,9 @@ class NanoModel:
                      decide) -> list[np.ndarray | None]:
         """`frames` for the streams of a shared state, every local position one graph over
         their rows (the depth sequences start afresh each frame)."""
-        depth = state.depth
-        depth.reset()
-        seqs = [depth.open() for _ in range(len(h))]
-        return self.frames(lambda p, values, streams: depth.step(
-            [seqs[i] for i in streams], self.depth_feed(p, values), variant=p)["depth.logits"],
-            h, choose_codes, decide)
+        run = state.depth.per_frame(len(h))
+        return self.frames(lambda p, values, streams: run(
+            self.depth_feed(p, values), streams, p)["depth.logits"], h, choose_codes, decide)
 
     def prefill_stream(self, state: GenerationState, seq: int, rows: np.ndarray) -> np.ndarray:
         """`prefill` for stream `seq` of a shared state (one graph over its rows, as alone)."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..sampling import (SamplingOptions, check_finite, choose_rows_each, decide_continue,
                         sample_audio_code)
+from ..nn.session import SharedDecodeSession
 from .batching import BatchFamily, StreamJob
 from .nano import GenerationState, NanoModel
 
@@ -110,11 +111,8 @@ class NanoBatch(BatchFamily):
         sampler = FrameSampler(self.model.config, options, seed, max_frames)
         return StreamJob(FrameWork(rows, sampler), len(rows), len(rows) + max_frames)
 
-    def make_state(self, rows: int, streams: int) -> GenerationState:
-        return self.model.make_state(rows, streams=streams)
-
-    def open(self, state: GenerationState, job: StreamJob) -> None:
-        job.seq = state.global_.open()
+    def sequences(self, state: GenerationState) -> SharedDecodeSession:
+        return state.global_
 
     def prefill(self, state: GenerationState, job: StreamJob, start: int, stop: int) -> None:
         job.work.h = self.model.prefill_stream(state, job.seq, job.work.rows[start:stop])
@@ -134,9 +132,6 @@ class NanoBatch(BatchFamily):
             for job, h in zip(on, m.step_hidden(state, [job.seq for job in on], rows)):
                 job.work.h = h
         return going
-
-    def release(self, state: GenerationState, job: StreamJob) -> None:
-        state.global_.release(job.seq)
 
     def report_end(self, job: StreamJob) -> None:
         job.work.sampler.report_end()

@@ -415,10 +415,9 @@ class RealtimeModel(NativeResource):
                      turns: list[TurnSampler]) -> np.ndarray:
         """`draw_frames` for the streams of a shared local session, every position one graph
         over their rows (each stream's local sequence starts afresh each frame)."""
-        local.reset()
-        seqs = [local.open() for _ in turns]
-        return self.draw_frames(
-            lambda j, feed: local.step(seqs, feed, variant=j)["local.logits"], hidden, turns)
+        run, every = local.per_frame(len(turns)), list(range(len(turns)))
+        return self.draw_frames(lambda j, feed: run(feed, every, j)["local.logits"], hidden,
+                                turns)
 
     def prefill_stream(self, backbone: SharedDecodeSession, seq: int, rows) -> np.ndarray:
         """`FrameStream.feed` for sequence `seq` of a shared backbone → its last row's hidden."""

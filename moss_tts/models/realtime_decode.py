@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ggml.backend import released_on_error
-from ..nn.session import SessionsOwner
+from ..nn.session import SessionsOwner, SharedDecodeSession
 from ..sampling import RealtimeSamplingOptions
 from .batching import BatchFamily, StreamJob
 from .realtime import MAX_FRAMES, RealtimeModel, TurnSampler, check_rows
@@ -59,8 +59,8 @@ class RealtimeBatch(BatchFamily):
     def make_state(self, rows: int, streams: int) -> BatchState:
         return BatchState(self.model, rows, streams)
 
-    def open(self, state: BatchState, job: StreamJob) -> None:
-        job.seq = state.backbone.open()
+    def sequences(self, state: BatchState) -> SharedDecodeSession:
+        return state.backbone
 
     def prefill(self, state: BatchState, job: StreamJob, start: int, stop: int) -> None:
         job.work.h = self.model.prefill_stream(state.backbone, job.seq, job.work.rows[start:stop])
@@ -79,5 +79,3 @@ class RealtimeBatch(BatchFamily):
                 job.work.h = h
         return [turn.going for turn in turns]
 
-    def release(self, state: BatchState, job: StreamJob) -> None:
-        state.backbone.release(job.seq)

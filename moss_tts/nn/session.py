@@ -226,6 +226,16 @@ class SharedDecodeSession(DecodeSession):
             self.positions[s] += 1
         return out
 
+    def per_frame(self, n: int):
+        """Empty the cache and open n fresh sequences, one per stream, for a per-frame
+        transformer (a depth or local block whose sequence starts afresh each frame) →
+        `run(feed, streams, variant)`: one step of the sequences of `streams` (indices into the
+        n, row i of `feed` for streams[i]), their outputs in that order."""
+        self.reset()
+        seqs = [self.open() for _ in range(n)]
+        return lambda feed, streams, variant=None: self.step([seqs[i] for i in streams], feed,
+                                                             variant=variant)
+
     def prefill_sequence(self, seq: int, rows_feed: dict, n_rows: int, *, variant=None,
                          extra: dict | None = None,
                          max_rows: int = PREFILL_ROWS) -> list[dict[str, np.ndarray]]:
