@@ -15,7 +15,7 @@ from tests.conftest import TEST_BACKEND_ENV
 
 from .conftest import THREADS
 from .test_contract import CLASSES, FAMILIES, clip, files, v2_codec  # noqa: F401
-from .test_rpc_backend import LACKED, speak
+from .test_rpc_backend import LACKED, loaded_once, speak
 
 # A GPU's f32 kernels sum in other orders (cuBLAS GEMM tiles, parallel reductions) and its
 # expf/tanhf differ by an ulp or two: ~1e-6 per op, grown through the tiny models' few layers
@@ -43,18 +43,12 @@ def device(device_name):
 @pytest.fixture(scope="module")
 def loaded(files, device):
     """(family, "device" | "cpu") → its TTS, loaded once."""
-    made = {}
-
-    def get(family, where):
-        if (family, where) not in made:
-            model, codec = files[family]
-            backend = device if where == "device" else Backend("cpu", threads=THREADS)
-            made[family, where] = CLASSES[family].load(model, codec=codec, backend=backend)
-        return made[family, where]
-
-    yield get
-    for tts in made.values():
-        tts.close()
+    sides = {"device": loaded_once(files, backend=device),
+             "cpu": loaded_once(files, threads=THREADS)}
+    gets = {where: next(side) for where, side in sides.items()}
+    yield lambda family, where: gets[where](family)
+    for side in sides.values():
+        side.close()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -25,35 +25,33 @@ def rpc(rpc_server):
         yield backend
 
 
-@pytest.fixture(scope="module")
-def on_rpc(files, rpc):
-    """family → its TTS with model and codec on the RPC backend, loaded once."""
+def loaded_once(files, **load):
+    """family → its TTS with model and codec loaded with `load` (once per family); closes
+    them all when the generator is closed."""
     made = {}
 
     def get(family):
         if family not in made:
             model, codec = files[family]
-            made[family] = CLASSES[family].load(model, codec=codec, backend=rpc)
+            made[family] = CLASSES[family].load(model, codec=codec, **load)
         return made[family]
 
-    yield get
-    for tts in made.values():
-        tts.close()
+    try:
+        yield get
+    finally:
+        for tts in made.values():
+            tts.close()
+
+
+@pytest.fixture(scope="module")
+def on_rpc(files, rpc):
+    """family → its TTS with model and codec on the RPC backend, loaded once."""
+    yield from loaded_once(files, backend=rpc)
 
 
 @pytest.fixture(scope="module")
 def on_cpu(files):
-    made = {}
-
-    def get(family):
-        if family not in made:
-            model, codec = files[family]
-            made[family] = CLASSES[family].load(model, codec=codec, threads=THREADS)
-        return made[family]
-
-    yield get
-    for tts in made.values():
-        tts.close()
+    yield from loaded_once(files, threads=THREADS)
 
 
 def speak(tts, family, **kw):
