@@ -72,6 +72,21 @@ def call(url, path, body=None, method=None, headers=None, data=None, timeout=60)
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
 
 
+def client_of(server, timeout: float = 60):
+    """The stock openai client of a served app (no retries: a test sees every answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=timeout)
+
+
+def free_places(server, timeout: float = 60) -> int:
+    """The first model's free places in its line now (/v1/models)."""
+    status, _, body = call(server.url, "/v1/models", timeout=timeout)
+    assert status == 200
+    return json.loads(body)["data"][0]["free_places"]
+
+
 def raw_post(port, body: dict, *, rcvbuf=None) -> socket.socket:
     """A POST sent over a bare socket whose reader we control (or never run)."""
     sock = socket.socket()

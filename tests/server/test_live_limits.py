@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.server import create_app
 from moss_tts.server.connections import Limits
-from tests.server.helpers import call, tiny_realtime_files
+from tests.server.helpers import free_places, tiny_realtime_files
 from tests.server.test_connections import LogRecords
 
 TEXT = "Hello there, this is a live test. It speaks as the text arrives!"
@@ -94,11 +94,6 @@ def closed_with(ws) -> tuple[int, str]:
     return closed.value.rcvd.code, closed.value.rcvd.reason
 
 
-def free_places(server) -> int:
-    status, _, body = call(server.url, "/v1/models", timeout=BOUND)
-    assert status == 200
-    return json.loads(body)["data"][0]["free_places"]
-
 
 def test_a_long_conversation_drops_its_oldest_turns_and_goes_on(serve):
     s = serve(live_context=640)       # the system block and about seven turns of TEXT
@@ -144,7 +139,7 @@ def test_a_turn_that_fills_the_context_ends_saying_so(serve):
             error["message"] and "--live-context" in error["message"]
         code, reason = closed_with(ws)
     assert code == 1008 and "--live-context" in reason
-    assert free_places(s) == 5                           # its place is back (queue 4 + 1)
+    assert free_places(s, BOUND) == 5                           # its place is back (queue 4 + 1)
 
 
 def test_a_context_too_small_for_the_system_block_names_the_flag(serve):
@@ -192,13 +187,13 @@ def test_an_idle_live_client_is_closed_with_a_reason_and_frees_its_place(serve, 
 
 def test_models_list_says_how_many_places_are_free(serve):
     s = serve(queue_depth=1)
-    assert free_places(s) == 2
+    assert free_places(s, BOUND) == 2
     with connect(ws_url(s)) as ws:
         send(ws, {"seed": 1})
         assert next_event(ws)[1]["type"] == "started"
-        assert free_places(s) == 1                       # the live connection holds one
+        assert free_places(s, BOUND) == 1                       # the live connection holds one
     deadline = time.monotonic() + BOUND                  # the server sees it leave
-    while free_places(s) != 2:
+    while free_places(s, BOUND) != 2:
         assert time.monotonic() < deadline, "a closed live connection kept its place"
         time.sleep(0.05)
 

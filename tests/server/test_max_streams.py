@@ -7,7 +7,6 @@ that stops reading holds up no other stream, and a model without a batched decod
 flag. No timing is asserted."""
 
 import base64
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
 from moss_tts.server.connections import Limits
 from moss_tts.server.worker import ModelWorker
-from tests.server.helpers import StubTTS, call, raw_post, tiny_model_files
+from tests.server.helpers import StubTTS, client_of, free_places, raw_post, tiny_model_files
 
 # four different requests: texts, seeds, budgets, whole and streamed, two formats
 REQUESTS = [
@@ -170,13 +169,6 @@ def test_a_client_that_stops_reading_does_not_hold_up_the_streams_beside_it(
             tts.close()
 
 
-def client_of(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=60)
-
-
-def free_places(server) -> int:
-    return json.loads(call(server.url, "/v1/models")[2])["data"][0]["free_places"]
 
 
 def wait_until(condition, guard: float = 60) -> None:

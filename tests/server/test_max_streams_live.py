@@ -10,13 +10,12 @@ import threading
 import time
 
 import numpy as np
-import openai
 import pytest
 from websockets.sync.client import connect
 
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
-from tests.server.helpers import call, silent_wav_b64, tiny_model_files
+from tests.server.helpers import call, client_of, free_places, silent_wav_b64, tiny_model_files
 
 N, DEPTH = 2, 2
 PLACES = N + DEPTH         # the line's places, running jobs' included (/v1/models)
@@ -125,10 +124,6 @@ def together(files, served, tmp_path):
     tts.close()
 
 
-def client_of(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=GUARD)
-
 
 def speak(client, r) -> bytes:
     """The request's audio as the live endpoint sends it: s16le at the model's own layout."""
@@ -158,9 +153,6 @@ def result(t: threading.Thread, out: dict):
         raise out["error"]
     return out["result"]
 
-
-def free_places(server) -> int:
-    return json.loads(call(server.url, "/v1/models")[2])["data"][0]["free_places"]
 
 
 def wait_free(server, n: int) -> None:

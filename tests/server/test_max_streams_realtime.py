@@ -12,7 +12,6 @@ import contextlib
 import http.client
 import json
 
-import openai
 import pytest
 from websockets.sync.client import connect
 
@@ -20,7 +19,7 @@ from moss_tts.models.batching import MAX_STREAMS
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.server import create_app
 from moss_tts.server.connections import Limits
-from tests.server.helpers import Served, call, raw_post, tiny_realtime_files
+from tests.server.helpers import Served, call, client_of, free_places, raw_post, tiny_realtime_files
 
 MODEL = "moss-tts-realtime"
 DEPTH = 2
@@ -82,18 +81,11 @@ def together(request, files, served, tmp_path):
     tts.close()
 
 
-def client_of(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=GUARD)
-
 
 def speak(client, r) -> bytes:
     return client.audio.speech.create(model=MODEL, voice="alloy", response_format="pcm",
                                       input=r["input"], extra_body=r["extra_body"]).content
 
-
-def free_places(server) -> int:
-    return json.loads(call(server.url, "/v1/models")[2])["data"][0]["free_places"]
 
 
 @contextlib.contextmanager
