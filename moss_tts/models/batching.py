@@ -114,6 +114,11 @@ class BatchDecoder(NativeResource):
         self.reserved = 0          # rows the admitted jobs may still take, at most
         self.steps = 0
 
+    @property
+    def pending(self) -> bool:
+        """Whether any job is still queued, joining or decoding (more steps would make items)."""
+        return bool(self.queue or self.joining or self.active)
+
     def submit(self, job: StreamJob) -> StreamJob:
         """Queue a job; it joins at the next step with a free place and room for it."""
         self.queue.append(job)
@@ -164,7 +169,7 @@ class BatchDecoder(NativeResource):
         """Every job to its end → each one's items."""
         for job in jobs:
             self.submit(job)
-        while self.queue or self.active or self.joining:
+        while self.pending:
             self.step()
         for job in jobs:
             self.family.report_end(job)

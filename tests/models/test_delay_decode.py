@@ -168,7 +168,7 @@ def test_a_stream_joining_after_another_left_equals_it_alone(ending_model):
     with BatchDecoder(DelayBatch(model), max_streams=2) as batch:
         ja, jb, jc = (batch.submit(batch.family.job(*job)) for job in (a, b, c))
         joined = None
-        while batch.queue or batch.active or batch.joining:
+        while batch.pending:
             batch.step()
             if joined is None and jc in batch.active:
                 joined = (jb.done, ja.done, len(ja.items))
@@ -191,7 +191,7 @@ def test_a_long_prompt_appended_in_chunks_while_others_decode_equals_it_alone(en
         batch.step()
         late = batch.submit(batch.family.job(*long))
         joining_steps = 0
-        while batch.queue or batch.active or batch.joining:
+        while batch.pending:
             batch.step()
             joining_steps += late in batch.joining and bool(batch.active)
     assert joining_steps >= 14, joining_steps
@@ -243,7 +243,7 @@ def test_a_bad_job_fails_alone_and_the_others_go_on(ending_model):
         batch.submit(batch.family.job(bad, GREEDY, None, 4))
         with pytest.raises(InputError, match="text ids"):
             batch.step()
-        while batch.active or batch.queue or batch.joining:
+        while batch.pending:
             batch.step()
     assert np.array_equal(as_rows(kept.items, model), alone(model, good))
 

@@ -142,7 +142,7 @@ def test_a_long_prompt_joins_in_chunks_while_others_decode(family, model_of):
             steps += 1
         assert steps == -(-len(late[0]) // 3)
         assert sum(len(job.items) for job in running) - made == 2 * steps, "others waited"
-        while batch.active or batch.joining or batch.queue:
+        while batch.pending:
             batch.step()
     got = [np.array(job.items, dtype=np.int64) for job in running + [joining]]
     assert_each_alone(family, model, early + [late], got)
@@ -166,7 +166,7 @@ def test_a_bad_prompt_fails_its_job_alone(family, model_of):
         batch.submit(batch.family.job(bad, **job))
         with pytest.raises(InputError, match="text ids"):
             batch.step()
-        while batch.active or batch.queue or batch.joining:  # the good job goes on alone
+        while batch.pending:  # the good job goes on alone
             batch.step()
     assert np.array_equal(np.array(good.items), family.alone(model, rows, **job))
     with pytest.raises(InputError, match=family.budget):

@@ -162,6 +162,6 @@ def test_bad_batch_arguments_raise_input_error(nano_tts):
         batch.submit(batch.family.job(bad, GREEDY, None, 4))
         with pytest.raises(InputError, match="text ids"):
             batch.step()
-        while batch.active or batch.queue or batch.joining:  # the good job goes on alone
+        while batch.pending:  # the good job goes on alone
             batch.step()
     assert np.array_equal(np.array(good.items), alone(tts, (rows, GREEDY, None, 4)))

@@ -107,7 +107,7 @@ def test_a_long_prompt_joining_in_chunks_while_others_decode_equals_alone(realti
     with BatchDecoder(RealtimeBatch(model), max_streams=2, prefill_rows=3) as batch:
         jobs = [batch.submit(batch.family.job(*j)) for j in (a, c, b)]
         beside = 0          # steps in which B's prompt was appended while A decoded
-        while batch.queue or batch.active or batch.joining:
+        while batch.pending:
             joining = jobs[2] in batch.joining or jobs[2] in batch.queue
             batch.step()
             beside += joining and jobs[0] in batch.active and jobs[2].filled > 0
@@ -204,7 +204,7 @@ def test_a_bad_job_fails_alone(realtime_model):
             batch.family.job(rows, [311], SAMPLED, 1, 0)
         with pytest.raises(InputError, match="shape"):
             batch.family.job(rows[:, 1:], [311], SAMPLED, 1, 10)
-        while batch.active or batch.queue or batch.joining:
+        while batch.pending:
             batch.step()
     assert np.array_equal(frames_of(running.items), alone(model, good))
     with pytest.raises(InputError, match="max_streams"):
