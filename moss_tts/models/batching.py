@@ -31,8 +31,14 @@ MAX_STREAMS = 4
 # (bench/streams.py, docs/performance.md).
 PREFILL_ROWS = SESSION_PREFILL_ROWS
 # Shared states are sized in steps of this many rows per stream, so the next batch can usually
-# reuse the last one (caches allocated and graphs built)
+# reuse the last one (caches allocated and graphs built), and each stream's region of the cache
+# is a whole number of such steps, so a stream of a like budget fits where another one left
 STATE_ROWS_STEP = 256
+
+
+def room(need: int) -> int:
+    """Cache slots of the region a job of `need` rows takes."""
+    return -(-need // STATE_ROWS_STEP) * STATE_ROWS_STEP
 
 
 class StreamJob:
@@ -71,8 +77,8 @@ class BatchFamily:
         raise NotImplementedError
 
     def open(self, state, job: StreamJob) -> None:
-        """Start the job's sequence in the state: set `job.seq`."""
-        job.seq = self.sequences(state).open()
+        """Start the job's sequence in the state, room for its `need` rows: set `job.seq`."""
+        job.seq = self.sequences(state).open(job.need, slots=room(job.need))
 
     def prefill(self, state, job: StreamJob, start: int, stop: int) -> None:
         """Append rows [start, stop) of the job's prompt; the last call (stop ==
@@ -111,7 +117,6 @@ class BatchDecoder(NativeResource):
         self.active: list[StreamJob] = []     # joined: stepped together
         self.joining: list[StreamJob] = []    # holding slots, prompt being appended
         self.queue: deque[StreamJob] = deque()
-        self.reserved = 0          # rows the admitted jobs may still take, at most
         self.steps = 0
 
     @property
@@ -178,13 +183,13 @@ class BatchDecoder(NativeResource):
     def _admit(self) -> None:
         while self.queue and len(self.active) + len(self.joining) < self.max_streams:
             job = self.queue[0]
-            if self.state is None or self.reserved + job.need > self.state.capacity:
+            if self.state is None or \
+                    not self.family.sequences(self.state).fits(job.need, slots=room(job.need)):
                 if self.active or self.joining:
                     return        # it joins when enough of the running ones have left
                 self._grow(job.need)
             self.queue.popleft()
             self.family.open(self.state, job)
-            self.reserved += job.need
             self.joining.append(job)
 
     def _prefill(self) -> None:
@@ -213,14 +218,12 @@ class BatchDecoder(NativeResource):
         if self.state is not None:
             self.state.close()
             self.state = None
-        per_stream = -(-need // STATE_ROWS_STEP) * STATE_ROWS_STEP
-        self.state = self.family.make_state(per_stream * self.max_streams, self.max_streams)
+        self.state = self.family.make_state(room(need) * self.max_streams, self.max_streams)
 
     def _finish(self, job: StreamJob) -> None:
         job.done = True
         if job.seq is not None:
             self.family.release(self.state, job)
-            self.reserved -= job.need
             job.seq = None
 
     def close(self) -> None:

@@ -21,7 +21,8 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, mlp, rms_norm
-from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, concat_rows
+from ..nn.session import (DecodeSession, SessionsOwner, SharedDecodeSession, concat_rows,
+                          frames_capacity)
 from ..sampling import LocalSamplingOptions, check_finite, choose_rows, seen_per_head
 from . import qwen3, spec
 from .delay import check_ids, check_rows
@@ -266,7 +267,7 @@ class GenerationState(SessionsOwner):
             self.depth = session(
                 lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.num_hidden_layers, n_kv_head=loc.num_key_value_heads,
-                head_dim=loc.head_dim, capacity=(cfg.n_vq + 1) * (streams or 1),
+                head_dim=loc.head_dim, capacity=frames_capacity(cfg.n_vq + 1, streams),
                 prefix="depth", name="local.depth", dtype=F32)
 
 
@@ -362,7 +363,7 @@ class LocalModel:
                    choose_token) -> np.ndarray:
         """`frame_rows` for the streams of a shared state, every depth position one graph over
         their rows (the depth sequences start afresh each frame)."""
-        run = state.depth.per_frame(len(h))
+        run = state.depth.per_frame(len(h), self.config.n_vq + 1)
         return self.frame_rows(lambda p, values, streams: run(
             self.depth_feed(p, values), streams, p)["depth.logits"], h, n_vqs, choose_token)
 

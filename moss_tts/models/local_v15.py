@@ -19,7 +19,8 @@ from ..ggml import F16, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
-from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, concat_rows
+from ..nn.session import (DecodeSession, SessionsOwner, SharedDecodeSession, concat_rows,
+                          frames_capacity)
 from ..sampling import LocalV15SamplingOptions, check_finite, choose_rows, sample_audio_code
 from . import gpt2, qwen3, spec
 from .nano import row_inputs
@@ -212,7 +213,7 @@ class GenerationState(SessionsOwner):
             self.depth = session(
                 lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
-                capacity=cfg.n_vq * (streams or 1), prefix="depth", name="local_v15.depth")
+                capacity=frames_capacity(cfg.n_vq, streams), prefix="depth", name="local_v15.depth")
 
 
 class LocalV15Model:
@@ -298,7 +299,7 @@ class LocalV15Model:
                      choose_code) -> list[np.ndarray | None]:
         """`frames` for the streams of a shared state, every local position one graph over
         their rows (the local sequences start afresh each frame)."""
-        run = state.depth.per_frame(len(h))
+        run = state.depth.per_frame(len(h), self.config.n_vq)
         return self.frames(lambda p, values, streams: depth_outputs(run(
             self.depth_feed(p, values), streams, p)), h, goes_on, choose_code)
 

@@ -18,7 +18,7 @@ from ..ggml import I32, Graph, Weights, ops
 from ..ggml.backend import released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
-from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession
+from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, frames_capacity
 from . import gpt2, spec
 
 KIND = "nano"
@@ -194,7 +194,7 @@ class GenerationState(SessionsOwner):
             self.depth = session(
                 lambda g, n, kv, p: build_depth_step(g, w, cfg, kv, p, n), backend=model.backend,
                 n_layer=loc.n_layer, n_kv_head=loc.n_head, head_dim=loc.head_dim,
-                capacity=(cfg.n_vq + 1) * (streams or 1), prefix="depth", name="nano.depth",
+                capacity=frames_capacity(cfg.n_vq + 1, streams), prefix="depth", name="nano.depth",
                 head_major=True)
 
     @property
@@ -285,7 +285,7 @@ class NanoModel:
                      decide) -> list[np.ndarray | None]:
         """`frames` for the streams of a shared state, every local position one graph over
         their rows (the depth sequences start afresh each frame)."""
-        run = state.depth.per_frame(len(h))
+        run = state.depth.per_frame(len(h), self.config.n_vq + 1)
         return self.frames(lambda p, values, streams: run(
             self.depth_feed(p, values), streams, p)["depth.logits"], h, choose_codes, decide)
 

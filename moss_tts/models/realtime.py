@@ -21,7 +21,8 @@ from ..ggml import F16, F32, I32, GGMLType, Graph, Weights, ops
 from ..ggml.backend import NativeResource, released_on_error
 from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row
-from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, bucket, concat_rows
+from ..nn.session import (DecodeSession, SessionsOwner, SharedDecodeSession, bucket, concat_rows,
+                          frames_capacity)
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
                         greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
@@ -387,7 +388,7 @@ class RealtimeModel(NativeResource):
         return session(
             lambda g, n, kv, j: build_local_step(g, self.w, self.config, kv, j, n),
             backend=self.backend, n_layer=lc.num_hidden_layers, n_kv_head=lc.num_key_value_heads,
-            head_dim=lc.head_dim, capacity=self.config.rvq * (streams or 1), prefix="local",
+            head_dim=lc.head_dim, capacity=frames_capacity(self.config.rvq, streams), prefix="local",
             name="realtime.local", dtype=F32)
 
     def draw_frames(self, local_run, hidden: np.ndarray, turns: list[TurnSampler]) -> np.ndarray:
@@ -415,7 +416,7 @@ class RealtimeModel(NativeResource):
                      turns: list[TurnSampler]) -> np.ndarray:
         """`draw_frames` for the streams of a shared local session, every position one graph
         over their rows (each stream's local sequence starts afresh each frame)."""
-        run, every = local.per_frame(len(turns)), list(range(len(turns)))
+        run, every = local.per_frame(len(turns), self.config.rvq), list(range(len(turns)))
         return self.draw_frames(lambda j, feed: run(feed, every, j)["local.logits"], hidden,
                                 turns)
 

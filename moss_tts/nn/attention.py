@@ -4,6 +4,8 @@ over a KV cache (nn/kv_cache.py)."""
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import ShapeError
 from ..ggml import ops
 from ..ggml.graph import Tensor, type_size
@@ -110,9 +112,19 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, kv: CacheView, il: int, *,
     cache = kv.cache
     cache.store(il, k, v, kv.slots)
     g = q.graph
-    return attention(q, cache.keys(g, il, kv.n_slots), cache.values(g, il, kv.n_slots), kv.mask,
-                     scale=q.ne[0] ** -0.5, flash=kv.flash and not cache.v_trans,
-                     v_transposed=cache.v_trans)
+    over = functools.partial(attention, scale=q.ne[0] ** -0.5,
+                             flash=kv.flash and not cache.v_trans, v_transposed=cache.v_trans)
+    if not kv.windows:
+        return over(q, cache.keys(g, il, kv.n_slots), cache.values(g, il, kv.n_slots), kv.mask)
+    # each group of rows over its own window (a shared cache's sequence region), each one an
+    # attention of its own: the ops and sums of that sequence's graph alone
+    out, row = None, 0
+    for (first, n, rows), mask in zip(kv.windows, kv.masks):
+        q_rows = ops.view(q, q.ne[:2] + (rows,), q.nb[1:3], row * q.nb[2])
+        part = over(q_rows, cache.keys(g, il, n, first), cache.values(g, il, n, first), mask)
+        out = part if out is None else ops.concat(out, part, 1)
+        row += rows
+    return out
 
 
 def cached_self_attention(qkv: Tensor, cache: KVCache, il: int, *, n_heads: int,

@@ -15,14 +15,12 @@ from ..ggml.types import F16, F32, I32, GGMLType
 from ..ggml.weights import TensorStore
 
 
-def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None, q_seq=None, k_seq=None,
+def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None,
                 dtype=np.float32) -> np.ndarray:
     """Additive mask (Tq, Tk) for the host: 0 where key k may be seen from query q, −inf elsewhere.
 
     Allowed iff k_pos ≤ q_pos, and q_pos − k_pos < window (a window of exactly `window` keys,
-    itself included), and valid[k], and (with sequence ids) q_seq[q] == k_seq[k]: several
-    sequences share one cache, each query row seeing its own sequence only. Slots with
-    k_pos < 0 (an empty cache slot) are never seen.
+    itself included), and valid[k]. Slots with k_pos < 0 (an empty cache slot) are never seen.
     """
     # int32 positions and one difference matrix: this runs on the host for every chunk of every
     # stage (16 M entries at 400 Hz with 10 s chunks), so it is kept to a few passes
@@ -35,8 +33,6 @@ def causal_mask(q_pos, k_pos, *, window: int | None = None, valid=None, q_seq=No
         ok &= d < window
     if valid is not None:
         ok &= np.asarray(valid, dtype=bool)[None, :]
-    if q_seq is not None:
-        ok &= np.asarray(q_seq)[:, None] == np.asarray(k_seq)[None, :]
     dtype = np.dtype(dtype).type
     return np.where(ok, dtype(0), dtype(-np.inf))
 
@@ -55,10 +51,14 @@ class KVCache(NativeResource):
     few query rows meet many keys (streaming codec pushes): ggml's CPU flash attention only
     tiles from 64 query rows and below that runs one scalar exp and dot per key.
 
-    Several sequences may share the cache (llama.cpp's unified cache, design §3): `reserve`
-    tags each slot with its sequence id, the mask keeps each query row to its own sequence's
-    slots, and `free(seq)` hands a finished sequence's slots to the next `reserve`. Linear mode
-    only: a ring is one sequence's window.
+    Several sequences may share the cache (design §3), each in a region of its own (`place`):
+    its position p lives in slot first + p, so a sequence's rows lie in its region as a cache
+    of its own holds them (slot = position), and attention over the region's first slots
+    (`keys(..., first=)`, `window_mask`) meets them in the same order and tiles — the same
+    sums, bit for bit, whoever shares the cache (issue 31: a shared span made ggml's flash
+    attention visit a sequence's keys in another order, and its f16 V accumulation turned
+    that into another draw). `free(seq)` empties the region for the next sequence. Linear
+    mode only: a ring is one sequence's window.
 
     `head_major` stores each head's slots together ([Hkv, capacity, Dh], numpy order) instead
     of each slot's heads: a one-row query's flash attention walks one head's keys at a time,
@@ -94,6 +94,7 @@ class KVCache(NativeResource):
         self._v = [self._store[f"cache.{il}.v"] for il in range(n_layer)]
         self.positions = np.full(capacity, -1, dtype=np.int64)  # slot → absolute position
         self.seq_ids = np.full(capacity, -1, dtype=np.int64)    # slot → sequence id (−1: none)
+        self.regions: dict[int, tuple[int, int]] = {}   # sequence id → (first slot, slots)
         self.evicted_max = -1  # newest position a ring overwrite has dropped
         self.reset()
 
@@ -106,6 +107,7 @@ class KVCache(NativeResource):
         self._store.buffer.clear(0)
         self.positions[:] = -1
         self.seq_ids[:] = -1
+        self.regions.clear()
         self.evicted_max = -1
 
     @property
@@ -120,11 +122,35 @@ class KVCache(NativeResource):
         return int(filled[-1]) + 1 if len(filled) else 0
 
     def free(self, seq: int) -> int:
-        """Forget sequence `seq`'s rows; its slots go to the next `reserve`. Returns how many."""
+        """Forget sequence `seq`'s rows and its region. Returns how many rows it held."""
         drop = self.seq_ids == seq
         self.positions[drop] = -1
         self.seq_ids[drop] = -1
+        self.regions.pop(int(seq), None)
         return int(drop.sum())
+
+    def _first_fit(self, slots: int) -> int | None:
+        start = 0
+        for first, size in sorted(self.regions.values()):
+            if first - start >= slots:
+                break
+            start = max(start, first + size)
+        return start if start + slots <= self.capacity else None
+
+    def fits(self, slots: int) -> bool:
+        """Whether a region of `slots` slots would fit now."""
+        return self._first_fit(slots) is not None
+
+    def place(self, seq: int, slots: int) -> int:
+        """Give sequence `seq` a region of `slots` slots, the lowest run that fits → its
+        first slot."""
+        seq = int(seq)
+        first = self._first_fit(slots)
+        if seq in self.regions or first is None or slots < 1:
+            raise ShapeError(f"KVCache: no region of {slots} slots for sequence {seq} (it has "
+                             f"one already, or {self.capacity} slots hold no such free run)")
+        self.regions[seq] = (first, slots)
+        return first
 
     def reserve(self, positions, *, ring: bool = False, seq=None) -> np.ndarray:
         """Assign slots to new absolute positions; returns I32 slot indices for `store`.
@@ -132,12 +158,14 @@ class KVCache(NativeResource):
         Linear mode takes the lowest free slots in order (one sequence fills 0, 1, 2, …) and
         fails when full; ring mode puts position p in slot p % capacity, overwriting the oldest
         row (a sliding window of `capacity` keys). `seq`: the rows' sequence id(s), one or one
-        per row (linear mode).
+        per row: position p of a placed sequence goes to slot first + p of its region.
         """
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
         if ring and seq is not None:
             raise ShapeError("KVCache: a ring holds one sequence; shared caches are linear")
-        if ring:
+        if seq is not None:
+            slots = self._in_regions(pos, np.broadcast_to(np.asarray(seq), pos.shape))
+        elif ring:
             if len(pos) > self.capacity:
                 raise ShapeError(f"KVCache: {len(pos)} new rows exceed the ring of {self.capacity}")
             slots = pos % self.capacity
@@ -155,10 +183,32 @@ class KVCache(NativeResource):
             self.seq_ids[slots] = seq
         return slots.astype(np.int32)
 
+    def _in_regions(self, pos: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        slots = np.empty(len(pos), dtype=np.int64)
+        for i, (p, s) in enumerate(zip(pos, seqs)):
+            first, size = self.region(int(s))
+            if not 0 <= p < size:
+                raise ShapeError(f"KVCache: position {p} is outside sequence {s}'s region of "
+                                 f"{size} slots")
+            slots[i] = first + p
+        return slots
+
+    def region(self, seq: int) -> tuple[int, int]:
+        """(first slot, slots) of sequence `seq`'s region."""
+        try:
+            return self.regions[int(seq)]
+        except KeyError:
+            raise ShapeError(f"KVCache: sequence {seq} has no region (place it first)") from None
+
+    def window_mask(self, q_positions, first: int, n_slots: int, *,
+                    dtype=np.float32) -> np.ndarray:
+        """Additive (Tq, n_slots) mask over slots [first, first + n_slots): one sequence's
+        region, seen as its own cache sees it."""
+        return causal_mask(q_positions, self.positions[first:first + n_slots], dtype=dtype)
+
     def mask(self, q_positions, *, window: int | None = None, n_slots: int | None = None,
-             seq=None, dtype=np.float32) -> np.ndarray:
-        """Additive (Tq, n_slots) mask over the first n_slots slots (default all); with `seq`
-        (the query rows' sequence ids) each row sees its own sequence's slots only.
+             dtype=np.float32) -> np.ndarray:
+        """Additive (Tq, n_slots) mask over the first n_slots slots (default all).
 
         Fails, rather than silently attending to fewer keys, when a ring overwrite already
         dropped a key some query still needs (capacity must be ≥ window + chunk − 1).
@@ -170,9 +220,7 @@ class KVCache(NativeResource):
                 f"KVCache: the ring of {self.capacity} slots already dropped position "
                 f"{self.evicted_max}, which a query still needs (window {window}); use a "
                 f"capacity of at least window + chunk − 1")
-        q_seq = None if seq is None else np.broadcast_to(seq, np.shape(q_positions))
-        return causal_mask(q_positions, self.positions[:n], window=window, q_seq=q_seq,
-                           k_seq=self.seq_ids[:n], dtype=dtype)
+        return causal_mask(q_positions, self.positions[:n], window=window, dtype=dtype)
 
     def feed(self, positions, n_slots: int, *, flash: bool = True,
              prefix: str = "kv") -> dict[str, np.ndarray]:
@@ -181,13 +229,19 @@ class KVCache(NativeResource):
         return self.placed(pos, self.reserve(pos), n_slots, flash=flash, prefix=prefix)
 
     def placed(self, positions, slots, n_slots: int, *, flash: bool = True, prefix: str = "kv",
-               seq=None) -> dict[str, np.ndarray]:
-        """Host inputs of a `CacheView` for rows already reserved at `slots` (of sequence(s)
-        `seq`, None for a one-sequence cache)."""
+               windows: tuple[Window, ...] = ()) -> dict[str, np.ndarray]:
+        """Host inputs of a `CacheView` for rows already reserved at `slots`: their mask over
+        the first n_slots slots, or with `windows` each group of rows' over its window."""
         pos = np.asarray(positions, dtype=np.int32)
+        dtype = np.float16 if flash else np.float32
+        if windows:
+            starts = np.cumsum([0] + [rows for _, _, rows in windows])
+            mask = np.concatenate([self.window_mask(pos[a:b], first, n, dtype=dtype).ravel()
+                                   for (first, n, _), a, b in zip(windows, starts, starts[1:])])
+        else:
+            mask = self.mask(pos, n_slots=n_slots, dtype=dtype)
         return {f"{prefix}.pos": pos, f"{prefix}.slots": np.asarray(slots, np.int32),
-                f"{prefix}.mask": self.mask(pos, n_slots=n_slots, seq=seq,
-                                            dtype=np.float16 if flash else np.float32)}
+                f"{prefix}.mask": mask}
 
     def store(self, il: int, k: Tensor, v: Tensor, slots: Tensor) -> None:
         """Write k, v of layer il into the slots given by I32 `slots` [T]. Each is [Dh, Hkv, T]
@@ -235,33 +289,35 @@ class KVCache(NativeResource):
             t = ops.cont(t)
         return ops.permute(t, 0, 2, 1)
 
-    def keys(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
-        """View [Dh, Hkv, n_slots] of layer il's K rows in graph g (default: every slot)."""
-        return self._view(g, self._k[il], n_slots)
+    def keys(self, g: Graph, il: int, n_slots: int | None = None, first: int = 0) -> Tensor:
+        """View [Dh, Hkv, n_slots] of layer il's K rows from slot `first` in graph g
+        (default: every slot)."""
+        return self._view(g, self._k[il], n_slots, first)
 
-    def values(self, g: Graph, il: int, n_slots: int | None = None) -> Tensor:
+    def values(self, g: Graph, il: int, n_slots: int | None = None, first: int = 0) -> Tensor:
         """As keys(); with `v_trans` the view is [n_slots, Dh, Hkv] (slots fastest)."""
         if not self.v_trans:
-            return self._view(g, self._v[il], n_slots)
-        n = self._n_slots(n_slots)
+            return self._view(g, self._v[il], n_slots, first)
+        n = self._n_slots(n_slots, first)
         cache = self._v[il]
         return ops.view(cache, (n, self.head_dim, self.n_kv_head),
-                        (cache.nb[1], self.head_dim * cache.nb[1]), graph=g)
+                        (cache.nb[1], self.head_dim * cache.nb[1]), first * cache.nb[0], graph=g)
 
-    def _n_slots(self, n_slots: int | None) -> int:
-        n = self.capacity if n_slots is None else n_slots
-        if not 1 <= n <= self.capacity:
-            raise ShapeError(f"KVCache: {n} slots requested of {self.capacity}")
+    def _n_slots(self, n_slots: int | None, first: int = 0) -> int:
+        n = self.capacity - first if n_slots is None else n_slots
+        if not 1 <= n <= self.capacity - first or first < 0:
+            raise ShapeError(f"KVCache: slots [{first}, {first + n}) requested of "
+                             f"{self.capacity}")
         return n
 
-    def _view(self, g: Graph, cache: Tensor, n_slots: int | None) -> Tensor:
-        n = self._n_slots(n_slots)
+    def _view(self, g: Graph, cache: Tensor, n_slots: int | None, first: int) -> Tensor:
+        n = self._n_slots(n_slots, first)
         if self.head_major:   # cache [Dh, capacity, Hkv]: heads capacity rows apart
             return ops.view(cache, (self.head_dim, self.n_kv_head, n), (cache.nb[2], cache.nb[1]),
-                            graph=g)
+                            first * cache.nb[1], graph=g)
         dh_bytes = self.head_dim * type_size(cache.type)[0]
         return ops.view(cache, (self.head_dim, self.n_kv_head, n), (dh_bytes, cache.nb[1]),
-                        graph=g)
+                        first * cache.nb[1], graph=g)
 
     def close(self) -> None:
         if getattr(self, "_store", None) is not None:
@@ -269,11 +325,18 @@ class KVCache(NativeResource):
             self._store = None
 
 
+# (first slot, slots, rows): a group of consecutive graph rows that attends over the cache's
+# slots [first, first + slots) — one sequence's region, seen as a cache of its own
+Window = tuple[int, int, int]
+
+
 @dataclass(frozen=True)
 class CacheView:
     """What one graph's attention layers need of a cache: the cache, the graph inputs that
     place this graph's rows (I32 positions [T], I32 slots [T], additive mask [n_slots, T]) and
-    how many leading slots the graph attends over (a bucket of the filled prefix)."""
+    how many leading slots the graph attends over (a bucket of the filled prefix). With
+    `windows`, each group of rows attends over its own window instead (a sequence's region
+    of a shared cache), through its own mask (`masks`, views of one mask input)."""
 
     cache: KVCache
     positions: Tensor
@@ -281,12 +344,26 @@ class CacheView:
     mask: Tensor
     n_slots: int
     flash: bool = True
+    windows: tuple[Window, ...] = ()
+    masks: tuple[Tensor, ...] = ()
 
     @classmethod
     def inputs(cls, g: Graph, cache: KVCache, n_rows: int, n_slots: int, *, flash: bool = True,
-               prefix: str = "kv") -> "CacheView":
-        """Declare the inputs `<prefix>.pos`, `.slots`, `.mask` (F16 for flash) in graph g."""
-        return cls(cache, g.input(f"{prefix}.pos", (n_rows,), I32),
-                   g.input(f"{prefix}.slots", (n_rows,), I32),
-                   g.input(f"{prefix}.mask", (n_rows, n_slots), F16 if flash else F32),
-                   n_slots, flash)
+               prefix: str = "kv", windows: tuple[Window, ...] = ()) -> "CacheView":
+        """Declare the inputs `<prefix>.pos`, `.slots`, `.mask` (F16 for flash) in graph g;
+        with `windows` the mask holds each group's [slots, rows] mask in turn."""
+        dtype = F16 if flash else F32
+        pos = g.input(f"{prefix}.pos", (n_rows,), I32)
+        slots = g.input(f"{prefix}.slots", (n_rows,), I32)
+        if not windows:
+            return cls(cache, pos, slots, g.input(f"{prefix}.mask", (n_rows, n_slots), dtype),
+                       n_slots, flash)
+        if sum(rows for _, _, rows in windows) != n_rows:
+            raise ShapeError(f"CacheView: windows {windows} do not cover {n_rows} rows")
+        mask = g.input(f"{prefix}.mask", (sum(n * rows for _, n, rows in windows),), dtype)
+        size, masks, offset = type_size(dtype)[0], [], 0
+        for _, n, rows in windows:      # group g's mask: numpy (rows, n) at its offset
+            masks.append(ops.view(mask, (n, rows), (n * size,), offset * size))
+            offset += n * rows
+        return cls(cache, pos, slots, mask, max(n for _, n, _ in windows), flash,
+                   tuple(windows), tuple(masks))

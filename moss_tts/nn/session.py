@@ -14,7 +14,7 @@ from ..errors import ContextFull, InputError
 from ..ggml.backend import Backend, NativeResource, allocator_for
 from ..ggml.graph import Graph
 from ..ggml.types import F32, GGMLType
-from .kv_cache import CacheView, KVCache
+from .kv_cache import CacheView, KVCache, Window
 
 # Slot counts are multiples of this: the rows of an f16 mask, and what the allocator places
 # after them, stay 64-byte aligned. It is also the smallest bucket a step attends over.
@@ -27,6 +27,17 @@ PREFILL_ROWS = 512
 # build(graph, n_rows, cache view, variant): declare the graph's own inputs, its layers over
 # `kv`, and its outputs (the session builds and runs it)
 Builder = Callable[[Graph, int, CacheView, Hashable], None]
+
+
+def aligned(rows: int) -> int:
+    """Slots a session of `rows` rows holds: rows rounded up to SLOT_ALIGN."""
+    return -(-rows // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def frames_capacity(rows: int, streams: int | None) -> int:
+    """Capacity of a per-frame session (`per_frame`) of `rows` rows a frame for `streams`
+    streams (None: one stream, a session of its own)."""
+    return aligned(rows) * (streams or 1)
 
 
 def bucket(n_filled: int, capacity: int) -> int:
@@ -73,7 +84,7 @@ class DecodeSession(NativeResource):
                  head_dim: int, capacity: int, prefix: str, name: str, flash: bool = True,
                  dtype: GGMLType = F32, head_major: bool = False):
         self.backend = backend
-        self.capacity = -(-capacity // SLOT_ALIGN) * SLOT_ALIGN
+        self.capacity = aligned(capacity)
         self.cache = KVCache(n_layer, n_kv_head, head_dim, self.capacity, backend=backend,
                              dtype=dtype, head_major=head_major)
         self._build, self.prefix, self.name, self.flash = build, prefix, name, flash
@@ -81,20 +92,26 @@ class DecodeSession(NativeResource):
         self.prefill_allocator = allocator_for(backend)
         self.position = 0
 
-    def _graph(self, n_rows: int, n_slots: int, variant, allocator=None) -> Graph:
+    def _graph(self, n_rows: int, n_slots: int, variant, allocator=None, *,
+               windows: tuple[Window, ...] = ()) -> Graph:
+        """A graph of n_rows rows over the first n_slots slots, or over `windows`. A graph
+        of several windows is a step of several sequences: its matmuls take each row through
+        the one-row kernels (`Graph.per_column`), so each sequence's numbers are those of its
+        step alone."""
         g = Graph(self.backend, name=f"{self.name}[{variant},{n_rows}x{n_slots}]",
-                  allocator=allocator)
-        kv = CacheView.inputs(g, self.cache, n_rows, n_slots, flash=self.flash, prefix=self.prefix)
+                  allocator=allocator, per_column=len(windows) > 1)
+        kv = CacheView.inputs(g, self.cache, n_rows, n_slots, flash=self.flash, prefix=self.prefix,
+                              windows=windows)
         self._build(g, n_rows, kv, variant)
         return g.build()
 
-    def step_graph(self, n_slots: int, variant=None, *, n_rows: int = 1) -> Graph:
-        """The graph of n_rows step rows (one per sequence) attending over n_slots slots, built
-        once, then replayed; keyed (variant, n_slots), plus n_rows past one row."""
-        key = (variant, n_slots) + ((n_rows,) if n_rows > 1 else ())
+    def step_graph(self, n_slots: int, variant=None) -> Graph:
+        """The graph of one step row attending over n_slots slots, built once, then replayed;
+        keyed (variant, n_slots)."""
+        key = (variant, n_slots)
         g = self.step_graphs.get(key)
         if g is None:
-            g = self.step_graphs[key] = self._graph(n_rows, n_slots, variant)
+            g = self.step_graphs[key] = self._graph(1, n_slots, variant)
         return g
 
     def reserve(self, max_rows: int, variant=None) -> int:
@@ -111,31 +128,22 @@ class DecodeSession(NativeResource):
         if self.position + n_rows > self.capacity:
             raise ContextFull(f"{self.name}: {self.position} + {n_rows} rows exceed the session's "
                              f"capacity of {self.capacity}; make a larger one")
-        out = self._append(feed, np.arange(self.position, self.position + n_rows), None,
-                           step=n_rows == 1, variant=variant)
-        self.position += n_rows
-        return out
-
-    def _append(self, feed: dict, positions: np.ndarray, seq, *, step: bool,
-                variant) -> dict[str, np.ndarray]:
-        """Reserve slots for rows at `positions` (of sequence(s) `seq`) and run them: through
-        the replayed step graph of their bucket (`step`: one row per sequence), or through a
-        graph built for them on the prefill allocator, attending over exactly the filled
-        span."""
-        slots = self.cache.reserve(positions, seq=seq)
-        n_rows = len(positions)
-        if step:
-            n_slots = bucket(self.cache.span, self.capacity)
-            g = self.step_graph(n_slots, variant, n_rows=n_rows)
-        else:
-            n_slots = self.cache.span
-            g = self._graph(n_rows, n_slots, variant, self.prefill_allocator)
+        positions = np.arange(self.position, self.position + n_rows)
+        slots = self.cache.reserve(positions)
+        # one row: the replayed step graph of its bucket; several: a graph built for them on
+        # the prefill allocator, attending over exactly the filled span
+        step = n_rows == 1
+        n_slots = bucket(self.cache.span, self.capacity) if step else self.cache.span
+        g = self.step_graph(n_slots, variant) if step else \
+            self._graph(n_rows, n_slots, variant, self.prefill_allocator)
         try:
-            return g.run(feed | self.cache.placed(positions, slots, n_slots, flash=self.flash,
-                                                  prefix=self.prefix, seq=seq))
+            out = g.run(feed | self.cache.placed(positions, slots, n_slots, flash=self.flash,
+                                                 prefix=self.prefix))
         finally:
             if not step:
                 g.close()
+        self.position += n_rows
+        return out
 
     def prefill(self, rows_feed: dict, n_rows: int, *, variant=None, extra: dict | None = None,
                 max_rows: int = PREFILL_ROWS) -> list[dict[str, np.ndarray]]:
@@ -164,49 +172,100 @@ class DecodeSession(NativeResource):
 
 
 class SharedDecodeSession(DecodeSession):
-    """One KV cache and its graphs shared by several sequences (design §3): `open()` starts a
-    sequence, `append` runs one sequence's rows (its prompt, between steps), `step` one row of
-    each of several sequences in one graph (replayed per (rows, bucket)), and `release` frees a
-    finished sequence's slots for the next. Each row attends only over its own sequence's
-    slots, so a sequence's result does not depend on who shares the cache.
+    """One KV cache and its graphs shared by several sequences (design §3): `open(rows)` starts
+    a sequence in a region of the cache of its own, `append` runs one sequence's rows (its
+    prompt, between steps), `step` one row of each of several sequences in one graph, and
+    `release` frees a finished sequence's region for the next.
+
+    A sequence's rows run as they run in a session of its own, bit for bit: its position p
+    sits in slot first + p of its region, each row attends over its own region only (a
+    `CacheView` window: the bucket of its filled prefix for a step row, the filled span for a
+    chunk, as `DecodeSession` attends), and a step's matmuls take each row through the one-row
+    kernels. So who shares the cache, in what order, never changes a sequence's numbers. A
+    step graph is built per (variant, each row's window) and replayed; the most recent
+    STEP_GRAPHS_KEPT are kept.
     """
+
+    STEP_GRAPHS_KEPT = 32
 
     def __init__(self, build: Builder, **kwargs):
         super().__init__(build, **kwargs)
         self.positions: dict[int, int] = {}   # open sequence id → its next position
+        self.limits: dict[int, int] = {}      # ... → its capacity, as a session of its own
         self._next_seq = 0
 
-    def open(self) -> int:
-        """A new, empty sequence; returns its id."""
+    def fits(self, rows: int, *, slots: int | None = None) -> bool:
+        """Whether a sequence of at most `rows` rows (in a region of `slots`) fits now."""
+        return self.cache.fits(max(aligned(rows), slots or 0))
+
+    def open(self, rows: int, *, slots: int | None = None) -> int:
+        """A new, empty sequence of at most `rows` rows, attended as a session of `rows`
+        capacity attends, in a region of `slots` slots (default: just those rows; a scheduler
+        gives regions of a few sizes, so the next sequence fits where one left); → its id."""
+        slots = max(aligned(rows), slots or 0)
+        if not self.cache.fits(slots):
+            raise ContextFull(f"{self.name}: no free run of {slots} slots for a sequence of "
+                              f"{rows} rows in the shared capacity of {self.capacity}; "
+                              "release one or make a larger session")
         seq, self._next_seq = self._next_seq, self._next_seq + 1
-        self.positions[seq] = 0
+        self.cache.place(seq, slots)
+        self.positions[seq], self.limits[seq] = 0, aligned(rows)
         return seq
 
     def release(self, seq: int) -> None:
-        """Forget sequence `seq` and free its slots."""
+        """Forget sequence `seq` and free its region."""
         self._position(seq)
         self.cache.free(seq)
-        del self.positions[seq]
+        del self.positions[seq], self.limits[seq]
 
     def _position(self, seq: int) -> int:
         if seq not in self.positions:
             raise InputError(f"{self.name}: sequence {seq} is not open")
         return self.positions[seq]
 
-    def _fits(self, n_rows: int) -> None:
-        free = self.capacity - self.cache.n_filled
-        if n_rows > free:
-            raise ContextFull(f"{self.name}: {n_rows} new rows exceed the {free} free slots of "
-                              f"the shared capacity of {self.capacity}; make a larger one")
+    def _window(self, seq: int, n_rows: int) -> Window:
+        """Where the next n_rows of `seq` attend: its region's first slots, as many as its own
+        session would attend over (checked to fit its region)."""
+        start = self._position(seq)
+        first, size = self.cache.region(seq)[0], self.limits[seq]
+        if start + n_rows > size:
+            raise ContextFull(f"{self.name}: sequence {seq}: {start} + {n_rows} rows exceed its "
+                              f"{size} slots; open it with more rows")
+        filled = start + n_rows
+        return first, bucket(filled, size) if n_rows == 1 else filled, n_rows
+
+    def _run(self, seqs: list[int], windows: tuple[Window, ...], feed: dict,
+             variant) -> dict[str, np.ndarray]:
+        positions = np.concatenate([np.arange(self.positions[s], self.positions[s] + rows)
+                                    for s, (_, _, rows) in zip(seqs, windows)])
+        rows_seq = np.repeat(seqs, [rows for _, _, rows in windows])
+        slots = self.cache.reserve(positions, seq=rows_seq)
+        step = all(rows == 1 for _, _, rows in windows)
+        g = self._step_graph(windows, variant) if step else \
+            self._graph(len(positions), 0, variant, self.prefill_allocator, windows=windows)
+        try:
+            out = g.run(feed | self.cache.placed(positions, slots, 0, flash=self.flash,
+                                                 prefix=self.prefix, windows=windows))
+        finally:
+            if not step:
+                g.close()
+        for s, (_, _, rows) in zip(seqs, windows):
+            self.positions[s] += rows
+        return out
+
+    def _step_graph(self, windows: tuple[Window, ...], variant) -> Graph:
+        key = (variant, windows)
+        g = self.step_graphs.pop(key, None)
+        if g is None:
+            g = self._graph(len(windows), 0, variant, windows=windows)
+            if len(self.step_graphs) >= self.STEP_GRAPHS_KEPT:   # the least recently used
+                self.step_graphs.pop(next(iter(self.step_graphs))).close()
+        self.step_graphs[key] = g
+        return g
 
     def append(self, seq: int, feed: dict, n_rows: int, *, variant=None) -> dict[str, np.ndarray]:
         """Append n_rows rows to sequence `seq` (the graph's own inputs in `feed`) → outputs."""
-        start = self._position(seq)
-        self._fits(n_rows)
-        out = self._append(feed, np.arange(start, start + n_rows), seq, step=n_rows == 1,
-                           variant=variant)
-        self.positions[seq] = start + n_rows
-        return out
+        return self._run([seq], (self._window(seq, n_rows),), feed, variant)
 
     def run(self, feed: dict, n_rows: int, *, variant=None) -> dict[str, np.ndarray]:
         raise InputError(f"{self.name}: a shared session runs rows of a sequence: use "
@@ -219,20 +278,15 @@ class SharedDecodeSession(DecodeSession):
         if len(set(seqs)) != len(seqs) or not seqs:
             raise InputError(f"{self.name}: a step takes each open sequence at most once, "
                              f"got {seqs}")
-        positions = np.array([self._position(s) for s in seqs])
-        self._fits(len(seqs))
-        out = self._append(feed, positions, np.array(seqs), step=True, variant=variant)
-        for s in seqs:
-            self.positions[s] += 1
-        return out
+        return self._run(seqs, tuple(self._window(s, 1) for s in seqs), feed, variant)
 
-    def per_frame(self, n: int):
-        """Empty the cache and open n fresh sequences, one per stream, for a per-frame
-        transformer (a depth or local block whose sequence starts afresh each frame) →
-        `run(feed, streams, variant)`: one step of the sequences of `streams` (indices into the
-        n, row i of `feed` for streams[i]), their outputs in that order."""
+    def per_frame(self, n: int, rows: int):
+        """Empty the cache and open n fresh sequences of `rows` rows, one per stream, for a
+        per-frame transformer (a depth or local block whose sequence starts afresh each
+        frame) → `run(feed, streams, variant)`: one step of the sequences of `streams`
+        (indices into the n, row i of `feed` for streams[i]), their outputs in that order."""
         self.reset()
-        seqs = [self.open() for _ in range(n)]
+        seqs = [self.open(rows) for _ in range(n)]
         return lambda feed, streams, variant=None: self.step([seqs[i] for i in streams], feed,
                                                              variant=variant)
 
@@ -247,6 +301,7 @@ class SharedDecodeSession(DecodeSession):
         """Close every sequence and empty the cache; built graphs stay valid."""
         super().reset()
         self.positions.clear()
+        self.limits.clear()
 
 
 class SessionsOwner(NativeResource):

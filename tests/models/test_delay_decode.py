@@ -3,18 +3,15 @@ stream decoded in a batch makes the rows it makes alone (DelayModel.generate, th
 tests/models/test_delay.py pins against the float64 reference), whoever joins or leaves beside
 it; so DelayTTS.synthesize_many, and each published checkpoint's, equals synthesize.
 
-Exactness: a batched step runs the same per-row ops as a one-row step, except that ggml's matmul
-over R columns may sum in another order than its one-column kernel (logits move by ~1e-6, as
-Nano's, tests/models/test_nano_decode.py). Rows are the argmax or a draw over those logits, so
-they are equal unless a tie or a draw falls within that of a boundary: pinned equal here; audio
-is then bit-equal, as each request decodes its own rows through its own codec stream.
-
-With an f16 KV cache (DelayModel's default) that holds because the scheduler appends a joining
-prompt in the chunks a one-stream session does (models/batching.py PREFILL_ROWS). A prompt
-appended in other chunks (a smaller prefill_rows) moves the logits by f16 rounding, measured
-3e-3 on the tiny model's 67-row prompts (none under ~64 rows), as it does appended so in a
-DecodeSession alone: a sampled draw can then flip (seen with 32-row chunks: the continuation
-request below made other rows than alone; pinned below with prefill_rows=3).
+Exactness: a batched step runs each stream's row as its one-row step runs it (its own region
+of the shared cache, attention over that region only, the one-row matmul kernels:
+nn/session.py SharedDecodeSession), so rows and audio are bit-equal, with the default f16 KV
+cache too. A joining prompt is appended in the chunks a one-stream session uses
+(models/batching.py PREFILL_ROWS): a prompt appended in other chunks (a smaller prefill_rows)
+moves the logits by f16 rounding, measured 3e-3 on the tiny model's 67-row prompts, as it
+does appended so in a DecodeSession alone: a sampled draw can then flip (seen with 32-row
+chunks: the continuation request below made other rows than alone; pinned below with
+prefill_rows=3).
 """
 
 import functools

@@ -4,12 +4,10 @@ stream decoded alone (`LocalModel.generate` / `LocalV15Model.iter_frames`, and `
 for `synthesize_many`); a stream that joins or leaves never changes another's output; a
 different seed does (the guard).
 
-Exactness: a batched step runs the same per-row ops as a one-row step, except that ggml's f32
-matmul over B columns sums in another order than its one-column kernel (hiddens and logits move
-by ~1e-6, as Nano's, tests/models/test_nano_decode.py). Tokens are the argmax or a draw over
-those logits, so they are equal unless a tie or a draw falls within ~1e-6 of a boundary: pinned
-equal here for greedy and seeded sampling (f32 KV caches); audio is then bit-equal, as each
-request decodes its own codes through its own codec stream, exactly as alone.
+Exactness: a batched step runs each stream's row as its one-row step runs it (its own region
+of the shared caches, attention over that region only, the one-row matmul kernels:
+nn/session.py SharedDecodeSession), so rows and audio are bit-equal; pinned here with f32 KV
+caches, and with the default f16 ones users get in tests/models/test_batch_equivalence.py.
 """
 
 from dataclasses import dataclass

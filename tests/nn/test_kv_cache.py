@@ -452,21 +452,27 @@ def test_head_major_cache_views_and_transposed_refusal(make_cache):
 
 
 # --- (h) several sequences in one cache ----------------------------------------------------------
-def _seen(cache, q_seq, q_pos, n_slots=None):
-    n = cache.capacity if n_slots is None else n_slots
-    mask = cache.mask(q_pos, n_slots=n, seq=q_seq)
-    return shared_ref.seen_through_mask(mask, cache.seq_ids[:n], cache.positions[:n])
+def _seen(cache, seq, q_pos):
+    """What rows of `seq` at positions q_pos see through its region's window mask, as
+    (sequence, position) pairs read from the slot table."""
+    first, size = cache.region(seq)
+    mask = cache.window_mask(q_pos, first, size)
+    return shared_ref.seen_through_mask(mask, cache.seq_ids[first:first + size],
+                                        cache.positions[first:first + size])
 
 
-def test_shared_cache_mask_keeps_each_row_to_its_own_sequence(make_cache):
-    """Three sequences written interleaved (as a batched decode writes them), one released and
-    its slots taken by a fourth: each query row sees exactly its own sequence's rows at
-    positions ≤ its own (fixtures/reference/shared_cache.py), never another's."""
-    cache = make_cache(capacity=CAPACITY)
+def test_shared_cache_regions_keep_each_row_to_its_own_sequence(make_cache):
+    """Three sequences in regions of their own, written interleaved (as a batched decode
+    writes them); one released and its region taken by a fourth: position p of a sequence lies
+    in slot first + p, and each query row sees exactly its own sequence's rows at positions ≤
+    its own (fixtures/reference/shared_cache.py), never another's."""
+    cache = make_cache(capacity=40)
+    assert [cache.place(s, n) for s, n in ((0, 8), (1, 8), (2, 16))] == [0, 8, 16]
     written = {0: [], 1: [], 2: []}
 
     def write(seq, positions):
-        cache.reserve(positions, seq=seq)
+        slots = cache.reserve(positions, seq=seq)
+        np.testing.assert_array_equal(slots, cache.region(seq)[0] + np.asarray(positions))
         written.setdefault(seq, []).extend(positions)
 
     write(0, [0, 1, 2])
@@ -475,34 +481,40 @@ def test_shared_cache_mask_keeps_each_row_to_its_own_sequence(make_cache):
         cache.reserve([3 + p, 2 + p, p], seq=np.array([0, 1, 2]))
         for s, q in ((0, 3 + p), (1, 2 + p), (2, p)):
             written[s].append(q)
-    q_seq, q_pos = [0, 1, 2, 0, 2], [4, 3, 1, 2, 0]
-    assert _seen(cache, q_seq, q_pos) == shared_ref.visible_rows(q_seq, q_pos, written)
-    assert cache.span == cache.n_filled == 11
-    freed = set(np.flatnonzero(cache.seq_ids == 0))
-    assert cache.free(0) == 5 and cache.n_filled == 6 and cache.span == 11
+    for seq, q_pos in ((0, [4, 2]), (1, [3]), (2, [1, 0])):
+        assert _seen(cache, seq, q_pos) == shared_ref.visible_rows([seq] * len(q_pos), q_pos,
+                                                                   written)
+    assert cache.free(0) == 5 and cache.n_filled == 6 and not cache.fits(9)
     del written[0]
-    slots = cache.reserve(np.arange(7), seq=3)           # reuses the freed slots first, in order
-    written[3] = list(range(7))
-    assert set(slots[:5]) == freed and list(slots) == sorted(slots)
-    q_seq, q_pos = [3, 3, 1, 2], [6, 2, 3, 1]
-    assert _seen(cache, q_seq, q_pos) == shared_ref.visible_rows(q_seq, q_pos, written)
-    # guard: without sequence ids the same slots leak across sequences
-    loose = shared_ref.seen_through_mask(cache.mask(q_pos), cache.seq_ids, cache.positions)
-    assert loose != shared_ref.visible_rows(q_seq, q_pos, written)
+    assert cache.place(3, 8) == 0 and not cache.fits(9)   # the first fit: the freed region
+    write(3, list(range(7)))
+    for seq, q_pos in ((3, [6, 2]), (1, [3])):
+        assert _seen(cache, seq, q_pos) == shared_ref.visible_rows([seq] * len(q_pos), q_pos,
+                                                                   written)
+    # guard: a mask over the whole cache, not the region, sees other sequences' rows
+    loose = shared_ref.seen_through_mask(cache.mask([6]), cache.seq_ids, cache.positions)
+    assert loose != shared_ref.visible_rows([3], [6], written)
 
 
 def test_one_sequence_cache_fills_slots_in_order_as_before(make_cache):
     cache = make_cache(capacity=8)
     assert list(cache.reserve([0, 1, 2])) == [0, 1, 2] and list(cache.reserve([3])) == [3]
     assert cache.span == cache.n_filled == 4 and np.all(cache.seq_ids == -1)
-    np.testing.assert_array_equal(cache.mask([3], n_slots=4, seq=None),
+    np.testing.assert_array_equal(cache.mask([3], n_slots=4),
                                   nn.causal_mask([3], [0, 1, 2, 3]))
 
 
-def test_shared_cache_refuses_a_ring_and_overflow(make_cache):
-    cache = make_cache(capacity=4)
+def test_shared_cache_refuses_a_ring_an_unplaced_sequence_and_overflow(make_cache):
+    cache = make_cache(capacity=8)
     with pytest.raises(ShapeError, match="ring holds one sequence"):
         cache.reserve([0], ring=True, seq=0)
+    with pytest.raises(ShapeError, match="no region"):
+        cache.reserve([0], seq=0)
+    cache.place(0, 4)
     cache.reserve([0, 1, 2], seq=0)
-    with pytest.raises(ShapeError, match="exceed capacity"):
-        cache.reserve([0, 1], seq=1)
+    with pytest.raises(ShapeError, match="outside sequence 0's region of 4"):
+        cache.reserve([3, 4], seq=0)
+    with pytest.raises(ShapeError, match="no region of 5 slots"):
+        cache.place(1, 5)
+    with pytest.raises(ShapeError, match="no region"):
+        cache.place(0, 2)                        # it has one already
