@@ -157,6 +157,12 @@ class CodecTTS(NativeResource):
     # its models/batching.py BatchFamily: several streams per decode step (`decoding_together`,
     # `synthesize_many`, serve --max-streams, batch --streams); None: one stream at a time
     BATCHED: type | None = None
+    # `stream` keywords every whole-audio output takes unless its caller gives them
+    # (`synthesize`, `synthesize_many`, a whole file from `tts` or the server): a family whose
+    # stream paces its codec pushes by the clock (upstream's adaptive ladder) fixes them here,
+    # so a request's whole audio is the same floats on every run, alone or decoded with others
+    # (the codec's f32 sums move by ~1e-6 between chunkings: 1 LSB of 16-bit PCM)
+    WHOLE: dict = {}
     model = codec = None
     _batch = None             # the BatchDecoder of `decoding_together`, while inside it
 
@@ -172,9 +178,16 @@ class CodecTTS(NativeResource):
         raise NotImplementedError
 
     def synthesize(self, text: str | None = None, **kwargs) -> tuple[np.ndarray, int]:
-        """Text → (samples float32 [n, channels], sample_rate). Same options as `stream`."""
+        """Text → (samples float32 [n, channels], sample_rate). Same options as `stream`
+        (with the family's `WHOLE` keywords where not given)."""
         self._need_open()
-        return np.concatenate(list(self.stream(text, **kwargs))), self.sample_rate
+        return np.concatenate(list(self.stream(text, **self.whole_keywords(kwargs)))), self.sample_rate
+
+    def whole_keywords(self, kwargs: dict) -> dict:
+        """`stream` keywords for a whole-audio output: the family's `WHOLE` under the
+        caller's own."""
+        self._need_open()
+        return {**self.WHOLE, **kwargs}
 
     def _delivered(self, chunks, budget: int) -> Iterator[np.ndarray]:
         """The audio of a raw stream: BudgetCut markers counted (one warning at the end), and
@@ -278,7 +291,7 @@ class CodecTTS(NativeResource):
             if not isinstance(request, dict) or ("text" not in request and not self.TEXT_OPTIONAL):
                 raise InputError(f"requests[{i}] must be a dict of synthesize keywords with its "
                                  f"'text', got {type(request).__name__}")
-            kwargs.append(dict(request))
+            kwargs.append(self.whole_keywords(request))
         with self.decoding_together(max_streams):
             # each stream checks its arguments now and takes its frames from the batch
             streams = [self.stream(kw.pop("text", None), **kw) for kw in kwargs]

@@ -164,8 +164,9 @@ def _speak(args, family, model, codec, text, words) -> int:
         if args.live:                        # --max-frames caps a turn
             session = tts.session(voice=voice["reference"], **words)
             chunks = live_chunks(session, stdin_deltas(sys.stdin.fileno()), tts.channels)
-        else:
-            chunks = tts.stream(text, **voice, **_prompt(args, tts), **words)
+        else:   # a file is whole audio, the same as synthesize's and batch's
+            given = {**voice, **_prompt(args, tts), **words}
+            chunks = tts.stream(text, **(given if args.out == "-" else tts.whole_keywords(given)))
         with Progress("generating", args.quiet) as bar, contextlib.closing(chunks):
             if args.out == "-":
                 _stream_to_stdout(args, chunks, tts, bar)

@@ -64,6 +64,9 @@ class LocalTTS(DelayTTS):
     # frames of one request: the Qwen3-1.7B backbone's 40960 positions (upstream's context)
     # hold the prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames", per_chunk=True)
+    # whole audio waits for no first chunk: fixed pushes of the ladder's longest (fewer codec
+    # calls, and the same floats on every run) unless `chunk_frames` says else
+    WHOLE = {"chunk_frames": LONGEST_CHUNK}
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,

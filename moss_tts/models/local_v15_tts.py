@@ -1,7 +1,7 @@
 """`LocalV15TTS`: text → 48 kHz stereo speech with MOSS-TTS-Local-Transformer-v1.5 and the
 MOSS-Audio-Tokenizer-v2 codec (docs/upstream-notes.md §family-4.5-4.7). Frames go through the
 codec's exact streaming decoder in chunks sized by upstream's adaptive ladder, so streamed audio
-equals `synthesize()` for the same seed.
+equals `synthesize()` (fixed pushes) for the same seed, to the codec's f32 sums.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ class LocalV15TTS(Qwen3TTS):
     # frames of one request: the Qwen3-4B backbone's 40960 positions (its context) hold the
     # prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_FRAMES, 40960, "frames", per_chunk=True)
+    # whole audio waits for no first chunk: fixed pushes of MAX_CHUNK_FRAMES (fewer codec
+    # calls, and the same floats on every run) unless `chunk_frames` says else
+    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
 
     @staticmethod
     def prompt_ids(c) -> LocalV15PromptIds:
@@ -142,14 +145,6 @@ class LocalV15TTS(Qwen3TTS):
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
         self._need_open()
         return self.model.generate(rows, **self._bounded(kwargs, "max_frames"))
-
-    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
-        """Text → (samples float32 [n, 2], sample_rate); options as `stream`. Nothing waits
-        for a first chunk here, so the codec takes fixed pushes of MAX_CHUNK_FRAMES (fewer
-        calls, and the same floats on every run: adaptive chunks follow the wall clock, and the
-        codec's f32 sums differ by 1e-6 between chunkings) unless `chunk_frames` says else."""
-        kwargs.setdefault("chunk_frames", MAX_CHUNK_FRAMES)
-        return super().synthesize(text, **kwargs)
 
     @family_stream
     def stream(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,

@@ -190,10 +190,12 @@ async def health(request):
 # --- speech: a whole file, or a stream ----------------------------------------------------------
 
 
-def generate(served: ServedModels, served_model, model, req, words):
-    """Worker side: the request's audio chunks; the API's errors name the request's fields."""
+def generate(served: ServedModels, served_model, model, req, words, *, whole: bool = False):
+    """Worker side: the request's audio chunks (`whole`: for a whole file, with the family's
+    whole-audio keywords, as `synthesize`); the API's errors name the request's fields."""
     try:
-        return model.stream(req.text, **served.stream_inputs(model, served_model, req, words))
+        kw = served.stream_inputs(model, served_model, req, words)
+        return model.stream(req.text, **(model.whole_keywords(kw) if whole else kw))
     except InputError as e:
         raise renamed(e, "request", req.given_as) from None
 
@@ -206,7 +208,7 @@ async def whole(request, served: ServedModels, served_model, req):
 
     def job(model):     # yields after each chunk: the worker may run others between them
         parts = []
-        for part in generate(served, served_model, model, req, words):
+        for part in generate(served, served_model, model, req, words, whole=True):
             if cancel.is_set():       # the client left: stop generating
                 return None
             parts.append(part)

@@ -222,7 +222,8 @@ def calls(tts, family):
             "local_logits": lambda: tts.local_logits(hidden, np.zeros(n, np.int64)),
             "session": lambda: tts.session(),
             "synthesize_many": lambda: tts.synthesize_many([{"text": TEXT}]),
-            "decoding_together": lambda: tts.decoding_together().__enter__()}
+            "decoding_together": lambda: tts.decoding_together().__enter__(),
+            "whole_keywords": lambda: tts.whole_keywords({})}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -14,6 +14,7 @@ from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.sampling import SamplingOptions
 from moss_tts.server import create_app
+from moss_tts.tts import CodecTTS
 from moss_tts.voices import add_voice
 from tests.server.helpers import Served, tiny_model_files
 
@@ -159,6 +160,9 @@ class FailingTTS:
     """Two chunks of audio, then a failure: the raw stream is cut mid-body."""
 
     sample_rate, channels, OPTIONS, FAMILY = RATE, 2, SamplingOptions, "nano"
+    model = "stub"      # open, for the family contract's methods below
+    WHOLE, whole_keywords, _need_open = CodecTTS.WHOLE, CodecTTS.whole_keywords, \
+        CodecTTS._need_open
 
     def stream(self, text, **kwargs):
         for _ in range(2):
