@@ -26,6 +26,11 @@ class BackendError(MossTTSError):
     """The ggml libraries or a compute backend cannot be loaded or used."""
 
 
+class BackendLost(BackendError):
+    """A model's backend was lost and the model is not back yet (server/hosted.py): the
+    server answers 503, and the same request may succeed later."""
+
+
 class InputError(MossTTSError):
     """User input (text, audio, codes, options) is unusable."""
 

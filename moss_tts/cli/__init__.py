@@ -3,13 +3,16 @@ group is its own module (tts, codec, voice, serve, convert, info, batch) with an
 `add_parser(sub, common)`; common.py holds what they share.
 
 Errors from the library (MossTTSError) print as one line with exit code 1; `--debug` shows
-the traceback.
+the traceback. So does a fatal ggml error (a remote backend lost mid-call), which no Python
+code can catch: the process ends with that one line instead of ggml's backtrace.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import os
 import sys
 import warnings
 
@@ -71,11 +74,29 @@ def _report_warnings(quiet: bool) -> None:
     warnings.simplefilter("ignore" if quiet else "always", BudgetWarning)
 
 
+def _on_ggml_abort(debug: bool):
+    """A fatal ggml error ends the command as every other error does: one line, exit status
+    1 (with --debug, every thread's Python stack too). Nothing can resume the call that
+    failed; no output file is half-written (they are written whole, fileio.atomic_output)."""
+    from ..ggml.log import abort_cause
+
+    def report(message: str) -> None:
+        print(f"error: {abort_cause(message)}; the command cannot go on: rerun it once the "
+              "backend is back", file=sys.stderr, flush=True)
+        if debug:
+            faulthandler.dump_traceback(sys.stderr)
+        os._exit(1)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ..ggml.log import on_abort
+
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    on_abort(_on_ggml_abort(args.debug))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

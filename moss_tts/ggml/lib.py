@@ -78,6 +78,8 @@ class ggml_type_traits(Structure):
 
 # typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);
 ggml_log_callback = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+# typedef void (*ggml_abort_callback_t)(const char * error_message);
+ggml_abort_callback_t = ctypes.CFUNCTYPE(None, c_char_p)
 
 _P = c_void_p  # every opaque pointer (context, tensor, graph, backend, buffer, ...)
 _T = c_void_p  # struct ggml_tensor *
@@ -211,6 +213,8 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_quantize_requires_imatrix", c_bool, [c_int]),
         # void ggml_log_set(ggml_log_callback log_callback, void * user_data);
         ("ggml_log_set", None, [ggml_log_callback, c_void_p]),
+        # ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback);
+        ("ggml_set_abort_callback", c_void_p, [ggml_abort_callback_t]),
     ],
     "ggml-alloc.h": [
         # ggml_gallocr_t ggml_gallocr_new(ggml_backend_buffer_type_t buft);
@@ -484,8 +488,9 @@ def _load() -> Lib:
                 f"cannot load ggml library {path} ({e}); tried {', '.join(tried)} — {BUILD_HINT}") from None
     lib = Lib(directory, manifest, handles)
     _check_tensor_layout(lib)
-    from .log import route_ggml_log
+    from .log import route_ggml_log, route_ggml_abort
     route_ggml_log(lib)
+    route_ggml_abort(lib)
     return lib
 
 
