@@ -22,6 +22,18 @@ WRITE_FORMATS = {".wav": "WAV", ".flac": "FLAC"}
 # and ships 2.6-17 s voices); encoding more only costs time, and the prompt, attention.
 REFERENCE_MAX_SECONDS = 30.0
 BLOCK_SECONDS = 10.0  # read_audio_blocks: audio per block
+# What a file's header may declare, checked before a sample is decoded (issue 31, finding 4):
+MAX_CHANNELS = 2          # every codec takes mono or stereo (to_channels): more is never used
+# speech is recorded at 8-48 kHz and studio gear reaches 192 kHz, where 30 s of stereo is 46 MB
+# (4.4x the server's 10 MiB upload); below 1 kHz nothing of a voice is left (the tiny test
+# codecs run at 1.6 kHz)
+SAMPLE_RATES = (1000, 192000)
+# A continuation prompt is used whole (it must match its transcript): its frames share the
+# backbone's context with the text and the new frames, and the largest context of a family that
+# continues (Delay, Local, Local v1.5: 40960 positions at 12.5 frames/s) holds 54 min; a longer
+# prompt could never be used.
+PROMPT_MAX_SECONDS = 40960 / 12.5
+UNKNOWN_LENGTH = 2**63 - 1   # libsndfile's frame count for a file that does not state it
 # Output sample formats, the same bytes in a file and on stdout. 16-bit PCM by default: every
 # player, browser and speech tool reads it, and its noise floor (-96 dBFS) lies far below the
 # codec's own error. s24 and s16 clip to [-1, 1]; f32 is the model output unchanged (unclipped).
@@ -31,24 +43,76 @@ _FULL_SCALE = {"s16": 32767, "s24": 8388607}
 STREAM_SIZE = 0xFFFFFFFF  # a streamed WAV's RIFF and data sizes: "unknown, read to the end"
 
 
-def read_audio(path: str | os.PathLike, *, max_seconds: float | None = None
-               ) -> tuple[np.ndarray, int]:
-    """→ (samples float32 [n, channels], sample_rate). With `max_seconds`, only that much is
-    read from the start (a warning says what was left out): a voice needs seconds of an hour."""
+def read_audio(source, *, max_seconds: float | None = None, limit_seconds: float | None = None,
+               name: str | None = None) -> tuple[np.ndarray, int]:
+    """→ (samples float32 [n, channels], sample_rate) of a WAV/FLAC file: a path, or a binary
+    file object (an upload). `max_seconds`: only that much is read from the start (a warning
+    says what was left out): a voice needs seconds of an hour. `limit_seconds`: the file is
+    used whole, and one longer than that is refused. `name` names the file in errors (the flag
+    or field that gave it; default: the path).
+
+    The header is checked before a sample is decoded (`_checked_header`) and the samples are
+    read a block at a time up to the bound, whatever the header says of their length: a small
+    compressed file (a FLAC of silence holds 100 M samples in 300 KB) cannot decode to
+    gigabytes."""
     import soundfile as sf
 
-    path = _existing(path)
+    if isinstance(source, (str, os.PathLike)):
+        source = _existing(source, name)
+        name = name or str(source)
+        source = str(source)
+    name = name or "audio"
     try:
-        with sf.SoundFile(str(path)) as f:
-            sr = int(f.samplerate)
-            frames = -1 if max_seconds is None else int(max_seconds * sr)
-            if 0 <= frames < f.frames:
-                logger.warning("%s: %.1f s long; using its first %g s", path, f.frames / sr,
+        with sf.SoundFile(source) as f:
+            sr = _checked_header(f, name, limit_seconds)
+            bounds = [int(s * sr) for s in (max_seconds, limit_seconds) if s is not None]
+            data = _read_frames(f, min(bounds, default=f.frames))
+            if max_seconds is not None and f.frames > len(data) == int(max_seconds * sr):
+                logger.warning("%s: %.1f s long; using its first %g s", name, f.frames / sr,
                                max_seconds)
-            data = f.read(frames, dtype="float32", always_2d=True)
+    except InputError:
+        raise
     except Exception as e:  # libsndfile: unknown format, truncated header, ...
-        raise _unreadable(path, e) from None
+        raise _unreadable(name, e) from None
     return data, sr
+
+
+def _checked_header(f, name: str, limit_seconds: float | None = None) -> int:
+    """An open SoundFile's sample rate, once its header declares what a voice or prompt can be:
+    at most MAX_CHANNELS channels, a rate within SAMPLE_RATES, a length it states (and, with
+    `limit_seconds`, within it); a one-line InputError naming `name` else."""
+    sr, low, high = int(f.samplerate), *SAMPLE_RATES
+    if not low <= sr <= high:
+        raise InputError(f"{name}: its header declares {sr} Hz; audio is read at {low} to "
+                         f"{high} Hz — resample it first")
+    if f.channels > MAX_CHANNELS:
+        raise InputError(f"{name}: its header declares {f.channels} channels; every codec "
+                         f"takes mono or stereo (at most {MAX_CHANNELS}) — mix it down first")
+    if f.frames >= UNKNOWN_LENGTH:
+        raise InputError(f"{name}: its header does not say how long it is (a FLAC written to "
+                         "a pipe?) — write it to a file again")
+    if limit_seconds is not None and f.frames > limit_seconds * sr:
+        raise InputError(f"{name} is {f.frames / sr:.1f} s long; it is used whole, and the "
+                         f"limit is {limit_seconds:g} s — cut it")
+    return sr
+
+
+def _read_frames(f, frames: int, block_seconds: float = BLOCK_SECONDS) -> np.ndarray:
+    """Up to `frames` frames [n, channels] of an open SoundFile, a block at a time, so nothing
+    is allocated for a length the header only claims (soundfile sizes a whole read by it). A
+    header that says less than the file holds is read to what it says (soundfile reads no
+    further where it can seek, as in a file or an upload), one that says more to `frames`."""
+    blocksize = max(1, int(block_seconds * f.samplerate))
+    blocks, n = [], 0
+    while n < frames:
+        block = f.read(min(blocksize, frames - n), dtype="float32", always_2d=True)
+        if not len(block):
+            break
+        blocks.append(block)
+        n += len(block)
+    if len(blocks) == 1:
+        return blocks[0]
+    return np.concatenate(blocks) if blocks else np.zeros((0, f.channels), np.float32)
 
 
 def read_audio_blocks(path: str | os.PathLike, *, block_seconds: float = BLOCK_SECONDS
@@ -59,11 +123,14 @@ def read_audio_blocks(path: str | os.PathLike, *, block_seconds: float = BLOCK_S
 
     path = _existing(path)
     try:
-        info = sf.info(str(path))
+        with sf.SoundFile(str(path)) as f:
+            sr, frames = _checked_header(f, str(path)), int(f.frames)
+    except InputError:
+        raise
     except Exception as e:
-        raise _unreadable(path, e) from None
-    blocksize = max(1, int(block_seconds * info.samplerate))
-    return _blocks(path, blocksize), int(info.samplerate), int(info.frames)
+        raise _unreadable(str(path), e) from None
+    blocksize = max(1, int(block_seconds * sr))
+    return _blocks(path, blocksize), sr, frames
 
 
 def _blocks(path: Path, blocksize: int) -> Iterator[np.ndarray]:
@@ -72,19 +139,21 @@ def _blocks(path: Path, blocksize: int) -> Iterator[np.ndarray]:
     try:
         yield from sf.blocks(str(path), blocksize=blocksize, dtype="float32", always_2d=True)
     except Exception as e:  # a file that breaks off mid-way
-        raise _unreadable(path, e) from None
+        raise _unreadable(str(path), e) from None
 
 
-def _existing(path) -> Path:
+def _existing(path, name: str | None = None) -> Path:
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"{path}: no such file")
+        raise InputError(f"{name or path}: no such file")
     return path
 
 
-def _unreadable(path: Path, e: Exception) -> InputError:
-    return InputError(f"{path}: cannot read audio ({str(e).splitlines()[0]}) — use a WAV or "
-                      "FLAC file")
+def _unreadable(name: str, e: Exception) -> InputError:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if reason.startswith("Error opening "):   # libsndfile repeats the file (an upload's repr)
+        reason = reason.rsplit(": ", 1)[-1]
+    return InputError(f"{name}: cannot read audio ({reason}) — use a WAV or FLAC file")
 
 
 def trim_reference(x: np.ndarray, sample_rate: int,

@@ -142,7 +142,8 @@ class LineRunner:
         if words.get("speakers") is not None:
             out["speakers"] = speakers_argument(
                 words["speakers"], voice=lambda name: tts.voice(name, root=task["voices_dir"]),
-                speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS))
+                speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS,
+                                               name=f"speakers {path}"))
         return out
 
     def _voice(self, tts, task: dict):
@@ -162,7 +163,8 @@ class LineRunner:
             else:
                 from ..audio import REFERENCE_MAX_SECONDS, read_audio
                 self.voices[key] = tts.encode_reference(
-                    *read_audio(key[2], max_seconds=REFERENCE_MAX_SECONDS))
+                    *read_audio(key[2], max_seconds=REFERENCE_MAX_SECONDS,
+                                name=f"reference {key[2]}"))
         return self.voices[key]
 
     def close(self) -> None:

@@ -159,7 +159,8 @@ def _speak(args, family, model, codec, text, words) -> int:
         if words.get("speakers") is not None:
             words["speakers"] = speakers_argument(
                 words["speakers"], voice=tts.voice,
-                speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS))
+                speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS,
+                                               name=f"--speaker {path}"))
         voice = {"reference": _reference(args, tts)} if family.takes_reference else {}
         if args.live:                        # --max-frames caps a turn
             session = tts.session(voice=voice["reference"], **words)
@@ -184,18 +185,22 @@ def _reference(args, tts):
     if args.voice:
         return tts.voice(args.voice)
     if args.reference:
-        return tts.encode_reference(*read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS))
+        return tts.encode_reference(*read_audio(args.reference, max_seconds=REFERENCE_MAX_SECONDS,
+                                                name=f"--reference {args.reference}"))
     return None
 
 
 def _prompt(args, tts) -> dict:
-    """Continuation: the prompt audio encoded whole (it must match its transcript), and the
-    transcript (`_check_tts_flags` made sure both or neither are given)."""
-    from ..audio import read_audio
+    """Continuation: the prompt audio encoded whole (it must match its transcript; one past
+    PROMPT_MAX_SECONDS is refused before it is decoded), and the transcript
+    (`_check_tts_flags` made sure both or neither are given)."""
+    from ..audio import PROMPT_MAX_SECONDS, read_audio
 
     if args.prompt_audio is None:
         return {}
-    return {"prompt": tts.encode_reference(*read_audio(args.prompt_audio), max_seconds=None),
+    audio = read_audio(args.prompt_audio, limit_seconds=PROMPT_MAX_SECONDS,
+                       name=f"--prompt-audio {args.prompt_audio}")
+    return {"prompt": tts.encode_reference(*audio, max_seconds=None),
             "prompt_text": args.prompt_text}
 
 

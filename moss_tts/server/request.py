@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..audio import REFERENCE_MAX_SECONDS, read_audio
 from ..errors import InputError
 from ..knobs import SPELLINGS, kind_of, parse
 from .formats import FORMATS, STREAMED_FORMATS, format_problem
@@ -189,10 +190,11 @@ def parse_voice(raw: bytes) -> tuple[str, str, str | None]:
 
 
 def decode_upload(data: str, what: str):
-    """base64 WAV/FLAC → (samples float32 [n, channels], rate). Runs in the model worker: a
-    10 MiB upload takes long enough to stall the event loop."""
-    import soundfile as sf
-
+    """base64 WAV/FLAC → (samples float32 [n, channels], rate): its first REFERENCE_MAX_SECONDS,
+    as every upload is a voice (reference_audio, a voice's audio, a speaker's), and never more
+    (audio.read_audio checks the header and reads no further: a 300 KB FLAC can hold 100 M
+    samples). Runs in the model worker: a 10 MiB upload takes long enough to stall the event
+    loop."""
     if len(data) > MAX_UPLOAD_BYTES * 4 // 3 + 4:
         raise RequestError(413, f"'{what}' is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
     try:
@@ -200,7 +202,6 @@ def decode_upload(data: str, what: str):
     except (binascii.Error, ValueError):
         raise RequestError(400, f"'{what}' is not valid base64") from None
     try:
-        samples, rate = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-    except Exception:  # libsndfile reports every unreadable input as a plain RuntimeError
-        raise RequestError(400, f"'{what}' is not a readable WAV/FLAC file") from None
-    return samples, rate
+        return read_audio(io.BytesIO(raw), max_seconds=REFERENCE_MAX_SECONDS, name=f"'{what}'")
+    except InputError as e:
+        raise RequestError(400, str(e)) from None
