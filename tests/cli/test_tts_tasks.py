@@ -148,6 +148,17 @@ def test_a_speaker_voice_without_a_transcript_and_a_tag_without_a_speaker(files,
     assert not out.exists()
 
 
+@pytest.mark.parametrize("tag", ["[S-1]", "[S0]", "[S6]", "[S01]"])
+def test_a_dialogue_tag_outside_s1_to_s5_is_one_line_naming_it(files, tmp_path, capsys, tag):
+    """[S-1] was spoken as [S1] (the cleanup dropped its `-`), [S01] passed as speaker 1."""
+    out = tmp_path / "o.wav"
+    err = one_line_error(capsys, "tts", "--model", files["ttsd"], "--codec", files["codec"],
+                         "-o", out, "--max-new-rows", 4, "--text", f"[S1] Hi. {tag} Yo.")
+    assert err == (f"error: the text has the speaker tag {tag}: MOSS-TTSD's speaker tags are "
+                   "[S1] to [S5]; fix the tag\n")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("value, message", [
     ("1={alice}", "a reference file needs its transcript after ':'"),
     ("6={alice}:Hi.", "speakers are 1 to 5"),
