@@ -246,8 +246,9 @@ def checked_checkpoint(given: Family, model_dir, *, source: str | None = None) -
         return given
     command = f"`python -m moss_tts convert {rows[0].kind}`" + "".join(
         f" (or `{r.kind}`)" for r in rows[1:])
-    raise ConfigError(f"{source or model_dir} is {' or '.join(r.checkpoint or r.name for r in rows)}"
-                      f" ({why}), not {given.checkpoint or given.name}: convert it with {command}")
+    what = " or ".join(r.checkpoint or r.name for r in rows)
+    raise ConfigError(f"{source or model_dir} is {what} ({why}), not "
+                      f"{given.checkpoint or given.name}: convert it with {command}")
 
 
 def named_checkpoint(rows: list[Family], names: list[str]) -> Family | None:
