@@ -114,20 +114,13 @@ def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
 
 def checkpoint_of(model_dir: Path, given=None, *, source: str | None = None):
     """Which published checkpoint `model_dir` is (a registry row): the one asked for (`given`,
-    from `convert ttsd`, ...) unless its names or shape say it is another one — converting
-    MOSS-TTSD as MOSS-TTS would give it the wrong prompt — else the one they say."""
-    from moss_tts.models.registry import family_of_checkpoint
+    from `convert ttsd`, ...) if it may be that one, else an error naming the one it is;
+    without one asked for, the one its names or shape say (registry.checkpoint_candidates)."""
+    from moss_tts.models.registry import checked_checkpoint, family_of_checkpoint
 
-    try:
-        found = family_of_checkpoint(model_dir, source=source)
-    except ConfigError:
-        if given is None:
-            raise
-        return given
-    if given is not None and found.arch and found is not given:
-        raise ConfigError(f"{source or model_dir} is {found.checkpoint}, not {given.checkpoint}: "
-                          f"convert it with `python -m moss_tts convert {found.kind}`")
-    return given or found
+    if given is None:
+        return family_of_checkpoint(model_dir, source=source)
+    return checked_checkpoint(given, model_dir, source=source)
 
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", head_type: str | None = None,

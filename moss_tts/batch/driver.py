@@ -214,10 +214,7 @@ def check_backend(backend: str, workers: int | None, ray: str | None) -> None:
     from ..ggml.backend import check_name
     from ..ggml.rpc import is_rpc_name
 
-    try:
-        check_name(backend)
-    except MossTTSError as e:
-        raise InputError(f"--backend: {e}") from None
+    check_name(backend, flag="--backend")
     if is_rpc_name(backend) and (ray or (workers or 1) > 1):
         raise InputError(f"--backend {backend}: an RPC server serves one client at a time; "
                          "run one local worker on it (--workers 1, no --ray)")

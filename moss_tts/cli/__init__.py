@@ -19,6 +19,7 @@ import warnings
 from .. import __version__
 from ..errors import MossTTSError
 from . import batch, codec, convert, info, serve, tts, voice
+from .common import check_backend
 
 COMMAND_GROUPS = (info, convert, codec, tts, voice, serve, batch)   # the order --help lists them
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _report_warnings(quiet=getattr(args, "quiet", False))
     try:
+        check_backend(args)
         return args.func(args)
     except MossTTSError as e:
         if args.debug:

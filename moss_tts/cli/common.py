@@ -189,6 +189,16 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
 
 
+def check_backend(args) -> None:
+    """A command's --backend (every command that takes one: tts, serve, batch, voice add, the
+    codec commands) names a backend this ggml build has, before any model resolves or loads:
+    one error for an empty or unknown name, or one this build lacks (ggml/backend.py)."""
+    if getattr(args, "backend", None) is not None:
+        from ..ggml.backend import check_name
+
+        check_name(args.backend, flag="--backend")
+
+
 def add_sample_format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-format", choices=list(SAMPLE_FORMATS), default=DEFAULT_SAMPLE_FORMAT,
                    help="output samples, the same in a file and on stdout: s16 (default; 16-bit "

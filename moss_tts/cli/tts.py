@@ -33,6 +33,31 @@ def check_prompt_flags(args, family) -> None:
                                  "leave it out, or use a model of a family that takes it")
 
 
+def check_sound_flag(args, family) -> None:
+    """--sound (a described sound, instead of a text) needs a family that makes one; for
+    another, the advice is what that family speaks instead — its text and the flags it cannot
+    speak without — so that following it works (leaving --sound out alone left a voice designer
+    with no text and no --instruction)."""
+    from ..knobs import BY_NAME, KNOBS, families_taking
+    from ..models.registry import FAMILIES
+
+    if args.sound is None:
+        return
+    if "sound" not in family.keywords:
+        makers = families_taking(BY_NAME["sound"], FAMILIES)
+        needs = [f"{k.flag}, {k.help}" for k in KNOBS if k.keyword in family.required
+                 and getattr(args, k.name) is None]
+        text = ["--text"] if args.text is None and args.text_file is None else []
+        give = f" and give {' and '.join(text + needs)}" if text + needs else ""
+        raise InputError(
+            f"--sound is not a {family.name} option: it describes a sound for "
+            f"{' or '.join(f.name for f in makers)} (--model {makers[0].default_model}); "
+            f"{family.name} speaks a text: leave out --sound{give}")
+    if args.text is not None or args.text_file is not None:
+        raise InputError("--sound describes the sound instead of a text: leave out "
+                         f"--text{'-file' if args.text is None else ''}")
+
+
 def check_reference_flags(args, family) -> None:
     """--reference / --voice need a family that clones one voice (MOSS-TTSD takes a voice per
     speaker, the voice designer and the sound maker none)."""
@@ -139,6 +164,7 @@ def _tts(args) -> int:
     if args.live:
         check_live(args, cls)
     check_prompt_flags(args, family)
+    check_sound_flag(args, family)
     check_reference_flags(args, family)
     words = knob_keywords(args, family)     # every knob checked before anything loads
     check_speaker_voices(words.get("speakers"))
@@ -216,9 +242,6 @@ def _check_tts_flags(args) -> None:
                          "voice: use one of the two")
     if args.tokens is not None and args.seconds is not None:
         raise InputError("--tokens and --seconds both set the duration: give one")
-    if args.sound is not None and (args.text is not None or args.text_file is not None):
-        raise InputError("--sound describes the sound instead of a text: leave out "
-                         f"--text{'-file' if args.text is None else ''}")
 
 
 def _read_text(args) -> str:

@@ -9,7 +9,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..errors import BackendError
+from ..errors import BackendError, InputError
 from . import lib as _lib
 
 logger = logging.getLogger(__name__)
@@ -20,6 +20,10 @@ _DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 # User-facing backend names → ggml registry names.
 _REGISTRY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "vulkan": "Vulkan", "metal": "Metal",
                    "blas": "BLAS", "sycl": "SYCL", "opencl": "OpenCL"}
+# The build switch of each backend ggml_build has one for (its ENV_FLAGS, docs/build.md; the
+# others go through MOSS_TTS_GGML_CMAKE_ARGS): what a user sets to add a backend the build lacks
+BUILD_SWITCHES = {"cuda": "MOSS_TTS_GGML_CUDA=1", "vulkan": "MOSS_TTS_GGML_VULKAN=1",
+                  "metal": "MOSS_TTS_GGML_METAL=1", "blas": "MOSS_TTS_GGML_BLAS=1"}
 
 
 class NativeResource:
@@ -123,26 +127,58 @@ def _find_device(name: str):
         dev = L.ggml_backend_dev_get(i)
         dev_name = L.ggml_backend_dev_name(dev).decode()
         reg_name = L.ggml_backend_reg_name(L.ggml_backend_dev_backend_reg(dev)).decode()
-        if dev_name.lower() == wanted.lower():
+        if wanted and dev_name.lower() == wanted.lower():
             return dev
         if registry is not None and reg_name == registry:
             matches.append(dev)
     if index < len(matches):
         return matches[index]
-    built = ", ".join(sorted({d.registry.lower() for d in devices()}))
-    raise BackendError(f"backend {name!r} is not available in this ggml build (built: {built}); "
-                       "rebuild with e.g. MOSS_TTS_GGML_CUDA=1 to add one")
+    raise BackendError(_not_found(name, base, len(matches), L.backends))
 
 
-def check_name(name: str) -> None:
-    """Raise the BackendError `Backend(name)` would, without initializing it: for a process
-    that hands the name on (batch workers). An RPC server serves one client at a time, so its
-    name is checked with a bare connection that is closed at once."""
+def _not_found(name: str, base: str, found: int, built: set[str]) -> str:
+    """Why `name` names no device, and the fix: the names this build takes, or for a kind
+    ggml has and this build lacks, the switch that builds it (docs/build.md)."""
+    from .rpc import SCHEME
+
+    has = ", ".join(sorted(b for b in built if b != "rpc")
+                    + ([f"{SCHEME}HOST:PORT"] if "rpc" in built else []))
+    if not name.strip():
+        return (f"backend {name!r} is empty: name one this ggml build has ({has}), or leave it "
+                "out for the CPU")
+    if base.startswith("rpc"):
+        return f"backend {name!r}: name an RPC server as {SCHEME}HOST:PORT"
+    if base not in _REGISTRY_NAMES:
+        return f"backend {name!r} is not a ggml backend: this build has {has}"
+    if base not in built:
+        switch = BUILD_SWITCHES.get(base, f"MOSS_TTS_GGML_CMAKE_ARGS=-DGGML_{base.upper()}=ON")
+        return (f"backend {name!r} is not in this ggml build (it has {has}): rebuild ggml with "
+                f"{switch} set (`{switch} python -m ggml_build`; docs/build.md)")
+    if not found:
+        return (f"backend {name!r}: this ggml build has {_REGISTRY_NAMES[base]} but finds no "
+                f"{_REGISTRY_NAMES[base]} device on this machine (it has {has})")
+    return (f"backend {name!r}: this machine's {_REGISTRY_NAMES[base]} devices: "
+            + ", ".join(f"{base}{i}" for i in range(found)))
+
+
+def check_name(name: str, *, flag: str | None = None) -> None:
+    """Raise the BackendError `Backend(name)` would, without initializing it: for a front end
+    that checks a name before any model loads, or hands it on (batch workers). `flag`: how its
+    user names the setting (`--backend`): the error is then an InputError naming it. An RPC
+    server serves one client at a time, so its name is checked with a bare connection that is
+    closed at once."""
     from . import rpc
-    if rpc.is_rpc_name(name):
-        rpc.check_name(name)
-    else:
-        _find_device(name)
+    try:
+        if rpc.is_rpc_name(name):
+            rpc.check_name(name)
+        else:
+            _find_device(name)
+    except BackendError as e:
+        if flag is None:
+            raise
+        text = str(e)   # "backend 'x' ...", or a sentence of its own (an RPC server's)
+        raise InputError(flag + text[len("backend"):] if text.startswith("backend ")
+                         else f"{flag} {name}: {text}") from None
 
 
 class Backend(NativeResource):
@@ -227,7 +263,7 @@ def get_backend(backend: "Backend | str | None" = None, threads: int | None = No
     """A Backend instance: pass one through, or a shared one per (name, threads)."""
     if isinstance(backend, Backend):
         return backend
-    key = ((backend or "cpu").lower(), threads)
+    key = ("cpu" if backend is None else str(backend).lower(), threads)   # "" is refused
     with _default_lock:   # models loaded from two threads share one backend, not two
         if key not in _default:
             _default[key] = Backend(key[0], threads)

@@ -25,8 +25,8 @@ from ..sampling import (DialogueSamplingOptions, SoundEffectSamplingOptions,
                         VoiceDesignSamplingOptions)
 from ..text.delay_prompts import build_generation_rows
 from ..text.languages import LANGUAGES_V1
-from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, merge_turns, normalize_dialogue,
-                             split_dialogue, tag_transcript)
+from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, check_tags, merge_turns,
+                             normalize_dialogue, split_dialogue, tag_transcript)
 from ..tts import FrameBudget, check_text, family_stream
 from .delay import MAX_NEW_ROWS
 from .delay_tts import DelayTTS
@@ -94,6 +94,7 @@ class DialogueTTS(DelayTTS):
         """The dialogue as upstream's app hands it on: normalized (its normalize_text, on by
         default there too), then checked against the number of speakers (at most 5 without
         references: the tags name the speakers)."""
+        check_tags(text, shorthand=normalize)      # before the cleanup drops a tag's `-`
         text = normalize_dialogue(text) if normalize else text.strip()
         check_dialogue(text, speakers or MAX_SPEAKERS)
         return text

@@ -197,12 +197,23 @@ def checkpoints_of(base: Family) -> list[Family]:
 
 
 def family_of_checkpoint(model_dir, *, source: str | None = None) -> Family:
-    """The row of a checkpoint directory: its architecture from config.json, then which of that
-    architecture's published checkpoints it is, from the names it goes by (config.json's
-    `_name_or_path`, the model card's title, the repo id or directory it came from, nearest
-    first), else from its shape: 16 codebooks at 2048 wide is MOSS-VoiceGenerator; 16 at 8B
-    is MOSS-TTSD or MOSS-SoundEffect, which only a name tells apart (an error says how to
-    name it); anything else is MOSS-TTS (docs/upstream-notes.md §family-9)."""
+    """The row of a checkpoint directory (`checkpoint_candidates`); where only a name could
+    tell (MOSS-TTSD or MOSS-SoundEffect) an error says how to name it."""
+    rows, why = checkpoint_candidates(model_dir, source=source)
+    if len(rows) > 1:
+        raise ConfigError(f"{model_dir}: a MossTTSDelay checkpoint with {why} is MOSS-TTSD or "
+                          "MOSS-SoundEffect, and nothing names which: convert it with "
+                          "`python -m moss_tts convert ttsd` (or `sfx`)")
+    return rows[0]
+
+
+def checkpoint_candidates(model_dir, *, source: str | None = None) -> tuple[list[Family], str]:
+    """The rows a checkpoint directory may be, and what told: its architecture from
+    config.json, then which of that architecture's published checkpoints it is, from the names
+    it goes by (config.json's `_name_or_path`, the model card's title, the repo id or directory
+    it came from, nearest first), else from its shape: 16 codebooks at 2048 wide is
+    MOSS-VoiceGenerator; 16 at 8B is MOSS-TTSD or MOSS-SoundEffect (two rows: only a name tells
+    them apart); any other count is MOSS-TTS (docs/upstream-notes.md §family-9)."""
     from converters.checkpoint import read_config
 
     model_dir = Path(model_dir)
@@ -210,19 +221,34 @@ def family_of_checkpoint(model_dir, *, source: str | None = None) -> Family:
     base = family_of_config(config)
     rows = checkpoints_of(base)
     if len(rows) == 1:
-        return base
-    by_name = named_checkpoint(rows, _names_of(model_dir, config, source))
+        return [base], f"its config.json's model_type {_model_type(config)!r}"
+    names = _names_of(model_dir, config, source)
+    by_name = named_checkpoint(rows, names)
     if by_name is not None:
-        return by_name
+        name = next(n for n in names if named_checkpoint(rows, [n]))
+        return [by_name], "by its name" if name == source else f"named {name.lstrip('# ')!r}"
     n_vq = config.get("n_vq")
     width = (config.get("language_config") or {}).get("hidden_size", 0)
     if n_vq == 16 and width <= 2048:
-        return BY_KIND["voicegen"]
+        return [BY_KIND["voicegen"]], f"16 codebooks at width {width}"
     if n_vq == 16:
-        raise ConfigError(f"{model_dir}: a MossTTSDelay checkpoint with 16 codebooks at width "
-                          f"{width} is MOSS-TTSD or MOSS-SoundEffect, and nothing names which: "
-                          "convert it with `python -m moss_tts convert ttsd` (or `sfx`)")
-    return base
+        return [BY_KIND["ttsd"], BY_KIND["sfx"]], f"16 codebooks at width {width}"
+    return [base], f"{n_vq} codebooks, where the other published checkpoints have 16"
+
+
+def checked_checkpoint(given: Family, model_dir, *, source: str | None = None) -> Family:
+    """`given` (the row `convert` was asked for) when the checkpoint may be it; else a
+    ConfigError saying what the checkpoint is, what told, and the command that converts it:
+    converting MOSS-TTS as MOSS-TTSD would give it the wrong prompt, and the GGUF would say
+    MOSS-TTSD."""
+    rows, why = checkpoint_candidates(model_dir, source=source)
+    if given in rows:
+        return given
+    command = f"`python -m moss_tts convert {rows[0].kind}`" + "".join(
+        f" (or `{r.kind}`)" for r in rows[1:])
+    what = " or ".join(r.checkpoint or r.name for r in rows)
+    raise ConfigError(f"{source or model_dir} is {what} ({why}), not "
+                      f"{given.checkpoint or given.name}: convert it with {command}")
 
 
 def named_checkpoint(rows: list[Family], names: list[str]) -> Family | None:

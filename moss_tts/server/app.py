@@ -175,6 +175,7 @@ async def models(request):
         {"id": name, "object": "model", "owned_by": "moss-tts", "sample_rate": m.sample_rate,
          "channels": m.channels, "live": m.live, "codec": m.codec,
          "max_input_chars": MAX_INPUT_CHARS,     # of `input`, and of a live message's text
+         "fields": m.fields, "required": m.required,     # served.py: what it takes
          "free_places": m.worker.free_places}
         for name, m in request.app.state.served.models.items()]})
 

@@ -5,7 +5,7 @@ event loop may know of it without touching it, and how a request picks one. The 
 from __future__ import annotations
 
 from ..errors import InputError
-from ..knobs import check_required, synthesis_keywords
+from ..knobs import KNOBS, check_required, synthesis_keywords, takes
 from ..models.batching import MAX_STREAMS
 from ..reference import codec_info
 from ..speakers import speakers_argument
@@ -45,6 +45,12 @@ class ServedModel:
         self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
         self.family = family(type(tts).FAMILY)
         self.clones = self.family.takes_reference    # `voice` / `reference_audio` clone one
+        # the request fields it takes beyond OpenAI's own (/v1/models lists them, so a client,
+        # the page among them, offers only those): a stored voice and uploaded speech where it
+        # clones one, then its knobs by name; `required`: those it cannot speak without
+        self.fields = (["voice", "reference_audio"] if self.clones else []) + [
+            k.name for k in KNOBS if takes(self.family, k)]
+        self.required = [k.name for k in KNOBS if k.keyword in self.family.required]
         self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
         # what its voices must have been made by (the page lists only those); None: no codec
         self.codec = None if getattr(tts, "codec", None) is None else codec_info(tts.codec)

@@ -19,6 +19,11 @@ _TAG = re.compile(r"\[S(\d+)\]")
 _TURN = re.compile(r"(?=\[S\d+\])")                  # a turn starts at each tag
 _HEAD = re.compile(r"(\[S\d+\])\s*(.*)", re.DOTALL)  # a turn's tag, then its words
 _BARE_NUMBER = re.compile(r"\[(\d+)\]")              # [1] is shorthand for [S1]
+# What a speaker tag was meant to be, written any way: [S1], [s1], [S 1], [S-1], [S01], and with
+# the `normalize` cleanup also [1] (its shorthand) and [-1]. Only [S1]..[S5] (and [1]..[5] for
+# the cleanup) are tags: the cleanup drops the `-` of [S-1] and upstream's check reads [S01] as
+# 1 while the model is given "[S01]", so each other spelling would speak as another speaker.
+_TAG_LIKE = re.compile(r"\[\s*(S\s*)?[-+]?\s*\d+\s*\]", re.IGNORECASE)
 # Brackets, quotes, tildes, hyphens and underscores are dropped from a turn's words.
 _DROPPED = re.compile("[" + re.escape("【】《》（）『』「」\"-_“”～~‘’") + "]")
 _LAUGH_ZH = re.compile("哈{2,}")
@@ -114,13 +119,28 @@ def prefix_transcripts(text: str, transcripts: dict[int, str]) -> str:
     return merge_turns(head + text)
 
 
+def check_tags(text: str, *, shorthand: bool = False) -> None:
+    """Every speaker tag of `text` is one of [S1] ... [S{MAX_SPEAKERS}] as upstream writes them
+    (with `shorthand`, as `normalize_dialogue` reads the text, [1] ... [5] too): anything else
+    written as a speaker tag ([S0], [S-1], [S6], [S01], [s1], [S 1]) is a one-line InputError
+    naming it, not another speaker or words."""
+    for m in _TAG_LIKE.finditer(text):
+        tag, written = m[0], m[1] is not None
+        if not (written or shorthand):
+            continue           # [3] is words unless the cleanup reads it as [S3]
+        if tag not in (f"[{'S' if written else ''}{n}]" for n in range(1, MAX_SPEAKERS + 1)):
+            also = "" if written else f" (or [1] to [{MAX_SPEAKERS}], which the cleanup reads so)"
+            raise InputError(f"the text has the speaker tag {tag}: MOSS-TTSD's speaker tags are "
+                             f"[S1] to [S{MAX_SPEAKERS}]{also}; fix the tag")
+
+
 def _plural(n: int) -> str:
     return f"{n} speaker is" if n == 1 else f"{n} speakers are"
 
 
 def check_dialogue(text: str, speakers: int | None = None) -> str:
     """`text` stripped, when it is a dialogue MOSS-TTSD can speak (`_validate_dialogue_text`):
-    it has a speaker tag, its tags run from [S1] to at most [S{MAX_SPEAKERS}], and its highest
+    it has a speaker tag, its tags are [S1] to [S{MAX_SPEAKERS}] (`check_tags`), and its highest
     tag is at most `speakers` (how many speakers have a voice; None: only MAX_SPEAKERS bounds
     it). Each problem is a one-line InputError saying what to change."""
     if not isinstance(text, str) or not text.strip():
@@ -128,16 +148,12 @@ def check_dialogue(text: str, speakers: int | None = None) -> str:
     if speakers is not None and not 1 <= speakers <= MAX_SPEAKERS:
         raise InputError(f"{speakers} speakers are given; MOSS-TTSD speaks 1 to {MAX_SPEAKERS}: "
                          "give fewer --speaker")
+    check_tags(text)
     tags = [int(n) for n in _TAG.findall(text)]
     if not tags:
         raise InputError("the text has no speaker tag: start each turn with its speaker, "
                          "[S1] words [S2] words ...")
-    if min(tags) < 1:
-        raise InputError(f"the text has [S{min(tags)}]: speaker tags start at [S1]; fix the tag")
     top = max(tags)
-    if top > MAX_SPEAKERS:
-        raise InputError(f"the text has [S{top}] but MOSS-TTSD speaks at most {MAX_SPEAKERS} "
-                         f"speakers ([S1] to [S{MAX_SPEAKERS}]): fix the tag")
     if speakers is not None and top > speakers:
         raise InputError(f"the text has [S{top}] but only {_plural(speakers)} given: add "
                          f"--speaker {top}=... or fix the tag")

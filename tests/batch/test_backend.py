@@ -34,7 +34,8 @@ def test_batch_on_an_rpc_backend_makes_the_cpu_runs_lines(batch_models, rpc_serv
 @pytest.mark.parametrize("flags, said", [
     (("--backend", "rpc://127.0.0.1:9"), "127.0.0.1:9"),
     (("--backend", "rpc://nowhere"), "expected rpc://HOST:PORT"),
-    (("--backend", "no-such-device"), "not available in this ggml build"),
+    (("--backend", "no-such-device"), "is not a ggml backend: this build has cpu"),
+    (("--backend", ""), "--backend '' is empty"),
 ])
 def test_a_bad_backend_is_one_line_before_any_work(batch_models, tmp_path, flags, said):
     manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(2))

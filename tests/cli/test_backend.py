@@ -3,12 +3,14 @@ serving the CPU, moss_tts/ggml/rpc.py) speaks exactly as the CPU, and a bad name
 
 import contextlib
 import io
+import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 import openai
+import pytest
 import soundfile as sf
 
 from tests.conftest import RPC_ACCEPTED as ACCEPTED
@@ -111,3 +113,53 @@ def test_voice_add_on_an_rpc_backend_stores_the_cpu_codes(models, rpc_server, tm
         stored[name] = load_voice("alice", root=root)[0].codes
     assert stored["cpu"].size > 0 and len(np.unique(stored["cpu"])) > 1
     np.testing.assert_array_equal(stored[rpc_server.name], stored["cpu"])
+
+
+# every command that takes --backend: (its arguments, given files that need not exist: the name
+# is checked before anything is read, resolved or loaded)
+BACKEND_COMMANDS = {
+    "tts": ("tts", "--text", "Hi.", "-o", "{out}/a.wav"),
+    "tts-nano": ("tts-nano", "--text", "Hi.", "-o", "{out}/a.wav"),
+    "serve": ("serve", "--port", "0"),
+    "batch": ("batch", "{out}/m.jsonl", "--out", "{out}/b"),
+    "voice add": ("voice", "add", "alice", "{out}/ref.wav"),
+    "encode": ("encode", "{out}/in.wav", "--codec", "{out}/c.gguf", "-o", "{out}/a.npy"),
+    "decode": ("decode", "{out}/in.npy", "--codec", "{out}/c.gguf", "-o", "{out}/a.wav"),
+    "reconstruct": ("reconstruct", "{out}/in.wav", "--codec", "{out}/c.gguf", "-o",
+                    "{out}/a.wav"),
+}
+
+
+@pytest.mark.parametrize("backend, said", [
+    ("", "error: --backend '' is empty: name one this ggml build has (cpu"),
+    ("nonsense", "error: --backend 'nonsense' is not a ggml backend: this build has cpu"),
+    ("vulkan", "error: --backend 'vulkan' is not in this ggml build (it has cpu"),
+])
+@pytest.mark.parametrize("command", sorted(BACKEND_COMMANDS))
+def test_a_bad_backend_is_the_same_line_from_every_command(command, backend, said, tmp_path):
+    """`--backend ""` ran on the CPU and `vulkan` / `nonsense` advised MOSS_TTS_GGML_CUDA=1; each
+    command said it its own way, after resolving (or downloading) its model."""
+    args = [a.format(out=tmp_path) for a in BACKEND_COMMANDS[command]]
+    env = {**os.environ, "MOSS_TTS_VOICES": str(tmp_path / "voices"), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "moss_tts", *args, "--backend", backend],
+                       capture_output=True, text=True, env=env,
+                       timeout=120)        # a safety net: a serve that took the name would serve
+    err = r.stderr
+    assert r.returncode == 1 and err.startswith(said) and err.count("\n") == 1, err
+    if backend == "vulkan":
+        assert "MOSS_TTS_GGML_VULKAN=1" in err and "CUDA" not in err, err
+    assert not (tmp_path / "a.wav").exists() and not (tmp_path / "b").exists()
+
+
+def test_load_tts_refuses_an_empty_backend(tmp_path):
+    from moss_tts import Codec, load_tts
+    from moss_tts.errors import BackendError
+
+    model, codec = tiny_model_files(tmp_path)
+    with pytest.raises(BackendError, match=r"^backend '' is empty"):
+        load_tts(model, codec=codec, backend="")
+    with pytest.raises(BackendError, match=r"^backend 'vulkan' is not in this ggml build .*"
+                                           r"MOSS_TTS_GGML_VULKAN=1"):
+        Codec.load(codec, backend="vulkan")
+    with load_tts(model, codec=codec, threads=1) as tts:      # left out: the CPU
+        assert tts.synthesize("Hi.", seed=1, max_frames=2)[0].size > 0

@@ -111,9 +111,13 @@ def test_a_dialogue_from_a_file_with_a_file_and_a_stored_voice_equals_the_api(fi
 @pytest.mark.parametrize("kind, extra, message", [
     ("voicegen", ("--text", "Hi."), "--instruction is required for MOSS-VoiceGenerator"),
     ("voicegen", ("--text", "Hi.", "--instruction", "Calm.", "--sound", "rain"),
-     "--sound describes the sound instead of a text"),
+     "--sound is not a MOSS-VoiceGenerator option: it describes a sound for MOSS-SoundEffect "
+     "(--model OpenMOSS-Team/MOSS-SoundEffect); MOSS-VoiceGenerator speaks a text: leave out "
+     "--sound\n"),
     ("voicegen", ("--sound", "rain", "--instruction", "Calm."),
-     "--sound is not a MOSS-VoiceGenerator option"),
+     "MOSS-VoiceGenerator speaks a text: leave out --sound and give --text\n"),
+    ("sfx", ("--text", "Hi.", "--sound", "rain"), "--sound describes the sound instead of a "
+                                                 "text: leave out --text"),
     ("sfx", ("--text", "[S1] Hi.", "--speaker", "1=bob"), "--speaker is not a MOSS-SoundEffect "
                                                           "option"),
     ("ttsd", ("--text", "[S1] Hi.", "--voice", "bob"), "--voice is not a MOSS-TTSD v1.0 "
@@ -145,6 +149,37 @@ def test_a_speaker_voice_without_a_transcript_and_a_tag_without_a_speaker(files,
     err = one_line_error(capsys, *base, "--text", "[S1] Hi. [S2] Yo.", "--speaker",
                          f"1={files['alice']}:Hello.")        # the model's own check
     assert "the text has [S2] but only 1 speaker is given: add --speaker 2=" in err
+    assert not out.exists()
+
+
+def test_the_advice_for_a_sound_given_to_the_voice_designer_works_when_followed(files, tmp_path,
+                                                                              capsys):
+    """`tts --sound` on MOSS-VoiceGenerator said "leave it out, or use a model of a family that
+    takes it": left out, the command had no text (whose own error offered --sound again) and
+    no --instruction. The advice is now the flags the model needs, and following it speaks."""
+    out = tmp_path / "o.wav"
+    base = ("tts", "--model", files["voicegen"], "--codec", files["codec"], "-o", out,
+            "--max-new-rows", 4)
+    err = one_line_error(capsys, *base, "--sound", "rain on a roof")
+    advice = "leave out --sound and give --text and --instruction, a description of the voice"
+    assert advice in err and "MOSS-SoundEffect (--model OpenMOSS-Team/MOSS-SoundEffect)" in err
+    assert main([str(a) for a in (*base, "--text", "rain on a roof", "--instruction",
+                                  "A calm voice.")]) == 0
+    assert made(out).size > 0
+    # the other way it offers: a MOSS-SoundEffect model takes the --sound as given
+    assert main([str(a) for a in ("tts", "--model", files["sfx"], "--codec", files["codec"],
+                                  "-o", out, "--max-new-rows", 4, "--sound",
+                                  "rain on a roof")]) == 0
+
+
+@pytest.mark.parametrize("tag", ["[S-1]", "[S0]", "[S6]", "[S01]"])
+def test_a_dialogue_tag_outside_s1_to_s5_is_one_line_naming_it(files, tmp_path, capsys, tag):
+    """[S-1] was spoken as [S1] (the cleanup dropped its `-`), [S01] passed as speaker 1."""
+    out = tmp_path / "o.wav"
+    err = one_line_error(capsys, "tts", "--model", files["ttsd"], "--codec", files["codec"],
+                         "-o", out, "--max-new-rows", 4, "--text", f"[S1] Hi. {tag} Yo.")
+    assert err == (f"error: the text has the speaker tag {tag}: MOSS-TTSD's speaker tags are "
+                   "[S1] to [S5]; fix the tag\n")
     assert not out.exists()
 
 

@@ -142,7 +142,7 @@ def test_integer_inputs_and_outputs_round_trip():
 
 
 def test_unknown_backend_name_is_a_clear_error():
-    with pytest.raises(BackendError, match="not available in this ggml build"):
+    with pytest.raises(BackendError, match="is not a ggml backend: this build has cpu"):
         Backend("nosuchbackend")
 
 

@@ -86,16 +86,30 @@ def test_an_unnamed_checkpoint_is_told_by_its_shape_or_the_error_says_how_to_nam
     assert "\n" not in str(e.value)
 
 
-def test_converting_a_named_checkpoint_as_another_is_refused_and_an_unnamed_one_is_named(
-        tmp_path):
+def test_converting_a_named_checkpoint_as_another_is_refused(tmp_path):
     ttsd = make_tiny_published_checkpoint("ttsd", tmp_path, seed=0)
-    with pytest.raises(ConfigError, match=r"is MOSS-TTSD-v1.0, not MOSS-TTS: convert it with "
-                                          r"`python -m moss_tts convert ttsd`"):
+    with pytest.raises(ConfigError, match=r"is MOSS-TTSD-v1.0 \(named 'MOSS-TTSD'\), not "
+                                          r"MOSS-TTS: convert it with `python -m moss_tts "
+                                          r"convert ttsd`$"):
         BY_KIND["delay"].convert(str(ttsd), tmp_path / "wrong.gguf")
     assert not (tmp_path / "wrong.gguf").exists()
-    plain = make_tiny_published_checkpoint("sfx", tmp_path / "plain", seed=0, named=False)
-    gguf = BY_KIND["sfx"].convert(str(plain), tmp_path / "sfx.gguf")
-    assert family_of_model(gguf) is BY_KIND["sfx"]
+
+
+def test_the_command_names_an_unnamed_16_codebook_8b_checkpoint(tmp_path):
+    """16 codebooks at 8B is MOSS-TTSD or MOSS-SoundEffect: `convert ttsd` or `convert sfx`
+    says which; `convert delay` or `voicegen` is refused."""
+    from converters.delay import checkpoint_of
+
+    lc = dict(tiny_config()["language_config"], hidden_size=4096)
+    d = config_only(tmp_path / "u", n_vq=16, language_config=lc)
+    for kind in ("ttsd", "sfx"):
+        assert checkpoint_of(d, BY_KIND[kind]) is BY_KIND[kind]
+    for kind in ("delay", "voicegen"):
+        with pytest.raises(ConfigError, match=r"is MOSS-TTSD-v1.0 or MOSS-SoundEffect \(16 "
+                                              r"codebooks at width 4096\), not .*: convert it "
+                                              r"with `python -m moss_tts convert ttsd` \(or "
+                                              r"`sfx`\)$"):
+            checkpoint_of(d, BY_KIND[kind])
 
 
 def test_a_class_refuses_the_gguf_of_another_checkpoint_naming_the_one_that_fits(

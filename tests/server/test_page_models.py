@@ -176,3 +176,88 @@ def test_models_list_gives_each_models_codec_and_the_real_input_limit(two):
         assert call(s.url, "/v1/audio/speech", speech | {"input": "x" * (limit + 1)})[0] == 413
     finally:
         s.stop()
+
+
+class Designer(StubTTS):
+    """A stub of MOSS-VoiceGenerator's family (no reference; `instruction` required) that
+    records the instruction each request gave it."""
+
+    FAMILY = "voicegen"
+
+    def __init__(self):
+        super().__init__()
+        self.instructions = []
+
+    def stream(self, text, **kwargs):
+        self.instructions.append(kwargs.get("instruction"))
+        return super().stream(text, **kwargs)
+
+
+class SoundMaker(StubTTS):
+    FAMILY = "sfx"      # MOSS-SoundEffect's: no voice, no reference, no instruction
+
+
+@pytest.fixture
+def three(tmp_path):
+    """A cloning model (Nano's family), a voice designer and a sound maker, one stored voice."""
+    root = tmp_path / "voices"
+    nano = stub("stub", 1600)
+    add_voice("amy", np.zeros((4, 2), np.int32), codec_info(nano.codec), root=root)
+    return {"moss-tts-nano": nano, "moss-tts-voicegen": Designer(),
+            "moss-tts-sfx": SoundMaker()}, root
+
+
+def test_models_list_says_which_fields_each_model_takes(three):
+    """/v1/models gave no way to tell that VoiceGenerator needs `instruction` and refuses
+    `reference_audio`: each entry lists the request fields its model takes and requires."""
+    import json
+
+    from tests.server.helpers import call
+
+    models, root = three
+    s = Served(create_app(models, voices_root=root))
+    try:
+        listed = {m["id"]: m for m in json.loads(call(s.url, "/v1/models")[2])["data"]}
+    finally:
+        s.stop()
+    nano, designer, sfx = (listed[n] for n in models)
+    assert {"voice", "reference_audio", "seed"} <= set(nano["fields"])
+    assert "instruction" not in nano["fields"] and nano["required"] == []
+    assert "instruction" in designer["fields"] and designer["required"] == ["instruction"]
+    assert not {"voice", "reference_audio"} & set(designer["fields"] + sfx["fields"])
+    assert "sound" in sfx["fields"] and "instruction" not in sfx["fields"]
+    assert all(m["object"] == "model" for m in listed.values())      # OpenAI's shape kept
+
+
+SHOWN = ("return ['voice-label', 'reference-label', 'instruction-row']"
+         ".filter(id => !document.getElementById(id).hidden)")
+
+
+@needs_browser
+def test_the_page_offers_each_model_the_inputs_it_takes(three, browser):
+    """The page offered VoiceGenerator no instructions field (it cannot speak without one) and
+    a reference input to models that refuse one; now each picked model shows its own inputs,
+    and the instructions typed reach the voice designer."""
+    from selenium.webdriver.common.by import By
+
+    models, root = three
+    s = Served(create_app(models, voices_root=root))
+    try:
+        open_page(browser, s.url)
+        assert browser.execute_script(SHOWN) == ["voice-label", "reference-label"]
+        pick_model(browser, "moss-tts-voicegen")
+        assert browser.execute_script(SHOWN) == ["instruction-row"]
+        field = browser.find_element(By.ID, "instruction")
+        assert field.is_displayed() and field.get_attribute("required") is not None
+        assert speak(browser, "No instruction.").startswith("error: 'instruction'")  # the 400
+        field.send_keys("A calm, low voice.")
+        assert speak(browser, "Designed.").endswith(" s")
+        assert models["moss-tts-voicegen"].instructions == ["A calm, low voice."]
+        pick_model(browser, "moss-tts-sfx")
+        assert browser.execute_script(SHOWN) == []
+        assert speak(browser, "rain on a roof").endswith(" s")
+        assert models["moss-tts-sfx"].texts == ["rain on a roof"]
+        pick_model(browser, "moss-tts-nano")            # the inputs come back
+        assert browser.execute_script(SHOWN) == ["voice-label", "reference-label"]
+    finally:
+        s.stop()

@@ -123,9 +123,10 @@ def test_check_dialogue_accepts_tags_within_the_speakers(text, speakers):
                       "or fix the tag"),
     ("[S2]a", 1, "the text has [S2] but only 1 speaker is given: add --speaker 2=... or fix "
                  "the tag"),
-    ("[S6]a", None, "the text has [S6] but MOSS-TTSD speaks at most 5 speakers ([S1] to [S5]): "
-                    "fix the tag"),
-    ("[S0]a", 2, "the text has [S0]: speaker tags start at [S1]; fix the tag"),
+    ("[S6]a", None, "the text has the speaker tag [S6]: MOSS-TTSD's speaker tags are [S1] to "
+                    "[S5]; fix the tag"),
+    ("[S0]a", 2, "the text has the speaker tag [S0]: MOSS-TTSD's speaker tags are [S1] to [S5]; "
+                 "fix the tag"),
     ("[S1]a", 6, "6 speakers are given; MOSS-TTSD speaks 1 to 5: give fewer --speaker"),
     ("[S1]a", 0, "0 speakers are given; MOSS-TTSD speaks 1 to 5: give fewer --speaker"),
 ])
@@ -134,6 +135,43 @@ def test_check_dialogue_names_each_problem_and_its_fix_in_one_line(text, speaker
         check_dialogue(text, speakers)
     assert str(e.value) == message
     assert MAX_SPEAKERS == 5
+
+
+# --- tags outside [S1]..[S5] (issue 31, finding 10) ----------------------------------------------
+# Upstream's check finds tags with \[S(\d+)\] and reads them with int(): [S-1] is no tag to it,
+# and its cleanup then drops the `-` (words lose `-`), so the turn became [S1]'s; [S01] passes as
+# speaker 1 while the model is given "[S01]". Each is refused, naming the tag.
+BAD_TAGS = ["[S-1]", "[S0]", "[S6]", "[S01]", "[s1]", "[S 1]", "[ S2]", "[S+2]", "[S10]"]
+
+
+@pytest.mark.parametrize("tag", BAD_TAGS)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_a_speaker_tag_outside_s1_to_s5_is_refused_naming_it(tag, normalize):
+    from moss_tts.models.delay_tasks import DialogueTTS
+
+    with pytest.raises(InputError) as e:
+        DialogueTTS.dialogue(f"[S1] Hello. {tag} Who is this?", 5, normalize=normalize)
+    assert str(e.value) == (f"the text has the speaker tag {tag}: MOSS-TTSD's speaker tags are "
+                            "[S1] to [S5]; fix the tag")
+
+
+@pytest.mark.parametrize("text", ["[S1] Hi. [-1] Yo.", "[1] Hi. [0] Yo.", "[S1] Hi. [06] Yo."])
+def test_the_cleanups_number_shorthand_outside_1_to_5_is_refused_naming_it(text):
+    from moss_tts.models.delay_tasks import DialogueTTS
+
+    with pytest.raises(InputError, match=r"^the text has the speaker tag \[-?0?\d\]: .* \(or "
+                                         r"\[1\] to \[5\], which the cleanup reads so\)"):
+        DialogueTTS.dialogue(text, 5)
+    if text.startswith("[S1]"):     # without the cleanup a bracketed number is words
+        assert DialogueTTS.dialogue(text, 5, normalize=False) == text
+
+
+def test_inline_tags_and_the_accepted_tags_pass():
+    from moss_tts.models.delay_tasks import DialogueTTS
+
+    text = "[S1] Hi [laugh] [Sigh] [pause 3.2s]. [S5] Yo [3]. [2] Ok."
+    assert DialogueTTS.dialogue(text, 5) == "[S1]Hi [laugh] [Sigh] [pause 3.2s].[S5]Yo[S3].[S2]Ok."
+    assert DialogueTTS.dialogue(text, 5, normalize=False) == text
 
 
 # --- split_dialogue -----------------------------------------------------------------------------
