@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from concurrent.futures import Future
 from functools import cache
 from importlib import resources
 
@@ -247,25 +248,24 @@ async def streamed(request, served: ServedModels, served_model, req):
     channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
     words = served_model.stream_keywords(req)
 
-    def job(model):
+    def job(model):     # → whether the stream ended; its failure is the future's exception
         if channel.cancelled.is_set():      # the client left while this waited
-            return
-        try:
-            for part in generate(served, served_model, model, req, words):
-                while (sent := channel.offer(part)) is None:
-                    yield channel   # its client has not read the buffer: the others go on
-                if not sent:
-                    if channel.stalled:
-                        logger.warning("a streaming client stopped reading; its synthesis "
-                                       "was cancelled after %.0f s", write_timeout)
-                    return
-                yield       # the worker may pull the other running requests' chunks now
-            channel.finish("end")
-        except Exception as e:  # reported to the client by the response
-            channel.finish("error", e)
+            return False
+        for part in generate(served, served_model, model, req, words):
+            while (sent := channel.offer(part)) is None:
+                yield channel   # its client has not read the buffer: the others go on
+            if not sent:
+                if channel.stalled:
+                    logger.warning("a streaming client stopped reading; its synthesis "
+                                   "was cancelled after %.0f s", write_timeout)
+                return False
+            yield       # the worker may pull the other running requests' chunks now
+        return True
 
-    if served_model.worker.submit(job, stream=True) is None:
+    future = served_model.worker.submit(job, stream=True)
+    if future is None:
         return busy_response()
+    future.add_done_callback(lambda done: last_item(channel, done))
     # headers wait for the first audio, so errors before it are plain 4xx answers
     stayed, first = await unless_client_leaves(request.receive, channel.get())
     if not stayed:
@@ -276,3 +276,15 @@ async def streamed(request, served: ServedModels, served_model, req):
     encoder = StreamEncoder(req.stream_format, req.response_format, req.pcm_layout,
                             served_model.sample_rate, served_model.channels)
     return AudioStream(first, channel, encoder)
+
+
+def last_item(channel: AudioChannel, job: Future) -> None:
+    """A stream job's end (or failure) into its channel, from its future: the worker settles
+    that only once the job's place is free (worker.py `_finish`), so a client that has the
+    stream's last bytes and asks again at once finds the line as free as it left it."""
+    if job.cancelled():
+        return
+    if job.exception() is not None:
+        channel.finish("error", job.exception())   # reported to the client by the response
+    elif job.result():
+        channel.finish("end")
