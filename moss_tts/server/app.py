@@ -35,8 +35,8 @@ from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_de
 from .connections import WRITE_TIMEOUT
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
 from .live import LIVE_IDLE, live_endpoint
-from .request import (MAX_INPUT_CHARS, RequestError, check_content_type, decode_upload,
-                      parse_speech, parse_voice, read_body)
+from .request import (BODY_TIMEOUT, MAX_INPUT_CHARS, RequestError, check_content_type,
+                      decode_upload, parse_speech, parse_voice, read_body)
 from .responses import (AudioStream, Guard, busy_response, error_response, failure_response,
                         first_line, no_response, unless_client_leaves)
 from .served import ServedModels
@@ -53,14 +53,15 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
                write_timeout: float | None = None, max_voices: int = MAX_VOICES,
                live_idle: float = LIVE_IDLE, live_context: int | None = None,
-               max_streams: int | None = 1):
+               max_streams: int | None = 1, body_timeout: float = BODY_TIMEOUT):
     """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
     name → TTS, the first being the default. Only a model's worker thread touches it after
     this call; a voice upload is encoded by the codec of the model it names (default: the
     first), and a voice is refused by a model whose codec did not make it, or when
     `max_voices` are stored. `live_idle` and `live_context` are serve's --live-idle and
     --live-context (live.py); `max_streams` its --max-streams (worker.py: requests decoded
-    together, for a model with a batched decoder; None: auto, served.py streams_of)."""
+    together, for a model with a batched decoder; None: auto, served.py streams_of);
+    `body_timeout` its --body-timeout (request.py read_body)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute
@@ -79,6 +80,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                                     queue_depth, VoiceIndex(voices_root, max_voices),
                                     write_timeout or WRITE_TIMEOUT, live_idle, live_context,
                                     max_streams)
+    app.state.body_timeout = body_timeout
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
     quiet_uvicorn_denials()
     gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
@@ -98,7 +100,7 @@ async def speech(request):
     served = request.app.state.served
     try:
         check_content_type(request.headers)
-        req = parse_speech(await read_body(request))
+        req = parse_speech(await read_body(request, timeout=request.app.state.body_timeout))
         model = served.pick(req.model)
         return await (whole(request, served, model, req) if req.stream_format is None
                       else streamed(request, served, model, req))
@@ -112,7 +114,8 @@ async def upload_voice(request):
     served = request.app.state.served
     try:
         check_content_type(request.headers)
-        name, audio, model_name = parse_voice(await read_body(request))
+        name, audio, model_name = parse_voice(
+            await read_body(request, timeout=request.app.state.body_timeout))
         check_name(name)
         owner = served.pick(model_name)
         await asyncio.to_thread(served.voices.check_room)   # before the audio is decoded

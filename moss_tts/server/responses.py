@@ -24,6 +24,8 @@ def first_line(e: BaseException) -> str:
 def error_response(status: int, message: str, **headers):
     from starlette.responses import Response
 
+    if status == 408:   # the late body's rest is never read: the connection ends with this
+        headers["Connection"] = "close"
     return Response(error_body(status, message), status_code=status, headers=headers or None,
                     media_type="application/json")
 
