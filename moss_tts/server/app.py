@@ -75,7 +75,9 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
         WebSocketRoute("/v1/audio/live", live_endpoint),
-    ], lifespan=lifespan, middleware=[Middleware(Guard)])
+    ], lifespan=lifespan, middleware=[Middleware(Guard)],
+        exception_handlers={404: no_endpoint, 405: no_endpoint})
+    app.router.redirect_slashes = False       # one spelling per endpoint: see no_endpoint
     app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
                                     queue_depth, VoiceIndex(voices_root, max_voices),
                                     write_timeout or WRITE_TIMEOUT, live_idle, live_context,
@@ -181,6 +183,32 @@ async def models(request):
          "max_input_chars": MAX_INPUT_CHARS,     # of `input`, and of a live message's text
          "free_places": m.worker.free_places}
         for name, m in request.app.state.served.models.items()]})
+
+
+async def no_endpoint(request, exc):
+    """Starlette's 404 (no route) and 405 (a route without that method) in OpenAI's error
+    shape, saying what is served. A path with a trailing '/' is a 404 naming the path without
+    it, not Starlette's plain-text 307 redirect: an API has one spelling per endpoint, clients
+    differ on following a redirect (httpx and curl do not by default), and a followed POST
+    would send its body, up to 15 MiB, a second time."""
+    from starlette.routing import Match, WebSocketRoute
+
+    routes, path, method = request.app.routes, request.scope["path"], request.method
+    shown = path if len(path) <= 100 else path[:100] + "…"
+    http = [r for r in routes if not isinstance(r, WebSocketRoute)]
+    allowed = sorted({m for r in http if r.matches(request.scope)[0] is not Match.NONE
+                      for m in r.methods})
+    if exc.status_code == 405 and allowed:
+        return error_response(405, f"{method} is not served at {shown}; it takes "
+                                   f"{', '.join(allowed)}", Allow=", ".join(allowed))
+    bare = dict(request.scope, path=path.rstrip("/") or "/")
+    if bare["path"] != path and any(r.matches(bare)[0] is not Match.NONE for r in http):
+        return error_response(404, f"no endpoint {shown}: the path is {bare['path']}, without "
+                                   "the trailing '/'")
+    served = [f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}" for r in http]
+    served += [f"WebSocket {r.path}" for r in routes if isinstance(r, WebSocketRoute)]
+    return error_response(404, f"no endpoint {method} {shown}; this server serves "
+                               f"{', '.join(served)}")
 
 
 async def health(request):

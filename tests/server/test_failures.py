@@ -9,6 +9,7 @@ from propagating), so `server_log` adds caplog's handler to it."""
 
 import asyncio
 import gc
+import http.client
 import io
 import json
 import logging
@@ -115,6 +116,32 @@ def test_an_unexpected_failure_in_a_route_is_openais_json_500_and_one_log_line(
                             "type": "server_error", "param": None, "code": None}
     assert len(errors(server_log)) == 1 and "an unforeseen bug" in errors(server_log)[0]
     assert "Traceback" not in server_log.text
+
+
+@pytest.mark.parametrize("method, path, status, says, allow", [
+    ("GET", "/v1/nope", 404, "no endpoint GET /v1/nope; this server serves GET /, POST "
+     "/v1/audio/speech, GET /v1/models", None),
+    ("POST", "/v1/models", 405, "POST is not served at /v1/models; it takes GET", "GET, HEAD"),
+    ("DELETE", "/v1/audio/voices", 405, "it takes GET, HEAD, POST", "GET, HEAD, POST"),
+    ("GET", "/v1/models/", 404, "the path is /v1/models, without the trailing '/'", None),
+    ("POST", "/v1/audio/speech/", 404, "the path is /v1/audio/speech, without", None)])
+def test_unknown_paths_and_methods_are_openai_errors_not_plain_text_or_redirects(
+        serve, method, path, status, says, allow):
+    """Starlette answers these in plain text, and a trailing '/' with a 307 redirect; here each
+    is a JSON error in OpenAI's shape saying what is served (a 405's Allow lists every method
+    of the path, across its routes)."""
+    s = serve()
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=GUARD_SECONDS)
+    conn.request(method, path, body=b"{}" if method == "POST" else None,
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    assert (r.status, r.getheader("content-type")) == (status, "application/json"), body
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and says in error["message"]
+    assert r.getheader("allow") == allow
 
 
 def test_a_host_header_with_a_huge_port_is_a_400_not_a_500(serve, server_log):
