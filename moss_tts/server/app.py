@@ -120,7 +120,7 @@ async def upload_voice(request):
             await read_body(request, timeout=request.app.state.body_timeout))
         check_name(name)
         owner = served.pick(model_name)
-        await asyncio.to_thread(served.voices.check_room)   # before the audio is decoded
+        await asyncio.to_thread(served.voices.check_room, name)   # before audio is decoded
     except (RequestError, InputError) as e:
         return error_response(getattr(e, "status", 400), first_line(e))
 
@@ -223,9 +223,13 @@ async def health(request):
 
 
 def generate(served: ServedModels, served_model, model, req, words):
-    """Worker side: the request's audio chunks; the API's errors name the request's fields."""
+    """Worker side: the request's audio chunks; the API's errors, raised as the stream is
+    made or as it runs (a later text chunk's check), name the request's fields."""
     try:
-        return model.stream(req.text, **served.stream_inputs(model, served_model, req, words))
+        yield from model.stream(req.text,
+                                **served.stream_inputs(model, served_model, req, words))
+    except RequestError:        # the server's own: already in the request's terms
+        raise
     except InputError as e:
         raise renamed(e, "request", req.given_as) from None
 

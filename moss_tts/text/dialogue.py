@@ -122,12 +122,13 @@ def check_dialogue(text: str, speakers: int | None = None) -> str:
     """`text` stripped, when it is a dialogue MOSS-TTSD can speak (`_validate_dialogue_text`):
     it has a speaker tag, its tags run from [S1] to at most [S{MAX_SPEAKERS}], and its highest
     tag is at most `speakers` (how many speakers have a voice; None: only MAX_SPEAKERS bounds
-    it). Each problem is a one-line InputError saying what to change."""
+    it). Each problem is a one-line InputError saying what to change; one about the speakers
+    starts with `speakers:`, so each front end names its own spelling (knobs.renamed)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("text is empty: write the dialogue as [S1] words [S2] words ...")
     if speakers is not None and not 1 <= speakers <= MAX_SPEAKERS:
-        raise InputError(f"{speakers} speakers are given; MOSS-TTSD speaks 1 to {MAX_SPEAKERS}: "
-                         "give fewer --speaker")
+        raise InputError(f"speakers: {speakers} are given; MOSS-TTSD speaks 1 to "
+                         f"{MAX_SPEAKERS}: give fewer")
     tags = [int(n) for n in _TAG.findall(text)]
     if not tags:
         raise InputError("the text has no speaker tag: start each turn with its speaker, "
@@ -139,8 +140,8 @@ def check_dialogue(text: str, speakers: int | None = None) -> str:
         raise InputError(f"the text has [S{top}] but MOSS-TTSD speaks at most {MAX_SPEAKERS} "
                          f"speakers ([S1] to [S{MAX_SPEAKERS}]): fix the tag")
     if speakers is not None and top > speakers:
-        raise InputError(f"the text has [S{top}] but only {_plural(speakers)} given: add "
-                         f"--speaker {top}=... or fix the tag")
+        raise InputError(f"speakers: the text has [S{top}] but only {_plural(speakers)} given: "
+                         f"give speaker {top} a voice too, or fix the tag")
     return text.strip()
 
 

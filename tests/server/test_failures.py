@@ -28,7 +28,8 @@ from moss_tts.server import create_app
 from moss_tts.server.formats import StreamEncoder
 from moss_tts.server.responses import AudioStream
 from moss_tts.server.worker import AudioChannel
-from tests.server.helpers import SR, StubTTS, call
+from moss_tts.voices import add_voice
+from tests.server.helpers import SR, StubTTS, call, silent_wav_b64
 
 GUARD_SECONDS = 20     # how long a test waits for the server's side: only a broken test waits
 
@@ -142,6 +143,29 @@ def test_unknown_paths_and_methods_are_openai_errors_not_plain_text_or_redirects
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and says in error["message"]
     assert r.getheader("allow") == allow
+
+
+def test_a_voice_the_api_cannot_store_or_use_is_an_answer_naming_the_api(serve, tmp_path):
+    """The library's messages for these name the CLI (`voice add ... --force`, `--codec`);
+    the server's name its endpoints and the request's field, and never a flag."""
+    s, wav = serve(), silent_wav_b64()
+    assert call(s.url, "/v1/audio/voices", {"name": "taken", "audio": wav})[0] == 201
+    status, _, body = call(s.url, "/v1/audio/voices", {"name": "taken", "audio": wav})
+    assert (status, json.loads(body)["error"]["message"]) == (
+        409, "voice 'taken' exists; delete it first (DELETE /v1/audio/voices/taken)")
+    other_codec = {"variant": "nano", "sample_rate": 48000, "codebook_size": 1024}
+    add_voice("foreign", np.zeros((4, 2), np.int32), other_codec, root=tmp_path / "voices")
+    (tmp_path / "voices" / "broken.voice.npz").write_bytes(b"not a voice")
+    for name, problem in [("foreign", "voice 'foreign' does not fit this model: it was "
+                                      "encoded with the nano codec"),
+                          ("broken", "voice 'broken' is unreadable")]:
+        status, _, body = call(s.url, "/v1/audio/speech", {"input": "hi", "voice": name,
+                                                           "response_format": "pcm"})
+        message = json.loads(body)["error"]["message"]
+        assert status == 400 and "--" not in message, message
+        assert message.startswith(f"'voice': {problem}")
+        assert message.endswith(f"store it again for this model: DELETE /v1/audio/voices/{name}"
+                                ', then POST /v1/audio/voices with "model": "moss-tts-nano"')
 
 
 def test_a_host_header_with_a_huge_port_is_a_400_not_a_500(serve, server_log):
