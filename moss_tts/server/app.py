@@ -205,10 +205,10 @@ async def no_endpoint(request, exc):
     if bare["path"] != path and any(r.matches(bare)[0] is not Match.NONE for r in http):
         return error_response(404, f"no endpoint {shown}: the path is {bare['path']}, without "
                                    "the trailing '/'")
-    served = [f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}" for r in http]
-    served += [f"WebSocket {r.path}" for r in routes if isinstance(r, WebSocketRoute)]
+    endpoints = [f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}" for r in http]
+    endpoints += [f"WebSocket {r.path}" for r in routes if isinstance(r, WebSocketRoute)]
     return error_response(404, f"no endpoint {method} {shown}; this server serves "
-                               f"{', '.join(served)}")
+                               f"{', '.join(endpoints)}")
 
 
 async def health(request):
