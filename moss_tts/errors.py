@@ -35,6 +35,16 @@ class InputError(MossTTSError):
     """User input (text, audio, codes, options) is unusable."""
 
 
+class VoiceError(InputError):
+    """A stored voice a model cannot use (unreadable, or made by another codec): `problem` says
+    why and `name` names it, so that each front end can say how to store it again there (the
+    message says the CLI's way; the server names its endpoints instead)."""
+
+    def __init__(self, name: str, problem: str, fix: str):
+        super().__init__(f"{problem} — {fix}")
+        self.name, self.problem = name, problem
+
+
 class ContextFull(InputError):
     """A decode session has no room for the rows asked of it (a live conversation that filled
     its context): the server ends such a conversation saying so."""

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .audio import as_sample_rate, as_samples, trim_reference
-from .errors import BudgetWarning, InputError, ModelFileError, whole_number
+from .errors import BudgetWarning, InputError, ModelFileError, VoiceError, whole_number
 from .ggml.backend import NativeResource, released_on_error
 from .models.batching import MAX_STREAMS, BatchDecoder, round_robin
 from .reference import (Reference, as_reference, codec_info, codec_problem, pcm_as_float,
@@ -319,9 +319,9 @@ class CodecTTS(NativeResource):
             problem = (f"it has {ref.codes.shape[1]} codebooks, the model needs "
                        f"{self.config.n_vq}")
         if problem and ref.name:
-            raise InputError(f"voice {ref.name!r} does not fit this model: {problem} — add it "
-                             f"again with `python -m moss_tts voice add {ref.name} REF.wav "
-                             "--codec CODEC --force` using this model's codec")
+            raise VoiceError(ref.name, f"voice {ref.name!r} does not fit this model: {problem}",
+                             f"add it again with `python -m moss_tts voice add {ref.name} "
+                             "REF.wav --codec CODEC --force` using this model's codec")
         if problem:
             raise InputError(f"{what} does not fit this model: {problem} — encode the speech "
                              "again with this model's encode_reference")

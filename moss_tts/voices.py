@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, VoiceError
 from .fileio import atomic_output
 from .reference import Reference, codec_info, codec_problem  # noqa: F401 (what voices record)
 
@@ -75,8 +75,9 @@ def _stored(name: str, root: Path | None) -> tuple[np.ndarray, dict]:
         if legacy.exists():
             return _read_legacy(legacy)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise InputError(f"voice {name!r} is unreadable ({str(e).splitlines()[0]}); add it "
-                         "again with `python -m moss_tts voice add NAME REF.wav --force`") from None
+        raise VoiceError(name, f"voice {name!r} is unreadable ({str(e).splitlines()[0]})",
+                         "add it again with `python -m moss_tts voice add NAME REF.wav "
+                         "--force`") from None
     known = ", ".join(v["name"] for v in list_voices(root)) or "none"
     raise InputError(f"no voice named {name!r} (known: {known}); add one with "
                      "`python -m moss_tts voice add NAME REF.wav`")

@@ -33,7 +33,7 @@ def _serve(args) -> int:
                      bind_host=args.host, access_log=args.access_log,
                      write_timeout=args.write_timeout, max_voices=args.max_voices,
                      live_idle=args.live_idle, live_context=args.live_context,
-                     max_streams=args.max_streams)
+                     max_streams=args.max_streams, body_timeout=args.body_timeout)
     limits = Limits(args.max_connections, args.header_timeout, args.write_timeout)
     say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
                f"/v1/audio/speech{', API key required' if api_key else ''})")
@@ -69,6 +69,7 @@ def add_parser(sub, common) -> None:
     from ..server.voice_index import MAX_VOICES
     from ..server.connections import HEADER_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT
     from ..server.live import LIVE_IDLE
+    from ..server.request import BODY_TIMEOUT, MIN_BODY_RATE
 
     p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
                        parents=[common])
@@ -112,6 +113,10 @@ def add_parser(sub, common) -> None:
                    metavar="SECONDS", help="close a connection that sends no complete request "
                    "headers for this long after it opens or after its last response "
                    "(default %(default)g)")
+    p.add_argument("--body-timeout", type=positive_float, default=BODY_TIMEOUT,
+                   metavar="SECONDS", help="answer 408 and close a connection whose request "
+                   f"body has not arrived this long after its headers, plus 1 s per "
+                   f"{MIN_BODY_RATE} bytes it sent (default %(default)g)")
     p.add_argument("--live-idle", type=positive_float, default=LIVE_IDLE, metavar="SECONDS",
                    help="close a live connection that sends nothing for this long while "
                    "nothing is spoken, freeing its place in the line (default %(default)g)")

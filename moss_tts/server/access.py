@@ -17,6 +17,19 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 OPEN_PATHS = ("/health", "/")   # the page is static HTML; its requests carry the key themselves
 
 
+# what `printable` writes for the characters that would change a log line's fields
+LOG_QUOTED = {"\\": "\\\\", '"': '\\"'}
+
+
+def printable(text: str) -> str:
+    """`text` as one log line may hold it: control and other non-printing characters (CR, LF,
+    ESC, U+2028, ...) as Python escapes, and backslash and '"' escaped, so a request (a
+    percent-encoded CR LF in its path) can neither forge a line nor split a quoted field."""
+    return "".join(LOG_QUOTED.get(c) or (c if c.isprintable()
+                                         else c.encode("unicode_escape").decode("ascii"))
+                   for c in text)
+
+
 def error_body(status: int, message: str, code: str | None = None) -> bytes:
     """OpenAI's error shape."""
     kind = "invalid_request_error" if status < 500 else "server_error"
@@ -125,7 +138,8 @@ async def refuse(scope, receive, send, status: int, message: str, code: str | No
     if scope["type"] == "http":
         return await send_error(send, status, message, code, headers)
     client = scope.get("client") or ("-", 0)
-    logger.info("refused a WebSocket handshake from %s: %d %s", client[0], status, message)
+    logger.info("refused a WebSocket handshake from %s: %d %s", printable(str(client[0])), status,
+                printable(message))
     DENIED.set(True)    # this connection's task: see DenialNoise
     await receive()   # websocket.connect
     if "websocket.http.response" not in scope.get("extensions", {}):
@@ -174,9 +188,9 @@ class AccessLog:
         def log():
             seen["logged"] = True
             client = scope.get("client") or ("-", 0)
-            access_logger.info('%s "%s %s" %d %d %.0f ms', client[0], scope["method"],
-                               scope["path"], seen["status"], seen["bytes"],
-                               1e3 * (time.perf_counter() - start))
+            access_logger.info('%s "%s %s" %d %d %.0f ms', printable(str(client[0])),
+                               printable(scope["method"]), printable(scope["path"]),
+                               seen["status"], seen["bytes"], 1e3 * (time.perf_counter() - start))
 
         async def counting_send(message):
             if message["type"] == "http.response.start":

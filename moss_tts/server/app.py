@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from concurrent.futures import Future
 from functools import cache
 from importlib import resources
 
@@ -34,8 +35,8 @@ from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_de
 from .connections import WRITE_TIMEOUT
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
 from .live import LIVE_IDLE, live_endpoint
-from .request import (MAX_INPUT_CHARS, RequestError, check_content_type, decode_upload,
-                      parse_speech, parse_voice, read_body)
+from .request import (BODY_TIMEOUT, MAX_INPUT_CHARS, RequestError, check_content_type,
+                      decode_upload, parse_speech, parse_voice, read_body)
 from .responses import (AudioStream, Guard, busy_response, error_response, failure_response,
                         first_line, no_response, unless_client_leaves)
 from .served import ServedModels
@@ -52,14 +53,15 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
                allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
                write_timeout: float | None = None, max_voices: int = MAX_VOICES,
                live_idle: float = LIVE_IDLE, live_context: int | None = None,
-               max_streams: int | None = 1):
+               max_streams: int | None = 1, body_timeout: float = BODY_TIMEOUT):
     """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
     name → TTS, the first being the default. Only a model's worker thread touches it after
     this call; a voice upload is encoded by the codec of the model it names (default: the
     first), and a voice is refused by a model whose codec did not make it, or when
     `max_voices` are stored. `live_idle` and `live_context` are serve's --live-idle and
     --live-context (live.py); `max_streams` its --max-streams (worker.py: requests decoded
-    together, for a model with a batched decoder; None: auto, served.py streams_of)."""
+    together, for a model with a batched decoder; None: auto, served.py streams_of);
+    `body_timeout` its --body-timeout (request.py read_body)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute
@@ -73,11 +75,14 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
         Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
         WebSocketRoute("/v1/audio/live", live_endpoint),
-    ], lifespan=lifespan, middleware=[Middleware(Guard)])
+    ], lifespan=lifespan, middleware=[Middleware(Guard)],
+        exception_handlers={404: no_endpoint, 405: no_endpoint})
+    app.router.redirect_slashes = False       # one spelling per endpoint: see no_endpoint
     app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
                                     queue_depth, VoiceIndex(voices_root, max_voices),
                                     write_timeout or WRITE_TIMEOUT, live_idle, live_context,
                                     max_streams)
+    app.state.body_timeout = body_timeout
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
     quiet_uvicorn_denials()
     gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
@@ -97,7 +102,7 @@ async def speech(request):
     served = request.app.state.served
     try:
         check_content_type(request.headers)
-        req = parse_speech(await read_body(request))
+        req = parse_speech(await read_body(request, timeout=request.app.state.body_timeout))
         model = served.pick(req.model)
         return await (whole(request, served, model, req) if req.stream_format is None
                       else streamed(request, served, model, req))
@@ -111,10 +116,11 @@ async def upload_voice(request):
     served = request.app.state.served
     try:
         check_content_type(request.headers)
-        name, audio, model_name = parse_voice(await read_body(request))
+        name, audio, model_name = parse_voice(
+            await read_body(request, timeout=request.app.state.body_timeout))
         check_name(name)
         owner = served.pick(model_name)
-        await asyncio.to_thread(served.voices.check_room)   # before the audio is decoded
+        await asyncio.to_thread(served.voices.check_room, name)   # before audio is decoded
     except (RequestError, InputError) as e:
         return error_response(getattr(e, "status", 400), first_line(e))
 
@@ -180,6 +186,32 @@ async def models(request):
         for name, m in request.app.state.served.models.items()]})
 
 
+async def no_endpoint(request, exc):
+    """Starlette's 404 (no route) and 405 (a route without that method) in OpenAI's error
+    shape, saying what is served. A path with a trailing '/' is a 404 naming the path without
+    it, not Starlette's plain-text 307 redirect: an API has one spelling per endpoint, clients
+    differ on following a redirect (httpx and curl do not by default), and a followed POST
+    would send its body, up to 15 MiB, a second time."""
+    from starlette.routing import Match, WebSocketRoute
+
+    routes, path, method = request.app.routes, request.scope["path"], request.method
+    shown = path if len(path) <= 100 else path[:100] + "…"
+    http = [r for r in routes if not isinstance(r, WebSocketRoute)]
+    allowed = sorted({m for r in http if r.matches(request.scope)[0] is not Match.NONE
+                      for m in r.methods})
+    if exc.status_code == 405 and allowed:
+        return error_response(405, f"{method} is not served at {shown}; it takes "
+                                   f"{', '.join(allowed)}", Allow=", ".join(allowed))
+    bare = dict(request.scope, path=path.rstrip("/") or "/")
+    if bare["path"] != path and any(r.matches(bare)[0] is not Match.NONE for r in http):
+        return error_response(404, f"no endpoint {shown}: the path is {bare['path']}, without "
+                                   "the trailing '/'")
+    endpoints = [f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}" for r in http]
+    endpoints += [f"WebSocket {r.path}" for r in routes if isinstance(r, WebSocketRoute)]
+    return error_response(404, f"no endpoint {method} {shown}; this server serves "
+                               f"{', '.join(endpoints)}")
+
+
 async def health(request):
     from starlette.responses import JSONResponse
 
@@ -193,10 +225,13 @@ async def health(request):
 
 def generate(served: ServedModels, served_model, model, req, words, *, whole: bool = False):
     """Worker side: the request's audio chunks (`whole`: for a whole file, with the family's
-    whole-audio keywords, as `synthesize`); the API's errors name the request's fields."""
+    whole-audio keywords, as `synthesize`); the API's errors, raised as the stream is made or
+    as it runs (a later text chunk's check), name the request's fields."""
     try:
         kw = served.stream_inputs(model, served_model, req, words)
-        return model.stream(req.text, **(model.whole_keywords(kw) if whole else kw))
+        yield from model.stream(req.text, **(model.whole_keywords(kw) if whole else kw))
+    except RequestError:        # the server's own: already in the request's terms
+        raise
     except InputError as e:
         raise renamed(e, "request", req.given_as) from None
 
@@ -250,25 +285,24 @@ async def streamed(request, served: ServedModels, served_model, req):
     channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
     words = served_model.stream_keywords(req)
 
-    def job(model):
+    def job(model):     # → whether the stream ended; its failure is the future's exception
         if channel.cancelled.is_set():      # the client left while this waited
-            return
-        try:
-            for part in generate(served, served_model, model, req, words):
-                while (sent := channel.offer(part)) is None:
-                    yield channel   # its client has not read the buffer: the others go on
-                if not sent:
-                    if channel.stalled:
-                        logger.warning("a streaming client stopped reading; its synthesis "
-                                       "was cancelled after %.0f s", write_timeout)
-                    return
-                yield       # the worker may pull the other running requests' chunks now
-            channel.finish("end")
-        except Exception as e:  # reported to the client by the response
-            channel.finish("error", e)
+            return False
+        for part in generate(served, served_model, model, req, words):
+            while (sent := channel.offer(part)) is None:
+                yield channel   # its client has not read the buffer: the others go on
+            if not sent:
+                if channel.stalled:
+                    logger.warning("a streaming client stopped reading; its synthesis "
+                                   "was cancelled after %.0f s", write_timeout)
+                return False
+            yield       # the worker may pull the other running requests' chunks now
+        return True
 
-    if served_model.worker.submit(job, stream=True) is None:
+    future = served_model.worker.submit(job, stream=True)
+    if future is None:
         return busy_response()
+    future.add_done_callback(lambda done: last_item(channel, done))
     # headers wait for the first audio, so errors before it are plain 4xx answers
     stayed, first = await unless_client_leaves(request.receive, channel.get())
     if not stayed:
@@ -279,3 +313,15 @@ async def streamed(request, served: ServedModels, served_model, req):
     encoder = StreamEncoder(req.stream_format, req.response_format, req.pcm_layout,
                             served_model.sample_rate, served_model.channels)
     return AudioStream(first, channel, encoder)
+
+
+def last_item(channel: AudioChannel, job: Future) -> None:
+    """A stream job's end (or failure) into its channel, from its future: the worker settles
+    that only once the job's place is free (worker.py `_finish`), so a client that has the
+    stream's last bytes and asks again at once finds the line as free as it left it."""
+    if job.cancelled():
+        return
+    if job.exception() is not None:
+        channel.finish("error", job.exception())   # reported to the client by the response
+    elif job.result():
+        channel.finish("end")

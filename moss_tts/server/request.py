@@ -1,9 +1,11 @@
-"""Request bodies of the speech server: JSON only, read under a size limit, parsed with bounded
-depth, and every field checked by name. A failure is a `RequestError` carrying its HTTP status.
+"""Request bodies of the speech server: JSON only, read under a size limit and a deadline,
+parsed with bounded depth, and every field checked by name. A failure is a `RequestError`
+carrying its HTTP status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
@@ -19,6 +21,13 @@ from .formats import FORMATS, STREAMED_FORMATS, format_problem
 MAX_INPUT_CHARS = 4096
 MAX_UPLOAD_BYTES = 10 * 2**20        # decoded reference / voice audio
 MAX_BODY_BYTES = 15 * 2**20          # that upload as base64 (×4/3) plus the other fields
+# The body deadline (serve --body-timeout; Apache's mod_reqtimeout `body=20,MinRate=500` in
+# kind): a body must have arrived BODY_TIMEOUT s after the request began, plus 1 s for each
+# MIN_BODY_RATE bytes it has sent, so a client that stalls or trickles (a byte every 2 s) is
+# answered 408 and its connection freed, while a slow link still gets its largest body in
+# (15 MiB at 8 KiB/s: 32 min, the most any body holds a connection)
+BODY_TIMEOUT = 20.0                  # seconds
+MIN_BODY_RATE = 8 * 2**10            # bytes a second: 64 kbit/s, the slowest mobile uplink
 # OpenAI's fields and this server's own; every knob of knobs.KNOBS (seed, sampling, budgets,
 # prompt fields; OpenAI's `instructions` is the instruction knob) is a field too
 SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream_format",
@@ -55,18 +64,32 @@ def check_content_type(headers) -> None:
         raise RequestError(415, f"Content-Type must be application/json, got {media or 'none'!r}")
 
 
-async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The body, refused with 413 as soon as it passes `limit` (never read whole first)."""
+async def read_body(request, limit: int = MAX_BODY_BYTES,
+                    timeout: float = BODY_TIMEOUT) -> bytes:
+    """The body, refused with 413 as soon as it passes `limit` (never read whole first), and
+    with 408 once it is late: `timeout` s after this call, plus 1 s per MIN_BODY_RATE bytes
+    received (the route calls it as the request begins)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body is {declared} bytes; the limit is {limit}")
-    parts, size = [], 0
-    async for part in request.stream():
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    parts, size, stream = [], 0, request.stream()
+    while True:
+        late = start + timeout + size / MIN_BODY_RATE
+        try:
+            part = await asyncio.wait_for(anext(stream), max(late - loop.time(), 0))
+        except StopAsyncIteration:
+            return b"".join(parts)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the body came too slowly ({size} bytes in "
+                                    f"{loop.time() - start:.0f} s): a body must arrive within "
+                                    f"{timeout:g} s, plus 1 s per {MIN_BODY_RATE} bytes "
+                                    "(serve --body-timeout)") from None
         size += len(part)
         if size > limit:
             raise RequestError(413, f"the body is larger than {limit} bytes")
         parts.append(part)
-    return b"".join(parts)
 
 
 def _no_constants(name: str):

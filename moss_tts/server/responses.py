@@ -9,7 +9,7 @@ import asyncio
 import logging
 
 from ..errors import MossTTSError
-from .access import error_body, refuse
+from .access import error_body, printable, refuse
 from .formats import StreamEncoder
 from .request import RequestError
 from .worker import AudioChannel
@@ -24,6 +24,8 @@ def first_line(e: BaseException) -> str:
 def error_response(status: int, message: str, **headers):
     from starlette.responses import Response
 
+    if status == 408:   # the late body's rest is never read: the connection ends with this
+        headers["Connection"] = "close"
     return Response(error_body(status, message), status_code=status, headers=headers or None,
                     media_type="application/json")
 
@@ -39,13 +41,15 @@ def failure_response(e: BaseException):
 
 
 def log_internal(what: str, e: BaseException) -> None:
-    """One ERROR line for a failure of ours (the type, message and the innermost frame); the
-    traceback goes to debug logging (`--debug`), so a failing route cannot flood the log."""
+    """One ERROR line for a failure of ours (the type, message and the innermost frame, what
+    came from the request escaped: access.printable); the traceback goes to debug logging
+    (`--debug`), so a failing route cannot flood the log."""
     tb = e.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
-    logger.error("%s: %s: %s%s", what, type(e).__name__, first_line(e), where)
+    logger.error("%s: %s: %s%s", printable(what), type(e).__name__, printable(first_line(e)),
+                 where)
     logger.debug("%s", what, exc_info=e)
 
 
@@ -79,8 +83,8 @@ class Guard:
         try:
             await self.app(scope, watched_receive, watched_send)
         except ClientDisconnect:
-            logger.info("a client left while sending %s %s", scope.get("method", "its request"),
-                        scope["path"])
+            logger.info("a client left while sending %s %s",
+                        printable(scope.get("method", "its request")), printable(scope["path"]))
         except Exception as e:  # our bug: the client still gets an answer it can parse
             log_internal(f"{scope.get('method', 'WebSocket')} {scope['path']} failed", e)
             if started:          # once an answer has begun, the server can only end it
@@ -162,7 +166,7 @@ class AudioStream:
             return
         if kind == "cancelled":     # the client left (or stopped reading): nothing more to say
             return
-        logger.error("speech stream failed after it started: %s", first_line(value),
+        logger.error("speech stream failed after it started: %s", printable(first_line(value)),
                      exc_info=value if not isinstance(value, MossTTSError) else None)
         event = self.encoder.error(first_line(value))
         if event is not None:

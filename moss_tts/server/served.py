@@ -4,7 +4,7 @@ event loop may know of it without touching it, and how a request picks one. The 
 
 from __future__ import annotations
 
-from ..errors import InputError
+from ..errors import InputError, VoiceError
 from ..knobs import KNOBS, check_required, synthesis_keywords, takes
 from ..models.batching import MAX_STREAMS
 from ..reference import codec_info
@@ -130,15 +130,16 @@ class ServedModels:
                                     f" option: {served_model.voices_hint()}")
         if kw.get("speakers") is not None:
             kw["speakers"] = speakers_argument(
-                kw["speakers"], voice=lambda name: self.speaker_voice(model, name),
+                kw["speakers"],
+                voice=lambda name: self.speaker_voice(model, name, served_model.name),
                 speech=lambda data: decode_upload(data, "speakers"))
         return kw
 
-    def speaker_voice(self, model, name: str):
+    def speaker_voice(self, model, name: str, model_name: str):
         if not self.voices.known(name):
             raise RequestError(400, f"'speakers': no stored voice named {name!r} (GET "
                                     "/v1/audio/voices lists them; POST adds one)")
-        return model.voice(name, root=self.voices_root)
+        return self.stored_voice(model, name, "'speakers'", model_name)
 
     def reference_for(self, model, req):
         """Worker side: the request's voice, from uploaded audio or a stored name (looked up
@@ -146,8 +147,19 @@ class ServedModels:
         if req.reference_audio:
             return model.encode_reference(*decode_upload(req.reference_audio, "reference_audio"))
         if req.voice and self.voices.known(req.voice):
-            return model.voice(req.voice, root=self.voices_root)
+            return self.stored_voice(model, req.voice, "'voice'", self.pick(req.model).name)
         return None   # OpenAI's voice names (alloy, ...) fall back to the default voice
+
+    def stored_voice(self, model, name: str, field: str, model_name: str):
+        """Worker side: stored voice `name` as `model`'s reference; one it cannot use
+        (unreadable, made by another codec) is a 400 saying how to store it again here, where
+        the CLI's message names `voice add` and its flags."""
+        try:
+            return model.voice(name, root=self.voices_root)
+        except VoiceError as e:
+            raise RequestError(400, f"{field}: {e.problem}: store it again for this model: "
+                                    f"DELETE /v1/audio/voices/{name}, then POST "
+                                    f"/v1/audio/voices with \"model\": \"{model_name}\"") from None
 
     def close(self) -> None:
         for m in self.models.values():

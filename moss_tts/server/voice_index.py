@@ -42,18 +42,20 @@ class VoiceIndex:
             self._refresh()
             return name in self._entries
 
-    def check_room(self) -> None:
-        """A 409 when `limit` voices are stored (checked before an upload is decoded)."""
+    def check_room(self, name: str) -> None:
+        """A 409 when `limit` voices are stored or `name` is taken (checked before an upload
+        is decoded)."""
         with self._lock:
             self._refresh()
-            self._need_room()
+            self._need_room(name)
 
     def add(self, name: str, codes, info: dict) -> None:
-        """Stores a voice (voices.add_voice) if there is room; the count and the write are one
-        step, so two uploads racing for the last place cannot both take it."""
+        """Stores a voice (voices.add_voice) if there is room and the name is free; the checks
+        and the write are one step, so two uploads racing for the last place (or one name)
+        cannot both take it."""
         with self._lock:
             self._refresh()
-            self._need_room()
+            self._need_room(name)
             add_voice(name, codes, info, root=self.root)
             self._stamp = None
 
@@ -62,7 +64,10 @@ class VoiceIndex:
             remove_voice(name, root=self.root)
             self._stamp = None
 
-    def _need_room(self) -> None:
+    def _need_room(self, name: str) -> None:
+        if name in self._entries:     # voices.add_voice would say `--force`: a CLI flag
+            raise RequestError(409, f"voice {name!r} exists; delete it first (DELETE "
+                                    f"/v1/audio/voices/{name})")
         if len(self._entries) >= self.limit:
             raise RequestError(409, f"the server stores at most {self.limit} voices (serve "
                                     "--max-voices); delete one first (DELETE "

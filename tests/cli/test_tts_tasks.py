@@ -148,7 +148,7 @@ def test_a_speaker_voice_without_a_transcript_and_a_tag_without_a_speaker(files,
     assert "--speaker 1=carol: the voice has no stored transcript" in err
     err = one_line_error(capsys, *base, "--text", "[S1] Hi. [S2] Yo.", "--speaker",
                          f"1={files['alice']}:Hello.")        # the model's own check
-    assert "the text has [S2] but only 1 speaker is given: add --speaker 2=" in err
+    assert "--speaker: the text has [S2] but only 1 speaker is given: give speaker 2" in err
     assert not out.exists()
 
 

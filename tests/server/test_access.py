@@ -133,6 +133,22 @@ def test_access_log_has_one_line_per_request(serve, caplog):
     assert lines[0].startswith("127.0.0.1 ") and lines[0].endswith(" ms")
 
 
+def test_a_percent_encoded_line_break_in_a_path_cannot_forge_an_access_log_line(serve, caplog):
+    """uvicorn decodes the path (%0D%0A is CR LF): the line escapes it, and the quote that
+    would end the request field, so the log holds one line per request, as it came."""
+    s = serve(access_log=True)
+    forged = '/x%0D%0A10.0.0.1%20%22GET%20/admin%22%20200%200%201%20ms%1B[2K'
+    with caplog.at_level(logging.INFO, logger="moss_tts.access"):
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("GET", forged)
+        answer = conn.getresponse()
+        assert answer.status == 404 and answer.read()      # the line is written by then
+        conn.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "moss_tts.access"]
+    assert len(lines) == 1 and not any(c in lines[0] for c in "\r\n\x1b"), lines
+    assert '"GET /x\\r\\n10.0.0.1 \\"GET /admin\\" 200 0 1 ms\\x1b[2K" 404 ' in lines[0]
+
+
 def test_no_access_log_unless_asked(open_server, caplog):
     with caplog.at_level(logging.INFO, logger="moss_tts.access"):
         call(open_server.url, "/health")

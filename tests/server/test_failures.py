@@ -9,6 +9,7 @@ from propagating), so `server_log` adds caplog's handler to it."""
 
 import asyncio
 import gc
+import http.client
 import io
 import json
 import logging
@@ -27,7 +28,8 @@ from moss_tts.server import create_app
 from moss_tts.server.formats import StreamEncoder
 from moss_tts.server.responses import AudioStream
 from moss_tts.server.worker import AudioChannel
-from tests.server.helpers import SR, StubTTS, call
+from moss_tts.voices import add_voice
+from tests.server.helpers import SR, StubTTS, call, silent_wav_b64
 
 GUARD_SECONDS = 20     # how long a test waits for the server's side: only a broken test waits
 
@@ -115,6 +117,55 @@ def test_an_unexpected_failure_in_a_route_is_openais_json_500_and_one_log_line(
                             "type": "server_error", "param": None, "code": None}
     assert len(errors(server_log)) == 1 and "an unforeseen bug" in errors(server_log)[0]
     assert "Traceback" not in server_log.text
+
+
+@pytest.mark.parametrize("method, path, status, says, allow", [
+    ("GET", "/v1/nope", 404, "no endpoint GET /v1/nope; this server serves GET /, POST "
+     "/v1/audio/speech, GET /v1/models", None),
+    ("POST", "/v1/models", 405, "POST is not served at /v1/models; it takes GET", "GET, HEAD"),
+    ("DELETE", "/v1/audio/voices", 405, "it takes GET, HEAD, POST", "GET, HEAD, POST"),
+    ("GET", "/v1/models/", 404, "the path is /v1/models, without the trailing '/'", None),
+    ("POST", "/v1/audio/speech/", 404, "the path is /v1/audio/speech, without", None)])
+def test_unknown_paths_and_methods_are_openai_errors_not_plain_text_or_redirects(
+        serve, method, path, status, says, allow):
+    """Starlette answers these in plain text, and a trailing '/' with a 307 redirect; here each
+    is a JSON error in OpenAI's shape saying what is served (a 405's Allow lists every method
+    of the path, across its routes)."""
+    s = serve()
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=GUARD_SECONDS)
+    conn.request(method, path, body=b"{}" if method == "POST" else None,
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    assert (r.status, r.getheader("content-type")) == (status, "application/json"), body
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and says in error["message"]
+    assert r.getheader("allow") == allow
+
+
+def test_a_voice_the_api_cannot_store_or_use_is_an_answer_naming_the_api(serve, tmp_path):
+    """The library's messages for these name the CLI (`voice add ... --force`, `--codec`);
+    the server's name its endpoints and the request's field, and never a flag."""
+    s, wav = serve(), silent_wav_b64()
+    assert call(s.url, "/v1/audio/voices", {"name": "taken", "audio": wav})[0] == 201
+    status, _, body = call(s.url, "/v1/audio/voices", {"name": "taken", "audio": wav})
+    assert (status, json.loads(body)["error"]["message"]) == (
+        409, "voice 'taken' exists; delete it first (DELETE /v1/audio/voices/taken)")
+    other_codec = {"variant": "nano", "sample_rate": 48000, "codebook_size": 1024}
+    add_voice("foreign", np.zeros((4, 2), np.int32), other_codec, root=tmp_path / "voices")
+    (tmp_path / "voices" / "broken.voice.npz").write_bytes(b"not a voice")
+    for name, problem in [("foreign", "voice 'foreign' does not fit this model: it was "
+                                      "encoded with the nano codec"),
+                          ("broken", "voice 'broken' is unreadable")]:
+        status, _, body = call(s.url, "/v1/audio/speech", {"input": "hi", "voice": name,
+                                                           "response_format": "pcm"})
+        message = json.loads(body)["error"]["message"]
+        assert status == 400 and "--" not in message, message
+        assert message.startswith(f"'voice': {problem}")
+        assert message.endswith(f"store it again for this model: DELETE /v1/audio/voices/{name}"
+                                ', then POST /v1/audio/voices with "model": "moss-tts-nano"')
 
 
 def test_a_host_header_with_a_huge_port_is_a_400_not_a_500(serve, server_log):

@@ -181,11 +181,12 @@ def finish_turn(ws) -> bytes:
     return audio
 
 
-def held_upload(server, tts: LiveNano):
-    """A voice upload holding the worker until `tts.release` is set (a plain job)."""
+def held_upload(server, tts: LiveNano, name: str = "held"):
+    """A voice upload holding the worker until `tts.release` is set (a plain job); each under
+    a new `name` (a taken one is refused before any work)."""
     tts.holding.clear()
     upload = in_thread(call, server.url, "/v1/audio/voices",
-                       {"name": "held", "audio": silent_wav_b64(0.5)})
+                       {"name": name, "audio": silent_wav_b64(0.5)})
     assert tts.holding.wait(GUARD)
     return upload
 
@@ -211,13 +212,13 @@ def test_a_live_session_holds_a_stream_place_and_closing_it_frees_the_place(toge
         ws.close()                        # its place comes back: the next two run together
         wait_free(server, PLACES)
         tts.reset()
-        upload = held_upload(server, tts)
+        upload = held_upload(server, tts, "held-again")
         requests = [in_thread(speak, client, r) for r in (R1, R2)]
         wait_free(server, 1)
         tts.release.set()
         assert [result(*r) for r in requests] == [expected["r1"], expected["r2"]]
         assert tts.most["speech"] == N
-        result(*upload)
+        assert result(*upload)[0] == 201
 
 
 def test_a_request_waits_while_live_sessions_hold_every_place(together, expected):

@@ -119,16 +119,16 @@ def test_check_dialogue_accepts_tags_within_the_speakers(text, speakers):
     ("  ", None, "text is empty: write the dialogue as [S1] words [S2] words ..."),
     ("hello there", 2, "the text has no speaker tag: start each turn with its speaker, "
                        "[S1] words [S2] words ..."),
-    ("[S1]a[S3]b", 2, "the text has [S3] but only 2 speakers are given: add --speaker 3=... "
-                      "or fix the tag"),
-    ("[S2]a", 1, "the text has [S2] but only 1 speaker is given: add --speaker 2=... or fix "
-                 "the tag"),
+    ("[S1]a[S3]b", 2, "speakers: the text has [S3] but only 2 speakers are given: give "
+                      "speaker 3 a voice too, or fix the tag"),
+    ("[S2]a", 1, "speakers: the text has [S2] but only 1 speaker is given: give speaker 2 a "
+                 "voice too, or fix the tag"),
     ("[S6]a", None, "the text has the speaker tag [S6]: MOSS-TTSD's speaker tags are [S1] to "
                     "[S5]; fix the tag"),
     ("[S0]a", 2, "the text has the speaker tag [S0]: MOSS-TTSD's speaker tags are [S1] to [S5]; "
                  "fix the tag"),
-    ("[S1]a", 6, "6 speakers are given; MOSS-TTSD speaks 1 to 5: give fewer --speaker"),
-    ("[S1]a", 0, "0 speakers are given; MOSS-TTSD speaks 1 to 5: give fewer --speaker"),
+    ("[S1]a", 6, "speakers: 6 are given; MOSS-TTSD speaks 1 to 5: give fewer"),
+    ("[S1]a", 0, "speakers: 0 are given; MOSS-TTSD speaks 1 to 5: give fewer"),
 ])
 def test_check_dialogue_names_each_problem_and_its_fix_in_one_line(text, speakers, message):
     with pytest.raises(InputError) as e:
