@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -33,28 +34,65 @@ SESSION_ROWS = 2048
 # the system and voice blocks kept) when a new turn starts with less than TRIM_BELOW of its
 # rows left, down to at most TRIM_TO of them used (always keeping the latest turn)
 TRIM_BELOW, TRIM_TO = 0.25, 0.5
-# Upstream's segmenting of text deltas: cut after sentence or clause punctuation once the
-# buffer holds MIN_SEGMENT characters, else at the last space once it holds MAX_BUFFER
+# Upstream's segmenting of text deltas (streaming_mossttsrealtime.py `_extract_text_segments`,
+# §family-5.6): cut after sentence or clause punctuation once the buffer holds MIN_SEGMENT
+# characters, else at the last space once it holds MAX_BUFFER (with no space: at MAX_BUFFER)
 SEGMENT_END = re.compile(r"[。！？!?.\u2026]\s*|[,，;；:：\u2014\u2013\-]\s*|\)\s*|\]\s*|\n")
+SPACE = re.compile(r"\s")          # what a SEGMENT_END match takes after its mark
 MIN_SEGMENT, MAX_BUFFER = 8, 32
 EMPTY = np.zeros(0, dtype=np.float32)
 
 
-def split_segments(buffer: str) -> tuple[list[str], str]:
-    """Text → (segments ready to tokenize, the rest still buffered), as upstream's session."""
-    segments = []
-    while buffer:
-        cut = None
-        if len(buffer) >= MIN_SEGMENT:
-            cut = next((m.end() for m in SEGMENT_END.finditer(buffer)
-                        if m.end() >= MIN_SEGMENT), None)
-        if cut is None and len(buffer) >= MAX_BUFFER and " " in buffer:
-            cut = buffer.rindex(" ") + 1
-        if cut is None:
-            break
-        segments.append(buffer[:cut])
-        buffer = buffer[cut:]
-    return segments, buffer
+class TextSegmenter:
+    """A turn's text, a character at a time → the segments to tokenize, cut where upstream's
+    session cuts its buffer when it is given the text a character at a time, in constant work
+    per character (rescanning the buffer after each one cost its length: a text without a cut
+    grew quadratic). A buffer with no cut in it gains one only at its end, so the segmenter
+    keeps whether a SEGMENT_END match ends there instead of searching: one that does, once
+    MIN_SEGMENT characters are buffered, is the first match ending that late (there was no cut
+    before) and cuts the whole buffer. The space cut keeps what follows the last space (fewer
+    than MAX_BUFFER characters, holding no cut), read once more."""
+
+    def __init__(self):
+        self.buffer = ""
+        # a SEGMENT_END match ends at the buffer's end: "open" (a mark and the whitespace after
+        # it, which more whitespace extends), "closed" (a lone newline), or None
+        self._match: str | None = None
+        self._space = -1                # where the buffer's last space is
+
+    def push(self, ch: str) -> str | None:
+        """One character → the segment it completes, or None."""
+        self._take(ch)
+        n = len(self.buffer)
+        if self._match and n >= MIN_SEGMENT:
+            cut = n
+        elif n >= MAX_BUFFER:
+            # upstream cuts only at a space (58b20a0) and buffers a text without one (CJK with
+            # no punctuation, a flood) for ever; its later revision (f12b607) cuts at
+            # MAX_BUFFER there, and so do we (docs/upstream-notes.md §family-5.6)
+            cut = self._space + 1 if self._space >= 0 else n
+        else:
+            return None
+        segment, rest = self.buffer[:cut], self.buffer[cut:]
+        self.buffer, self._match, self._space = "", None, -1
+        for c in rest:
+            self._take(c)
+        return segment
+
+    def flush(self) -> str:
+        """What is still buffered (the turn's text is over); the segmenter starts empty."""
+        rest = self.buffer
+        self.buffer, self._match, self._space = "", None, -1
+        return rest
+
+    def _take(self, ch: str) -> None:
+        if ch == " ":
+            self._space = len(self.buffer)
+        self.buffer += ch
+        if SEGMENT_END.match(ch):       # a mark opens a match; a newline extends an open one
+            self._match = "closed" if ch == "\n" and self._match != "open" else "open"
+        elif not (self._match == "open" and SPACE.match(ch)):
+            self._match = None
 
 
 class FrameAudio(NativeResource):
@@ -226,8 +264,7 @@ class LiveSession(NativeResource):
         if not isinstance(delta, str):
             raise InputError(f"push_text takes text (str), got {type(delta).__name__}")
         for ch in check_text(delta, "push_text's text"):
-            segments, self._buffer = split_segments(self._buffer + ch)
-            for segment in segments:
+            if (segment := self._segments.push(ch)) is not None:
                 self._pending += self.tts.tokenizer.encode(segment)
         return _joined(self._advance())
 
@@ -247,10 +284,9 @@ class LiveSession(NativeResource):
         """No more text this turn; its last buffered segment is tokenized now."""
         self._need_open()
         if not self._ended:
+            if rest := self._segments.flush():
+                self._pending += self.tts.tokenizer.encode(rest)
             self._ended = True
-            if self._buffer:
-                self._pending += self.tts.tokenizer.encode(self._buffer)
-                self._buffer = ""
 
     def drain(self) -> Iterator[np.ndarray]:
         """The rest of the turn's audio, a chunk per frame, until EOS (or max_frames): the
@@ -335,7 +371,7 @@ class LiveSession(NativeResource):
         self._prompt = np.vstack(parts)
         # the lead's rows and the first frame run while the text arrives: their graphs now
         self._stream.warm(len(self._prompt) + self.ids.lead)
-        self._buffer, self._pending, self._text_ids = "", [], []
+        self._segments, self._pending, self._text_ids = TextSegmenter(), deque(), []
         self._opened = self._prefilled = self._ended = False
         self._frames = 0
         self._audio.close()
@@ -381,7 +417,7 @@ class LiveSession(NativeResource):
         self.turns_dropped += keep
 
     def _take(self) -> int:
-        token = self._pending.pop(0)
+        token = self._pending.popleft()
         self._text_ids.append(token)
         return token
 
