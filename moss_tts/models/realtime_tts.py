@@ -223,6 +223,8 @@ class LiveSession(NativeResource):
     of the lead) draws the first frame, each later token exactly one more. `push_text`
     returns the audio ready now and never waits for text to come. Deltas are cut into
     segments at punctuation or spaces (as upstream) and each segment is tokenized on its own.
+    A turn takes at most `max_turn_tokens` text tokens (the context's rows: see __init__);
+    text past them is refused with an InputError.
 
     The backbone keeps up with the text: the system block runs when the session opens, a
     turn's prompt rows with its first token, and each lead token as soon as the next one
@@ -243,6 +245,14 @@ class LiveSession(NativeResource):
         voice_codes = None if voice is None else voice.codes
         system = prompts.system_rows(tts.tokenizer, self.ids, voice_codes)
         self._stream = tts.model.stream(max_rows, options=options, seed=seed)
+        # A turn's text is bounded by what the turn could ever speak: every text token it
+        # speaks takes one row of the conversation's context (the lead's rows, then one per
+        # frame), so past the context's rows nothing more can be spoken whatever max_frames
+        # says. max_frames stays a cap, as offline: text past it is dropped with the
+        # BudgetWarning. Each segment (at most MAX_BUFFER characters) gives at least one token
+        # (a byte-level BPE gives every non-empty text one), so the characters are bounded too.
+        self.max_turn_tokens = self._stream.backbone.capacity     # max_rows, aligned: `rows`
+        self.max_turn_chars = MAX_BUFFER * self.max_turn_tokens
         with released_on_error(self._stream):
             self._stream.feed(system)
             self._audio = tts._frame_audio()
@@ -265,19 +275,19 @@ class LiveSession(NativeResource):
             raise InputError(f"push_text takes text (str), got {type(delta).__name__}")
         for ch in check_text(delta, "push_text's text"):
             if (segment := self._segments.push(ch)) is not None:
-                self._pending += self.tts.tokenizer.encode(segment)
+                self._queue(self.tts.tokenizer.encode(segment))
         return _joined(self._advance())
 
     def push_tokens(self, ids) -> np.ndarray:
         """Text ids of this model's tokenizer (for sources that stream ids) → the audio ready
-        now, as `push_text`."""
+        now, as `push_text` (and within the same bound)."""
         self._need_text()
         ids = [int(i) for i in ids]
         if any(not 0 <= i < self.tts.config.vocab_size or i in self.tts.tokenizer.control
                for i in ids):
             raise InputError(f"push_tokens takes ordinary text ids below "
                              f"{self.tts.config.vocab_size}, no control ids")
-        self._pending += ids
+        self._queue(ids)
         return _joined(self._advance())
 
     def end_text(self) -> None:
@@ -285,7 +295,7 @@ class LiveSession(NativeResource):
         self._need_open()
         if not self._ended:
             if rest := self._segments.flush():
-                self._pending += self.tts.tokenizer.encode(rest)
+                self._queue(self.tts.tokenizer.encode(rest))
             self._ended = True
 
     def drain(self) -> Iterator[np.ndarray]:
@@ -415,6 +425,16 @@ class LiveSession(NativeResource):
         shift = starts[keep] - self._system_rows
         self._turn_starts = [start - shift for start in starts[keep:]]
         self.turns_dropped += keep
+
+    def _queue(self, ids) -> None:
+        """Text ids for the turn, or one InputError once its text would pass its bound (the
+        text before stays in the turn: `end_text` and `drain` speak it)."""
+        if len(self._text_ids) + len(self._pending) + len(ids) > self.max_turn_tokens:
+            raise InputError(
+                f"a live turn takes at most {self.max_turn_tokens} text tokens, the rows of its "
+                "conversation's context (each token it speaks takes one), and this turn's text "
+                "goes past them: end the turn sooner and send the rest in the next")
+        self._pending += ids
 
     def _take(self) -> int:
         token = self._pending.popleft()
