@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -33,28 +34,65 @@ SESSION_ROWS = 2048
 # the system and voice blocks kept) when a new turn starts with less than TRIM_BELOW of its
 # rows left, down to at most TRIM_TO of them used (always keeping the latest turn)
 TRIM_BELOW, TRIM_TO = 0.25, 0.5
-# Upstream's segmenting of text deltas: cut after sentence or clause punctuation once the
-# buffer holds MIN_SEGMENT characters, else at the last space once it holds MAX_BUFFER
+# Upstream's segmenting of text deltas (streaming_mossttsrealtime.py `_extract_text_segments`,
+# §family-5.6): cut after sentence or clause punctuation once the buffer holds MIN_SEGMENT
+# characters, else at the last space once it holds MAX_BUFFER (with no space: at MAX_BUFFER)
 SEGMENT_END = re.compile(r"[。！？!?.\u2026]\s*|[,，;；:：\u2014\u2013\-]\s*|\)\s*|\]\s*|\n")
+SPACE = re.compile(r"\s")          # what a SEGMENT_END match takes after its mark
 MIN_SEGMENT, MAX_BUFFER = 8, 32
 EMPTY = np.zeros(0, dtype=np.float32)
 
 
-def split_segments(buffer: str) -> tuple[list[str], str]:
-    """Text → (segments ready to tokenize, the rest still buffered), as upstream's session."""
-    segments = []
-    while buffer:
-        cut = None
-        if len(buffer) >= MIN_SEGMENT:
-            cut = next((m.end() for m in SEGMENT_END.finditer(buffer)
-                        if m.end() >= MIN_SEGMENT), None)
-        if cut is None and len(buffer) >= MAX_BUFFER and " " in buffer:
-            cut = buffer.rindex(" ") + 1
-        if cut is None:
-            break
-        segments.append(buffer[:cut])
-        buffer = buffer[cut:]
-    return segments, buffer
+class TextSegmenter:
+    """A turn's text, a character at a time → the segments to tokenize, cut where upstream's
+    session cuts its buffer when it is given the text a character at a time, in constant work
+    per character (rescanning the buffer after each one cost its length: a text without a cut
+    grew quadratic). A buffer with no cut in it gains one only at its end, so the segmenter
+    keeps whether a SEGMENT_END match ends there instead of searching: one that does, once
+    MIN_SEGMENT characters are buffered, is the first match ending that late (there was no cut
+    before) and cuts the whole buffer. The space cut keeps what follows the last space (fewer
+    than MAX_BUFFER characters, holding no cut), read once more."""
+
+    def __init__(self):
+        self.buffer = ""
+        # a SEGMENT_END match ends at the buffer's end: "open" (a mark and the whitespace after
+        # it, which more whitespace extends), "closed" (a lone newline), or None
+        self._match: str | None = None
+        self._space = -1                # where the buffer's last space is
+
+    def push(self, ch: str) -> str | None:
+        """One character → the segment it completes, or None."""
+        self._take(ch)
+        n = len(self.buffer)
+        if self._match and n >= MIN_SEGMENT:
+            cut = n
+        elif n >= MAX_BUFFER:
+            # upstream cuts only at a space (58b20a0) and buffers a text without one (CJK with
+            # no punctuation, a flood) for ever; its later revision (f12b607) cuts at
+            # MAX_BUFFER there, and so do we (docs/upstream-notes.md §family-5.6)
+            cut = self._space + 1 if self._space >= 0 else n
+        else:
+            return None
+        segment, rest = self.buffer[:cut], self.buffer[cut:]
+        self.buffer, self._match, self._space = "", None, -1
+        for c in rest:
+            self._take(c)
+        return segment
+
+    def flush(self) -> str:
+        """What is still buffered (the turn's text is over); the segmenter starts empty."""
+        rest = self.buffer
+        self.buffer, self._match, self._space = "", None, -1
+        return rest
+
+    def _take(self, ch: str) -> None:
+        if ch == " ":
+            self._space = len(self.buffer)
+        self.buffer += ch
+        if SEGMENT_END.match(ch):       # a mark opens a match; a newline extends an open one
+            self._match = "closed" if ch == "\n" and self._match != "open" else "open"
+        elif not (self._match == "open" and SPACE.match(ch)):
+            self._match = None
 
 
 class FrameAudio(NativeResource):
@@ -185,6 +223,8 @@ class LiveSession(NativeResource):
     of the lead) draws the first frame, each later token exactly one more. `push_text`
     returns the audio ready now and never waits for text to come. Deltas are cut into
     segments at punctuation or spaces (as upstream) and each segment is tokenized on its own.
+    A turn takes at most `max_turn_tokens` text tokens (the context's rows: see __init__);
+    text past them is refused with an InputError.
 
     The backbone keeps up with the text: the system block runs when the session opens, a
     turn's prompt rows with its first token, and each lead token as soon as the next one
@@ -205,6 +245,14 @@ class LiveSession(NativeResource):
         voice_codes = None if voice is None else voice.codes
         system = prompts.system_rows(tts.tokenizer, self.ids, voice_codes)
         self._stream = tts.model.stream(max_rows, options=options, seed=seed)
+        # A turn's text is bounded by what the turn could ever speak: every text token it
+        # speaks takes one row of the conversation's context (the lead's rows, then one per
+        # frame), so past the context's rows nothing more can be spoken whatever max_frames
+        # says. max_frames stays a cap, as offline: text past it is dropped with the
+        # BudgetWarning. Each segment (at most MAX_BUFFER characters) gives at least one token
+        # (a byte-level BPE gives every non-empty text one), so the characters are bounded too.
+        self.max_turn_tokens = self._stream.backbone.capacity     # max_rows, aligned: `rows`
+        self.max_turn_chars = MAX_BUFFER * self.max_turn_tokens
         with released_on_error(self._stream):
             self._stream.feed(system)
             self._audio = tts._frame_audio()
@@ -226,31 +274,29 @@ class LiveSession(NativeResource):
         if not isinstance(delta, str):
             raise InputError(f"push_text takes text (str), got {type(delta).__name__}")
         for ch in check_text(delta, "push_text's text"):
-            segments, self._buffer = split_segments(self._buffer + ch)
-            for segment in segments:
-                self._pending += self.tts.tokenizer.encode(segment)
+            if (segment := self._segments.push(ch)) is not None:
+                self._queue(self.tts.tokenizer.encode(segment))
         return _joined(self._advance())
 
     def push_tokens(self, ids) -> np.ndarray:
         """Text ids of this model's tokenizer (for sources that stream ids) → the audio ready
-        now, as `push_text`."""
+        now, as `push_text` (and within the same bound)."""
         self._need_text()
         ids = [int(i) for i in ids]
         if any(not 0 <= i < self.tts.config.vocab_size or i in self.tts.tokenizer.control
                for i in ids):
             raise InputError(f"push_tokens takes ordinary text ids below "
                              f"{self.tts.config.vocab_size}, no control ids")
-        self._pending += ids
+        self._queue(ids)
         return _joined(self._advance())
 
     def end_text(self) -> None:
         """No more text this turn; its last buffered segment is tokenized now."""
         self._need_open()
         if not self._ended:
+            if rest := self._segments.flush():
+                self._queue(self.tts.tokenizer.encode(rest))
             self._ended = True
-            if self._buffer:
-                self._pending += self.tts.tokenizer.encode(self._buffer)
-                self._buffer = ""
 
     def drain(self) -> Iterator[np.ndarray]:
         """The rest of the turn's audio, a chunk per frame, until EOS (or max_frames): the
@@ -335,7 +381,7 @@ class LiveSession(NativeResource):
         self._prompt = np.vstack(parts)
         # the lead's rows and the first frame run while the text arrives: their graphs now
         self._stream.warm(len(self._prompt) + self.ids.lead)
-        self._buffer, self._pending, self._text_ids = "", [], []
+        self._segments, self._pending, self._text_ids = TextSegmenter(), deque(), []
         self._opened = self._prefilled = self._ended = False
         self._frames = 0
         self._audio.close()
@@ -380,8 +426,18 @@ class LiveSession(NativeResource):
         self._turn_starts = [start - shift for start in starts[keep:]]
         self.turns_dropped += keep
 
+    def _queue(self, ids) -> None:
+        """Text ids for the turn, or one InputError once its text would pass its bound (the
+        text before stays in the turn: `end_text` and `drain` speak it)."""
+        if len(self._text_ids) + len(self._pending) + len(ids) > self.max_turn_tokens:
+            raise InputError(
+                f"a live turn takes at most {self.max_turn_tokens} text tokens, the rows of its "
+                "conversation's context (each token it speaks takes one), and this turn's text "
+                "goes past them: end the turn sooner and send the rest in the next")
+        self._pending += ids
+
     def _take(self) -> int:
-        token = self._pending.pop(0)
+        token = self._pending.popleft()
         self._text_ids.append(token)
         return token
 

@@ -187,7 +187,8 @@ async def live_endpoint(websocket) -> None:
         await websocket.send_json({"type": "started", "model": model.name,
                                    "sample_rate": model.sample_rate, "channels": model.channels,
                                    "format": "pcm_s16le", "context": context})
-        await converse(websocket, connection, model.sample_rate, served.live_idle)
+        await converse(websocket, connection, model.sample_rate, served.live_idle,
+                       connection.session.max_turn_chars)
     except WebSocketDisconnect:   # it left, or the write deadline cut it (connections.py)
         logger.info("live client left; its session was closed")
     except Exception as e:  # told to the client, then the socket closes
@@ -216,12 +217,14 @@ def close_reason(message: str) -> str:
     return message if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
 
 
-async def converse(websocket, connection: LiveConnection, rate: int, idle: float) -> None:
-    """Reads messages while the session speaks them: text waits in `inbox` while a job runs,
-    and a client that leaves is seen at once (the reader ends the speaker)."""
+async def converse(websocket, connection: LiveConnection, rate: int, idle: float,
+                   max_chars: int) -> None:
+    """Reads messages while the session speaks them: text waits in `inbox` while a job runs
+    (at most `max_chars` characters a turn), and a client that leaves is seen at once (the
+    reader ends the speaker)."""
     inbox = Inbox()
     speaker = asyncio.ensure_future(speak(websocket, connection, inbox, rate))
-    reader = asyncio.ensure_future(read_messages(websocket, inbox, idle))
+    reader = asyncio.ensure_future(read_messages(websocket, inbox, idle, max_chars))
     try:
         done, _ = await asyncio.wait({speaker, reader}, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -292,11 +295,14 @@ class Inbox:
         return text
 
 
-async def read_messages(websocket, inbox: Inbox, idle: float) -> None:
-    """Checks each message against the turn's state as it arrives: text after `end` is refused
-    before the session sees it. A client silent for `idle` s while nothing is spoken (its
-    session waits for text) is closed: it would hold its place in the line for ever."""
-    ended, loop = False, asyncio.get_running_loop()
+async def read_messages(websocket, inbox: Inbox, idle: float, max_chars: int) -> None:
+    """Checks each message against the turn's state as it arrives: text after `end`, and a
+    turn's text past `max_chars` characters (the session's bound: it could never take more),
+    are refused before the session sees them, so a client that sends faster than its session
+    speaks cannot pile up text in the inbox. A client silent for `idle` s while nothing is
+    spoken (its session waits for text) is closed: it would hold its place in the line for
+    ever."""
+    ended, chars, loop = False, 0, asyncio.get_running_loop()
     last = loop.time()
     while True:
         quiet = loop.time() - max(last, inbox.idle_since or loop.time())   # 0 while speaking
@@ -313,6 +319,11 @@ async def read_messages(websocket, inbox: Inbox, idle: float) -> None:
                                     "next turn first")
         if kind == "end" and ended:
             raise RequestError(400, "'end' twice: the turn has already ended")
+        chars = 0 if kind == "turn" else chars + len(text or "")
+        if chars > max_chars:
+            raise RequestError(413, f"a live turn takes at most {max_chars} characters of text, "
+                                    "and this turn's text goes past them: end the turn sooner "
+                                    "and send the rest in the next")
         ended = kind == "end"
         inbox.put(kind, text)
 

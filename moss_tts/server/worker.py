@@ -109,21 +109,24 @@ class ModelWorker:
             self._line.notify()
         return future
 
-    def _next_job(self, room, block: bool):
-        """The next job to start: a placed session's first, then the line's oldest while
-        `room()` says a stream place is free (the stop mark always) → the item, None to stop,
-        or EMPTY when nothing may be taken and `block` is False. Taking a lane's job places
-        its session (max_streams > 1)."""
+    def _next_job(self, room, block: bool, served=()):
+        """The next job to start: a placed session's first (of a session not in `served`),
+        then the line's oldest while `room()` says a stream place is free (the stop mark
+        always) → the item, None to stop, or EMPTY when nothing may be taken now (`block`
+        False, or only jobs of sessions `served` wait). Taking a lane's job places its
+        session (max_streams > 1)."""
         with self._line:
             while True:
-                if self._urgent:
-                    return self._urgent.popleft()
+                urgent = next((item for item in self._urgent if item[4] not in served), None)
+                if urgent is not None:
+                    self._urgent.remove(urgent)
+                    return urgent
                 if self._jobs and (self._jobs[0] is None or room()):
                     item = self._jobs.popleft()
                     if item is not None and item[4] is not None and self.max_streams > 1:
                         item[4].place()
                     return item
-                if not block:
+                if not block or self._urgent:
                     return EMPTY
                 self._line.wait()
 
@@ -148,22 +151,28 @@ class ModelWorker:
         """The loop of max_streams > 1: run placed sessions' jobs and take new jobs while a
         stream place is free (waiting only when nothing runs), then pull one chunk of each
         running speech job in turn; when none of them can go on (their clients' buffers
-        full), wait up to POLL_SECONDS for new work before the next round."""
+        full), wait up to POLL_SECONDS for new work before the next round. A session runs at
+        most one job a round: one that keeps submitting (a text flood) gets its turn between
+        two pulls, as each running request does, and cannot starve them."""
         running: list = []      # [generator, future, frees_slot]
+        served: set = set()     # the lanes whose job ran this round
 
         def room() -> bool:     # a closing server drains its line whatever sessions hold
             return len(running) + (0 if self._closing else self._placed) < self.max_streams
 
         with self.model.decoding_together(self.max_streams):
             while True:
-                while (item := self._next_job(room, block=not running)) is not EMPTY:
+                while (item := self._next_job(room, not running, served)) is not EMPTY:
                     if item is None:
                         return self._stop(running)
+                    if item[4] is not None:
+                        served.add(item[4])
                     self._start(item, running)
                 if running and not self._pull(running):
                     with self._line:
                         if not self._urgent:
                             self._line.wait(POLL_SECONDS)
+                served.clear()
 
     def _start(self, item, running: list) -> None:
         job, future, frees_slot, stream, _ = item

@@ -13,7 +13,8 @@ from fixtures.make_realtime import CODEBOOK, RVQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.load import tts_class
 from moss_tts.models.realtime import sanitized
-from moss_tts.models.realtime_tts import RealtimeTTS, split_segments
+from moss_tts.models.realtime_tts import (MAX_BUFFER, MIN_SEGMENT, SEGMENT_END,
+                                          RealtimeTTS, TextSegmenter)
 from moss_tts.sampling import RealtimeSamplingOptions
 
 GREEDY = RealtimeSamplingOptions(do_sample=False)   # the penalty (1.1) stays on, as upstream
@@ -274,18 +275,88 @@ def test_realtime_tts_offers_the_tts_protocol_and_load_picks_it(realtime_tts, re
     assert tts_class(realtime_files(True)[2]) is RealtimeTTS
 
 
-@pytest.mark.parametrize("buffer, segments, rest", [
-    ("Hello", [], "Hello"),
-    ("Hi, yo", [], "Hi, yo"),                              # under 8 characters: no cut
-    ("Hi, you.", ["Hi, you."], ""),                        # the first cut ending at ≥ 8
-    ("Hello there, how", ["Hello there, "], "how"),
-    ("Hello there. How are you? Fine", ["Hello there. ", "How are you? "], "Fine"),
-    ("word " * 7 + "x", ["word " * 7], "x"),               # ≥ 32 characters: the last space
-    ("你好世界，今天天气很好。然后", ["你好世界，今天天气很好。"], "然后"),
-    ("a-b-c-d-e-f-g-h-i", ["a-b-c-d-", "e-f-g-h-"], "i"),
+def rescanned_segments(text: str, *, cut_without_space: bool) -> list[str]:
+    """The segments of `text` pushed a character at a time into the segmenter this module had
+    before issue 31 (upstream's `_extract_text_segments` at 58b20a0, rescanning the whole
+    buffer after each character), then the rest at the turn's end; `cut_without_space` adds
+    upstream's later cut (f12b607) of a buffer of MAX_BUFFER characters with no space."""
+    def split(buffer):
+        segments = []
+        while buffer:
+            cut = None
+            if len(buffer) >= MIN_SEGMENT:
+                cut = next((m.end() for m in SEGMENT_END.finditer(buffer)
+                            if m.end() >= MIN_SEGMENT), None)
+            if cut is None and len(buffer) >= MAX_BUFFER and " " in buffer:
+                cut = buffer.rindex(" ") + 1
+            elif cut is None and len(buffer) >= MAX_BUFFER and cut_without_space:
+                cut = MAX_BUFFER
+            if cut is None:
+                break
+            segments.append(buffer[:cut])
+            buffer = buffer[cut:]
+        return segments, buffer
+
+    out, buffer = [], ""
+    for ch in text:
+        segments, buffer = split(buffer + ch)
+        out += segments
+    return out + ([buffer] if buffer else [])
+
+
+NO_PUNCTUATION = "没有标点也没有空格的中文" * 3      # 36 characters
+
+
+def segmented(text: str) -> list[str]:
+    segmenter, out = TextSegmenter(), []
+    for ch in text:
+        if (segment := segmenter.push(ch)) is not None:
+            out.append(segment)
+    return out + ([rest] if (rest := segmenter.flush()) else [])
+
+
+@pytest.mark.parametrize("text, segments", [
+    ("Hello", ["Hello"]),
+    ("Hi, yo", ["Hi, yo"]),                                # under 8 characters: no cut
+    ("Hi, you.", ["Hi, you."]),                            # the first cut ending at ≥ 8
+    ("Hello there, how", ["Hello there,", " how"]),        # cut at the mark, as it comes
+    ("Hello there. How are you? Fine", ["Hello there.", " How are you?", " Fine"]),
+    ("word " * 7 + "x", ["word " * 6, "word x"]),          # 32 characters: the last space
+    ("你好世界，今天天气很好。然后", ["你好世界，今天天气很好。", "然后"]),
+    ("a-b-c-d-e-f-g-h-i", ["a-b-c-d-", "e-f-g-h-", "i"]),
+    ("Hi,\t\t\t\t\tthere", ["Hi,\t\t\t\t\t", "there"]),   # whitespace extends a mark's match
+    ("abcdef. xyz", ["abcdef. ", "xyz"]),
+    ("abcdef\n xyz", ["abcdef\n xyz"]),                    # ... not a lone newline's
+    ("y" * 70, ["y" * 32, "y" * 32, "y" * 6]),             # no space: cut at 32 (f12b607)
+    (NO_PUNCTUATION, [NO_PUNCTUATION[:32], NO_PUNCTUATION[32:]]),
 ])
-def test_deltas_are_cut_into_segments_as_upstream(buffer, segments, rest):
-    assert split_segments(buffer) == (segments, rest)
+def test_text_is_cut_a_character_at_a_time_as_upstream(text, segments):
+    assert segmented(text) == segments
+
+
+def test_segments_equal_the_rescanning_segmenter_on_varied_texts():
+    """The same segments as the segmenter it replaces, pushed a character at a time, on texts
+    of marks, spaces, other whitespace, CJK and letters: exactly, where that one ever cut (its
+    buffer never held 32 characters without a space); with upstream's later no-space cut,
+    everywhere."""
+    marks, letters = list(".,!?;:-)]\u2026\u2014\u2013。，！；\n"), list("abcxyz你好世界")
+    blanks = [" ", " ", " ", "\t", "\r", "\u3000", "\xa0"]
+    rng = np.random.default_rng(31)
+    ordinary = 0
+    for trial in range(3000):
+        # marks and blanks from none to many; every other text without a space
+        p_mark, p_blank = rng.choice([0, .02, .1, .3]), rng.choice([0, .05, .3])
+        blank = blanks if trial % 2 else blanks[3:]
+        text = "".join(rng.choice(marks) if r < p_mark else
+                       rng.choice(blank) if r < p_mark + p_blank else rng.choice(letters)
+                       for r in rng.random(rng.integers(0, 120)))
+        got = segmented(text)
+        assert got == rescanned_segments(text, cut_without_space=True), text
+        if got == rescanned_segments(text, cut_without_space=False):
+            ordinary += 1
+        else:       # only a buffer of 32 characters with no space differs
+            assert any(len(s) == MAX_BUFFER and " " not in s for s in got), text
+    assert 500 < ordinary < 2500     # both kinds of text were tried
 
 
 def test_session_bad_input(realtime_tts):

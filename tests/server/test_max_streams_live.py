@@ -68,6 +68,7 @@ class SpokenAtTheEnd:
     def __init__(self, tts: LiveNano, words: dict):
         self.tts, self.words, self.text, self.chunks = tts, words, "", None
         self.turns_dropped, self.budget_cut, self.rows = 0, False, (0, 1000)
+        self.max_turn_chars = 32_000      # what the endpoint reads when the session opens
 
     def push_text(self, ch: str) -> np.ndarray:
         self.text += ch

@@ -125,6 +125,7 @@ class PasteSession:
 
     # what the live server reads of a session after each turn (its context, a budget cut)
     rows, budget_cut, turns_dropped = (0, 2048), False, 0
+    max_turn_chars = 32 * 2048         # read once, when the session opens
 
     def __init__(self, texts: list):
         self.texts = texts

@@ -4,6 +4,7 @@ stands in for the model (endless, held or failing generation); the queue, the th
 and the sockets are real. The tests wait on events (the stub's, or the app's through
 `Watched`), never for time to pass, so a busy machine only makes them slower."""
 
+import contextlib
 import http.client
 import json
 import logging
@@ -17,6 +18,8 @@ from moss_tts.server import create_app
 from moss_tts.server.connections import WRITE_TIMEOUT, Limits
 from moss_tts.server.worker import ModelWorker
 from tests.server.helpers import SR, StubTTS, call, raw_post, silent_wav_b64
+
+GUARD = 60      # seconds: only a broken worker makes a test wait this long
 
 
 class Watched:
@@ -115,6 +118,76 @@ def test_a_jobs_slot_is_free_when_its_outcome_is_seen(fails):
         assert again[0].result(10) == "again"
     finally:
         worker.close()
+
+
+class DecodesTogether:
+    """A model with `decoding_together`, which does nothing here: the worker's loop for
+    max_streams > 1 with jobs that only log what ran."""
+
+    @contextlib.contextmanager
+    def decoding_together(self, n):
+        yield
+
+
+def flood_beside_a_request(max_streams: int, *, one_at_a_time: bool) -> list[str]:
+    """What the worker ran, in order, when a live session's lane floods it with 10 jobs beside
+    a 5-chunk speech request: "session" per session job, "pull" per chunk of the request. The
+    session's first job holds the worker while the request and the flood are submitted (all
+    at once, or with `one_at_a_time` each job submitting the next, as a live connection
+    does), so the order is the worker's choice alone."""
+    worker = ModelWorker(DecodesTogether(), depth=4, max_streams=max_streams)
+    ran, holding, gate, flooded = [], threading.Event(), threading.Event(), threading.Event()
+
+    def session_job(left):       # `left` jobs of the flood after this one
+        def job(model):
+            ran.append("session")
+            if left == 0:
+                flooded.set()
+            elif one_at_a_time:
+                lane.submit(session_job(left - 1))
+        return job
+
+    def hold(model):
+        holding.set()
+        assert gate.wait(GUARD), "the test never released the worker"
+        session_job(9)(model)
+
+    def request(model):
+        for _ in range(5):
+            ran.append("pull")
+            yield None
+        return "spoken"
+    try:
+        lane = worker.open_lane()
+        lane.submit(hold)                # places the session (max_streams > 1)
+        assert holding.wait(GUARD)
+        spoken = worker.submit(request, stream=True)
+        for left in reversed(range(0 if one_at_a_time else 9)):
+            lane.submit(session_job(left))
+        gate.set()
+        assert spoken.result(GUARD) == "spoken" and flooded.wait(GUARD)
+        return ran
+    finally:
+        gate.set()
+        lane.release()
+        worker.close()
+
+
+def test_a_flooding_live_session_runs_one_job_between_two_pulls_of_a_request():
+    """max_streams > 1: a placed session's jobs go ahead of the line, but one a round: the
+    request beside it gets a pull between each two (issue 31, finding 3), not after them."""
+    ran = flood_beside_a_request(2, one_at_a_time=False)
+    assert ran[:10] == ["session", "pull"] * 5
+    assert ran.count("session") == 10
+
+
+def test_a_flooding_live_session_and_a_request_take_turns_with_one_stream():
+    """max_streams 1: jobs run in arrival order, a request through; a session that submits its
+    next job as the last ends (as a live connection does) lets a request that came meanwhile
+    run next, not after its flood."""
+    ran = flood_beside_a_request(1, one_at_a_time=True)
+    assert ran[:6] == ["session"] + ["pull"] * 5
+    assert ran.count("session") == 10
 
 
 def test_the_model_refuses_any_thread_but_its_worker():
