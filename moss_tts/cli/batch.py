@@ -76,8 +76,12 @@ def _batch(args) -> int:
 
 def add_parser(sub, common) -> None:
     """Register `batch` on the CLI's subparsers (`common`: the flags every command takes)."""
-    from ..models.registry import DEFAULT
+    from ..models.registry import DEFAULT, FAMILIES
     from ..batch.ray_runner import CONNECT_TIMEOUT_S
+
+    batched = [f.short for f in FAMILIES if f.batched]
+    takers = "a model of any family" if len(batched) == len(FAMILIES) else \
+        f"{', '.join(batched)} models only"
 
     p = sub.add_parser("batch", help="synthesize a JSONL/CSV manifest into a directory, resumably",
                        parents=[common])
@@ -95,8 +99,8 @@ def add_parser(sub, common) -> None:
                    "cores / workers; 1 per Ray actor)")
     p.add_argument("--streams", type=int, default=1, metavar="N",
                    help="lines each worker decodes together in one batched model, one row per "
-                   "line in each step (each line's audio is what it is alone); MOSS-TTS-Nano "
-                   "only so far; default 1")
+                   f"line in each step (each line's audio is what it is alone), with {takers}; "
+                   "default 1")
     p.add_argument("--backend", default="cpu",
                    help="ggml backend each worker opens: cpu (default), cuda, vulkan, metal, or "
                    "rpc://HOST:PORT (one worker: an RPC server serves one client at a time)")
