@@ -52,16 +52,19 @@ def _warn(bar: BatchProgress):
 
 def _batch(args) -> int:
     from ..batch.driver import run_batch
+    from ..lifetime import terminate_as_interrupt
 
     bar = BatchProgress(args.quiet)
-    try:
-        summary = run_batch(args.manifest, args.out, model=args.model, codec=args.codec,
-                            workers=args.workers, threads=args.threads, fmt=args.format,
-                            retries=args.retries, ray=args.ray, streams=args.streams,
-                            backend=args.backend, progress=bar,
-                            warn=None if args.quiet else _warn(bar))
-    finally:
-        bar.close()
+    # `kill` stops a run as Ctrl-C does: workers stopped, nothing half-written, one line
+    with terminate_as_interrupt():
+        try:
+            summary = run_batch(args.manifest, args.out, model=args.model, codec=args.codec,
+                                workers=args.workers, threads=args.threads, fmt=args.format,
+                                retries=args.retries, ray=args.ray, streams=args.streams,
+                                backend=args.backend, progress=bar,
+                                warn=None if args.quiet else _warn(bar))
+        finally:
+            bar.close()
     if not args.quiet or summary.failed:
         print(f"batch: {summary.total} lines: {summary.made} made, {summary.skipped} already done, "
               f"{len(summary.failed)} failed; {summary.audio_seconds:.1f} s of audio in {args.out}",
