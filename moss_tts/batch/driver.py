@@ -222,8 +222,8 @@ def check_backend(backend: str, workers: int | None, ray: str | None) -> None:
 
 def check_streams(streams: int, models) -> None:
     """--streams > 1 needs every model the lines use to decode several streams in one step
-    (its family's TTS class has a batched decoder, BATCHED): one error before any line runs, naming the
-    families that do. A model that does not load is its lines' own error, later."""
+    (Family.batched): one error before any line runs, naming the families that do. A model
+    that does not load is its lines' own error, later."""
     if streams == 1:
         return
     from ..models.registry import FAMILIES, family_of_model
@@ -233,8 +233,8 @@ def check_streams(streams: int, models) -> None:
             row = family_of_model(path)
         except (MossTTSError, OSError):
             continue
-        if row.tts_class().BATCHED is None:
-            takers = " or ".join(f.name for f in FAMILIES if f.tts_class().BATCHED is not None)
+        if not row.batched:
+            takers = " or ".join(f.name for f in FAMILIES if f.batched)
             raise InputError(f"--streams {streams}: {row.name} ({path}) decodes one line at a "
                              f"time; --streams > 1 takes {takers} models only (run more "
                              "lines at once with --workers)")

@@ -3,7 +3,9 @@ at a time, or up to `streams` lines together in one batched model (LineRunner.ru
 driver hands out lines, replaces a worker that dies and re-runs its lines.
 
 Ctrl-C reaches the whole process group; workers ignore it and the driver stops them, so only
-the driver decides what is written (nothing half-written: fileio.atomic_output).
+the driver decides what is written (nothing half-written: fileio.atomic_output). A worker
+whose driver is gone (killed, even with SIGKILL) ends at once, mid-line too
+(lifetime.end_with_parent).
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ import multiprocessing
 import signal
 from multiprocessing.connection import wait
 
+from ..lifetime import end_with_parent
 from .work import LineRunner
 
 STOP_TIMEOUT = 10.0  # seconds a worker gets to free its models after the last line
 
 
 def _worker_main(conn, threads: int, streams: int, backend: str) -> None:
+    end_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver handles Ctrl-C and stops us
     runner = LineRunner(threads, backend)
     try:
         while (tasks := conn.recv()) is not None:
             conn.send(runner.run_many(tasks, streams))
-    except EOFError:        # the driver is gone
+    except (EOFError, BrokenPipeError):     # the driver is gone
         pass
     finally:
         runner.close()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 from collections import deque
 from pathlib import Path
 
@@ -55,11 +57,18 @@ def _connect(ray, address: str) -> None:
         options.update(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
     else:
         options["address"] = address
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
         ray.init(**options)
     except (ConnectionError, ValueError) as e:   # no cluster there / not an address
         raise InputError(f"--ray {address}: no Ray cluster there ({str(e).splitlines()[0]}); "
                          "start one with `ray start --head`, or pass --ray local") from None
+    finally:
+        # ray.init makes SIGTERM sys.exit(15) (ray/_private/worker.py, `sigterm_handler`): the
+        # caller's handling stands (the CLI's stops the run as Ctrl-C does)
+        if main_thread and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def check_address(address: str) -> None:

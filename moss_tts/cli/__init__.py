@@ -13,11 +13,13 @@ import argparse
 import faulthandler
 import logging
 import os
+import signal
 import sys
 import warnings
 
 from .. import __version__
 from ..errors import MossTTSError
+from ..lifetime import Terminated
 from . import batch, codec, convert, info, serve, tts, voice
 from .common import check_backend
 
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Terminated:      # SIGTERM where a command takes it as Ctrl-C (batch)
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT

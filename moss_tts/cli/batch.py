@@ -52,16 +52,19 @@ def _warn(bar: BatchProgress):
 
 def _batch(args) -> int:
     from ..batch.driver import run_batch
+    from ..lifetime import terminate_as_interrupt
 
     bar = BatchProgress(args.quiet)
-    try:
-        summary = run_batch(args.manifest, args.out, model=args.model, codec=args.codec,
-                            workers=args.workers, threads=args.threads, fmt=args.format,
-                            retries=args.retries, ray=args.ray, streams=args.streams,
-                            backend=args.backend, progress=bar,
-                            warn=None if args.quiet else _warn(bar))
-    finally:
-        bar.close()
+    # `kill` stops a run as Ctrl-C does: workers stopped, nothing half-written, one line
+    with terminate_as_interrupt():
+        try:
+            summary = run_batch(args.manifest, args.out, model=args.model, codec=args.codec,
+                                workers=args.workers, threads=args.threads, fmt=args.format,
+                                retries=args.retries, ray=args.ray, streams=args.streams,
+                                backend=args.backend, progress=bar,
+                                warn=None if args.quiet else _warn(bar))
+        finally:
+            bar.close()
     if not args.quiet or summary.failed:
         print(f"batch: {summary.total} lines: {summary.made} made, {summary.skipped} already done, "
               f"{len(summary.failed)} failed; {summary.audio_seconds:.1f} s of audio in {args.out}",
@@ -76,8 +79,12 @@ def _batch(args) -> int:
 
 def add_parser(sub, common) -> None:
     """Register `batch` on the CLI's subparsers (`common`: the flags every command takes)."""
-    from ..models.registry import DEFAULT
+    from ..models.registry import DEFAULT, FAMILIES
     from ..batch.ray_runner import CONNECT_TIMEOUT_S
+
+    batched = [f.short for f in FAMILIES if f.batched]
+    takers = "a model of any family" if len(batched) == len(FAMILIES) else \
+        f"{', '.join(batched)} models only"
 
     p = sub.add_parser("batch", help="synthesize a JSONL/CSV manifest into a directory, resumably",
                        parents=[common])
@@ -95,8 +102,8 @@ def add_parser(sub, common) -> None:
                    "cores / workers; 1 per Ray actor)")
     p.add_argument("--streams", type=int, default=1, metavar="N",
                    help="lines each worker decodes together in one batched model, one row per "
-                   "line in each step (each line's audio is what it is alone); MOSS-TTS-Nano "
-                   "only so far; default 1")
+                   f"line in each step (each line's audio is what it is alone), with {takers}; "
+                   "default 1")
     p.add_argument("--backend", default="cpu",
                    help="ggml backend each worker opens: cpu (default), cuda, vulkan, metal, or "
                    "rpc://HOST:PORT (one worker: an RPC server serves one client at a time)")

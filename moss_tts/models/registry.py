@@ -64,6 +64,12 @@ class Family:
         design a voice, make a sound or take one per speaker do not."""
         return "reference" in inspect.signature(self.tts_class().stream).parameters
 
+    @property
+    def batched(self) -> bool:
+        """Whether it decodes several streams in one step (its TTS class has a batched decoder,
+        BATCHED: `synthesize_many`, `serve --max-streams`, `batch --streams`)."""
+        return self.tts_class().BATCHED is not None
+
     def convert(self, *args, **kwargs):
         """The family converter's `convert(model, out, *, outtype, strict, progress, ...)`; a
         converter shared by several checkpoints is told which one it writes."""

@@ -161,3 +161,24 @@ def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_l
     with pytest.raises(InputError, match="--streams ≥ 1"):
         run(mixed, tmp_path / "out", batch_models, streams=0)
     assert not (tmp_path / "out").exists()
+
+
+def batch_help(capsys) -> str:
+    from moss_tts.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["batch", "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_streams_help_names_the_families_the_registry_says_decode_together(capsys,
+                                                                           monkeypatch):
+    """issue 31 (finding 10): the help said "MOSS-TTS-Nano only so far" while every family took
+    --streams; it is read from the registry (Family.batched), as check_streams' error is."""
+    from moss_tts.models.realtime_tts import RealtimeTTS
+
+    text = batch_help(capsys)
+    assert "Nano only" not in text and "with a model of any family; default 1" in text
+    monkeypatch.setattr(RealtimeTTS, "BATCHED", None)
+    assert ("with Nano, Delay, TTSD, VoiceGenerator, SoundEffect, Local, Local v1.5 "
+            "models only; default 1") in batch_help(capsys)
