@@ -132,12 +132,20 @@ def add_parser(sub, common) -> None:
     p.set_defaults(func=_serve)
 
 
+def hosted_apart(backend: str | None) -> bool:
+    """Whether models on `backend` run in child processes (server/hosted.py): a backend that
+    can be lost mid-call (a remote one, a device) ends the process that calls it, so the
+    server keeps it apart; the CPU cannot be lost, and runs in this process."""
+    return backend is not None and backend.strip().lower() != "cpu"
+
+
 def load_models(args) -> dict:
     """serve's --model (repeatable; the default family's model without one) and --codec paired
     with them in order (each model's family default where missing) → {name: loaded TTS}, named
     moss-tts-<family> (the file's stem when two share a family). A failure closes what was
     loaded."""
     from ..models.registry import DEFAULT
+    from ..server.hosted import HostedModel, HostSpec
 
     specs, codecs = args.model or [DEFAULT.default_model], args.codec or []
     if len(codecs) > len(specs):
@@ -151,9 +159,13 @@ def load_models(args) -> dict:
                 else Path(spec).stem
             if name in models:
                 raise InputError(f"--model {spec}: the name {name!r} is taken; rename the file")
-            models[name] = family.tts_class().load(
-                path, codec=resolve(codec or family.default_codec, "codec", "--codec"),
-                backend=args.backend, threads=args.threads)
+            codec = resolve(codec or family.default_codec, "codec", "--codec")
+            if hosted_apart(args.backend):
+                models[name] = HostedModel(HostSpec(str(path), codec and str(codec),
+                                                    args.backend, args.threads), name)
+            else:
+                models[name] = family.tts_class().load(path, codec=codec, backend=args.backend,
+                                                       threads=args.threads)
     except BaseException:
         for tts in models.values():
             tts.close()

@@ -28,9 +28,9 @@ from importlib import resources
 import numpy as np
 
 from ..audio import time_stretch
-from ..errors import InputError
+from ..errors import BackendLost, InputError
 from ..knobs import renamed
-from ..voices import check_name, codec_info
+from ..voices import check_name
 from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_denials
 from .connections import WRITE_TIMEOUT
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
@@ -104,10 +104,11 @@ async def speech(request):
         check_content_type(request.headers)
         req = parse_speech(await read_body(request, timeout=request.app.state.body_timeout))
         model = served.pick(req.model)
+        model.check_available()
         return await (whole(request, served, model, req) if req.stream_format is None
                       else streamed(request, served, model, req))
-    except RequestError as e:
-        return error_response(e.status, first_line(e))
+    except (RequestError, BackendLost) as e:
+        return failure_response(e)
 
 
 async def upload_voice(request):
@@ -120,14 +121,15 @@ async def upload_voice(request):
             await read_body(request, timeout=request.app.state.body_timeout))
         check_name(name)
         owner = served.pick(model_name)
+        owner.check_available()
         await asyncio.to_thread(served.voices.check_room, name)   # before audio is decoded
-    except (RequestError, InputError) as e:
-        return error_response(getattr(e, "status", 400), first_line(e))
+    except (RequestError, InputError, BackendLost) as e:
+        return failure_response(e)
 
     def job(model):
         ref = model.encode_reference(*decode_upload(audio, "audio"))
         served.voices.add(name, ref.codes, {"source": "upload", "model": owner.name} |
-                          codec_info(model.codec))
+                          owner.codec)
         return int(ref.codes.shape[0])
 
     future = owner.worker.submit(job)
@@ -182,7 +184,7 @@ async def models(request):
          "channels": m.channels, "live": m.live, "codec": m.codec,
          "max_input_chars": MAX_INPUT_CHARS,     # of `input`, and of a live message's text
          "fields": m.fields, "required": m.required,     # served.py: what it takes
-         "free_places": m.worker.free_places}
+         "free_places": m.worker.free_places} | m.status()
         for name, m in request.app.state.served.models.items()]})
 
 
@@ -213,11 +215,19 @@ async def no_endpoint(request, exc):
 
 
 async def health(request):
+    """200 while the default model serves ("ok", or "degraded" naming the other models whose
+    backend is lost), 503 "unavailable" while it does not: a balancer sends its requests
+    elsewhere until the model is back."""
     from starlette.responses import JSONResponse
 
-    default = request.app.state.served.default
-    return JSONResponse({"status": "ok", "sample_rate": default.sample_rate,
-                         "channels": default.channels})
+    served = request.app.state.served
+    lost = {name: status for name, m in served.models.items()
+            if not (status := m.status())["available"]}
+    up = served.default.name not in lost
+    body = {"status": "unavailable" if not up else "degraded" if lost else "ok",
+            "sample_rate": served.default.sample_rate, "channels": served.default.channels}
+    return JSONResponse(body | ({"unavailable": lost} if lost else {}),
+                        status_code=200 if up else 503)
 
 
 # --- speech: a whole file, or a stream ----------------------------------------------------------

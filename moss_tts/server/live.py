@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ContextFull, MossTTSError
+from ..errors import BackendLost, ContextFull, MossTTSError
 from ..knobs import SPELLINGS
 from ..live import as_frames, push_as_typed
 from .formats import pcm_bytes
@@ -53,6 +53,7 @@ LIVE_FIELDS = ("model", "voice", "reference_audio", "format", *SPELLINGS)   # kn
 MESSAGE_FIELDS = ("type", "text", "user_text")
 SLICE_CHARS = 32     # text handed to one worker job: a leaving client waits at most one slice
 CLOSE_ERROR, CLOSE_INTERNAL = 1008, 1011      # WebSocket close codes: policy, server failure
+CLOSE_RETRY = 1013     # ... try again later: the model's backend is lost (hosted.py)
 LIVE_IDLE = 60.0     # seconds a live client may send nothing while nothing is spoken
 
 
@@ -173,6 +174,7 @@ async def live_endpoint(websocket) -> None:
                                     f"MOSS-TTS-Realtime model: "
                                     f"{', '.join(served.live_names()) or 'none is served'}")
         words = model.stream_keywords(config) | served.live_rows()
+        model.check_available()
         lane = model.worker.open_lane()
         if lane is None:
             raise RequestError(503, "busy: too many requests are waiting; retry shortly")
@@ -205,8 +207,9 @@ async def send_error(websocket, e: Exception) -> None:
         f"internal error: {first_line(e)}"
     try:
         await websocket.send_json({"type": "error", "message": message})
-        await websocket.close(CLOSE_ERROR if isinstance(e, MossTTSError) else CLOSE_INTERNAL,
-                              reason=close_reason(message))
+        code = CLOSE_RETRY if isinstance(e, BackendLost) else \
+            CLOSE_ERROR if isinstance(e, MossTTSError) else CLOSE_INTERNAL
+        await websocket.close(code, reason=close_reason(message))
     except Exception:  # the client left meanwhile: nobody to tell  # noqa: BLE001
         pass
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..errors import MossTTSError
+from ..errors import BackendLost, MossTTSError
 from .access import error_body, printable, refuse
 from .formats import StreamEncoder
 from .request import RequestError
 from .worker import AudioChannel
+
+# Retry-After (s) of a 503 for a model whose backend is lost: its host retries within seconds
+# at first (hosted.py RESTART_DELAYS)
+LOST_RETRY_AFTER = 5
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +35,12 @@ def error_response(status: int, message: str, **headers):
 
 
 def failure_response(e: BaseException):
-    """A job's exception → 4xx for the caller's mistakes, 500 (logged) for ours."""
+    """A job's exception → 4xx for the caller's mistakes, 503 for a model whose backend is
+    lost (the same request may succeed once it is back), 500 (logged) for ours."""
     if isinstance(e, RequestError):
         return error_response(e.status, first_line(e))
+    if isinstance(e, BackendLost):
+        return error_response(503, first_line(e), **{"Retry-After": str(LOST_RETRY_AFTER)})
     if isinstance(e, MossTTSError):
         return error_response(400, first_line(e))
     log_internal("speech request failed", e)

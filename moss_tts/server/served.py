@@ -4,11 +4,11 @@ event loop may know of it without touching it, and how a request picks one. The 
 
 from __future__ import annotations
 
-from ..errors import InputError, VoiceError
+from ..errors import BackendLost, InputError, VoiceError
 from ..knobs import KNOBS, check_required, synthesis_keywords, takes
 from ..models.batching import MAX_STREAMS
-from ..reference import codec_info
 from ..speakers import speakers_argument
+from .hosted import HostedModel, ModelInfo, describe
 from .request import RequestError, decode_upload
 from .responses import first_line
 from .voice_index import VoiceIndex
@@ -18,18 +18,16 @@ from .worker import ModelWorker
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
-def streams_of(tts, max_streams: int | None) -> int:
+def streams_of(info: ModelInfo, max_streams: int | None) -> int:
     """The stream places of a model: --max-streams as given (N > 1 needs a model whose family
     has a batched decoder, its class's BATCHED, models/batching.py), or with None ("auto", the
     CLI's default) MAX_STREAMS for a batched family and 1 for another: a batch of one costs
     0-5 % more than the one-stream loop, and under load 4 streams make 1.8-3.8× the audio of
     one (docs/performance.md, "Several streams")."""
-    batched = getattr(type(tts), "BATCHED", None) is not None
     if max_streams is None:
-        return MAX_STREAMS if batched else 1
-    if max_streams > 1 and not batched:
-        name = getattr(tts, "NAME", None) or type(tts).__name__
-        raise InputError(f"--max-streams {max_streams}: {name} decodes one request at a "
+        return MAX_STREAMS if info.batched else 1
+    if max_streams > 1 and not info.batched:
+        raise InputError(f"--max-streams {max_streams}: {info.name} decodes one request at a "
                          "time; give --max-streams 1 or auto (only a family with a batched "
                          "decoder takes more)")
     return max_streams
@@ -42,8 +40,11 @@ class ServedModel:
     def __init__(self, name: str, tts, queue_depth: int, thread_name: str, max_streams: int = 1):
         from ..models.registry import family
 
-        self.name, self.sample_rate, self.channels = name, tts.sample_rate, tts.channels
-        self.family = family(type(tts).FAMILY)
+        info = describe(tts)
+        self.name, self.sample_rate, self.channels = name, info.sample_rate, info.channels
+        self.family = family(info.family)
+        # a model in a child process (hosted.py) can be lost and come back; one here cannot
+        self.hosted = tts if isinstance(tts, HostedModel) else None
         self.clones = self.family.takes_reference    # `voice` / `reference_audio` clone one
         # the request fields it takes beyond OpenAI's own (/v1/models lists them, so a client,
         # the page among them, offers only those): a stored voice and uploaded speech where it
@@ -51,10 +52,24 @@ class ServedModel:
         self.fields = (["voice", "reference_audio"] if self.clones else []) + [
             k.name for k in KNOBS if takes(self.family, k)]
         self.required = [k.name for k in KNOBS if k.keyword in self.family.required]
-        self.live = callable(getattr(type(tts), "session", None))   # /v1/audio/live serves it
+        self.live = info.live                      # /v1/audio/live serves it
         # what its voices must have been made by (the page lists only those); None: no codec
-        self.codec = None if getattr(tts, "codec", None) is None else codec_info(tts.codec)
+        self.codec = info.codec
         self.worker = ModelWorker(tts, queue_depth, thread_name, max_streams)
+
+    def status(self) -> dict:
+        """{"available": bool, and while not: "problem", "retry_in" (s)}."""
+        return self.hosted.status() if self.hosted is not None else {"available": True}
+
+    def check_available(self) -> None:
+        """A 503 for a request to a model whose backend is lost, before it takes a place."""
+        if self.hosted is not None and not self.hosted.available:
+            raise BackendLost(self.hosted.unavailable())
+
+    def close(self) -> None:
+        self.worker.close()
+        if self.hosted is not None:
+            self.hosted.close()
 
     def stream_keywords(self, req) -> dict:
         """`stream`'s keywords for a request's knobs: the family's options over its defaults,
@@ -89,7 +104,7 @@ class ServedModels:
     def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float,
                  live_idle: float, live_context: int | None = None,
                  max_streams: int | None = 1):
-        places = {name: streams_of(tts, max_streams)    # before any worker starts
+        places = {name: streams_of(describe(tts), max_streams)   # before any worker starts
                   for name, tts in models.items()}
         self.models = {name: ServedModel(name, tts, queue_depth,
                                          "moss-tts-model" if i == 0 else f"moss-tts-model-{name}",
@@ -163,4 +178,4 @@ class ServedModels:
 
     def close(self) -> None:
         for m in self.models.values():
-            m.worker.close()
+            m.close()
