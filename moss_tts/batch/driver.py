@@ -120,8 +120,10 @@ class Job:
                              "fix permissions, then rerun to resume") from None
 
     def lost(self, task: dict, why: str) -> None:
-        """The worker running `task` died (a crash, a kill) or its result was lost: a
-        retryable failure of the line."""
+        """The worker running `task` died (a crash, a kill, its backend lost) or its result was
+        lost: a retryable failure of the line, said at once (its record keeps only the last)."""
+        if self.warn and task["attempt"] <= self.retries:
+            self.warn(task["id"], [f"{why}: the line is tried again"])
         self.finish(task, {"status": "failed", "error": why, "retry": True, "seconds": None})
 
     def _record(self, task: dict, outcome: dict) -> None:

@@ -11,9 +11,12 @@ whose driver is gone (killed, even with SIGKILL) ends at once, mid-line too
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from ..ggml.log import abort_cause, on_abort
 from ..lifetime import end_with_parent
 from .work import LineRunner
 
@@ -23,6 +26,7 @@ STOP_TIMEOUT = 10.0  # seconds a worker gets to free its models after the last l
 def _worker_main(conn, threads: int, streams: int, backend: str) -> None:
     end_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver handles Ctrl-C and stops us
+    on_abort(lambda message: _lost(conn, message))
     runner = LineRunner(threads, backend)
     try:
         while (tasks := conn.recv()) is not None:
@@ -31,6 +35,22 @@ def _worker_main(conn, threads: int, streams: int, backend: str) -> None:
         pass
     finally:
         runner.close()
+
+
+def _lost(conn, message: str) -> None:
+    """ggml is ending this worker (its backend lost mid-line: ggml/log.py): the driver hears
+    why, in place of the outcomes it waits for."""
+    try:
+        conn.send(LostBackend(message))
+    finally:
+        os._exit(1)
+
+
+@dataclass(frozen=True)
+class LostBackend:
+    """What a worker sends instead of its outcomes when ggml ends it."""
+
+    message: str
 
 
 class _Worker:
@@ -89,19 +109,22 @@ def run_local(job, workers: int, threads: int, streams: int = 1, backend: str = 
 
 def _collect(job, w: _Worker, ctx, threads: int, streams: int, backend: str) -> _Worker:
     """Take a ready worker's outcomes; a dead worker's lines are retried on a fresh worker."""
+    why = None
     try:
         if w.conn.poll():
             outcomes = w.conn.recv()
-            tasks, w.tasks = w.tasks, None
-            for task, outcome in zip(tasks, outcomes, strict=True):
-                job.finish(task, outcome)
-            return w
+            if not isinstance(outcomes, LostBackend):
+                tasks, w.tasks = w.tasks, None
+                for task, outcome in zip(tasks, outcomes, strict=True):
+                    job.finish(task, outcome)
+                return w
+            why = f"{abort_cause(outcomes.message)} on {backend}; its worker ended"
     except (EOFError, OSError):
         pass
     w.process.join()
     tasks, w.tasks = w.tasks, None
     for task in tasks:
-        job.lost(task, f"worker process died (exit code {w.process.exitcode})")
+        job.lost(task, why or f"worker process died (exit code {w.process.exitcode})")
     job.summary.replaced_workers += 1
     w.stop(False)
     return _Worker(ctx, threads, streams, backend)

@@ -99,8 +99,9 @@ class LocalServer:
     first: ggml aborts the process when a buffer it frees cannot reach its server.
     """
 
-    def __init__(self, threads: int = 1, *, start_timeout: float = 60.0):
-        self.endpoint = f"127.0.0.1:{_free_port()}"
+    def __init__(self, threads: int = 1, *, start_timeout: float = 60.0,
+                 endpoint: str | None = None):
+        self.endpoint = endpoint or f"127.0.0.1:{_free_port()}"   # a given one: a restart
         self.name = SCHEME + self.endpoint
         self._log = tempfile.TemporaryFile()
         env = dict(os.environ)
@@ -108,7 +109,8 @@ class LocalServer:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH")]))
         env[_lib.LIB_DIR_ENV] = str(_lib.get().lib_dir)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moss_tts.ggml.rpc", self.endpoint, "--threads", str(threads)],
+            [sys.executable, "-m", "moss_tts.ggml.rpc", self.endpoint, "--threads", str(threads),
+             "--with-parent"],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_ready(start_timeout)
@@ -157,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Serve this machine's CPU backend over ggml RPC.")
     parser.add_argument("endpoint", help="HOST:PORT to listen on, e.g. 127.0.0.1:50052")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of the served backend")
+    # LocalServer's: the server ends with the process that started it (lifetime.py)
+    parser.add_argument("--with-parent", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.with_parent:
+        from ..lifetime import end_with_parent
+        end_with_parent()
     try:
         serve(args.endpoint, args.threads)
     except BackendError as e:
