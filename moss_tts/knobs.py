@@ -162,7 +162,7 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
 
 def _within_some_family(knob: Knob, value, surface: str):
     """A sampling value some family's options class takes (each family's own check runs again
-    once the family is known: a temperature of 0 is greedy for Delay, an error for Nano)."""
+    once the family is known: a top-k is bounded by Delay's and Nano's classes alike)."""
     from .models.registry import FAMILIES
 
     first = None
@@ -249,13 +249,32 @@ def check_required(family, words: dict, surface: str) -> None:
 def renamed(error: InputError, surface: str, given_as: dict | None = None) -> InputError:
     """An InputError raised by the API (naming an options field or `stream` keyword first)
     spelled as `surface` names that knob, so a CLI user reads `--n-vq`, not
-    `n_vq_for_inference`."""
-    message = str(error)
+    `n_vq_for_inference`; a knob the message quotes in backticks (`greedy`) too."""
+    message = quoted_knobs(str(error), surface)
     for knob in KNOBS:
         for api in {knob.field, knob.keyword} - {None}:
             if message.startswith(api + " ") or message.startswith(api + ":"):
                 return InputError(spelled(knob, surface, given_as) + message[len(api):])
-    return error
+    return error if message == str(error) else InputError(message)
+
+
+def quoted_knobs(message: str, surface: str) -> str:
+    """Each knob named in backticks in an API message (`greedy`), as `surface` spells it."""
+    if surface == "api":
+        return message
+    for knob in KNOBS:
+        message = message.replace(f"`{knob.name}`", spelled(knob, surface))
+    return message
+
+
+def advice(warning, surface: str) -> str:
+    """A BudgetWarning's text with the knob it advises raising (its `keyword`) spelled as
+    `surface` names it (`raise max_frames` → `raise --max-frames`)."""
+    text, keyword = str(warning), getattr(warning, "keyword", None)
+    for knob in KNOBS:
+        if keyword and knob.keyword == keyword:
+            text = text.replace(f"raise {keyword}", f"raise {spelled(knob, surface)}")
+    return text
 
 
 def family_defaults(knob: Knob, families) -> str:

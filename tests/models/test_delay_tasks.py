@@ -17,7 +17,7 @@ from moss_tts.reference import Reference
 from moss_tts.sampling import DelaySamplingOptions
 
 CFG = tiny_config(n_vq=PUBLISHED_N_VQ)
-GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = DelaySamplingOptions().greedy()
 
 
 def codes(frames, seed):
