@@ -124,7 +124,7 @@ def check_speaker_voices(specs: list | None) -> None:
 
 
 def _tts(args) -> int:
-    from ..knobs import renamed
+    from ..knobs import bounded_text, renamed
 
     # --live: stdin is read as it arrives; --sound: the sound is described instead of a text
     described = args.sound is not None and args.text is None and args.text_file is None
@@ -141,6 +141,7 @@ def _tts(args) -> int:
     check_prompt_flags(args, family)
     check_reference_flags(args, family)
     words = knob_keywords(args, family)     # every knob checked before anything loads
+    bounded_text(cls, text, "cli", _text_source(args))    # and the family's bound on the text
     check_speaker_voices(words.get("speakers"))
     codec = resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
     try:
@@ -213,6 +214,13 @@ def _check_tts_flags(args) -> None:
     if args.sound is not None and (args.text is not None or args.text_file is not None):
         raise InputError("--sound describes the sound instead of a text: leave out "
                          f"--text{'-file' if args.text is None else ''}")
+
+
+def _text_source(args) -> str:
+    """The flag that gave the text, as an error names it."""
+    if args.text_file is not None:
+        return "--text-file"
+    return "--text" if args.text is not None else "the text on stdin"
 
 
 def _read_text(args) -> str:

@@ -131,7 +131,7 @@ def test_sound_effect_prompt_is_the_description_and_duration_without_text(publis
     (None, {}, r"^sound: describe the sound"),
     ("Rain.", {"sound": "Rain."}, r"not both"),
     (None, {"sound": "  "}, r"^sound is empty"),
-    (None, {"sound": "Rain.", "seconds": 0}, r"^seconds must be > 0"),
+    (None, {"sound": "Rain.", "seconds": 0}, r"^seconds must be above 0"),
 ])
 def test_bad_sound_effect_input_is_one_line_naming_it(published_tts, text, kw, match):
     with pytest.raises(InputError, match=match) as e:

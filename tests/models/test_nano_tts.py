@@ -460,8 +460,8 @@ BAD_ARGUMENTS = {
     "reference as a list of words": (dict(reference=["a", "b"]), "codes must be integers"),
     "prompt as a path": (dict(prompt="p.wav", prompt_text="Hi."), "prompt cannot be a str"),
     "options as a dict": (dict(options={"do_sample": False}), r"SamplingOptions\(\*\*options\)"),
-    "seed -1": (dict(seed=-1), "seed must be a whole number"),
-    "seed 'a'": (dict(seed="a"), "seed must be a whole number"),
+    "seed -1": (dict(seed=-1), "seed must be at least 0"),        # the knob table's words
+    "seed 'a'": (dict(seed="a"), "seed must be an integer"),
     "seed 1.5": (dict(seed=1.5), "seed must be a whole number"),
     "max_frames 0": (dict(max_frames=0), "max_frames"),
     "max_frames '9'": (dict(max_frames="9"), "max_frames"),
