@@ -219,7 +219,9 @@ class CodecTTS(NativeResource):
             if close is not None:
                 close()
         if cuts and samples:    # no audio at all is the error below, which says why
-            warnings.warn(BudgetWarning(self._cut_message(cuts), self.BUDGET.keyword),
+            message = self._cut_message(cuts)
+            knob = self.BUDGET.keyword if any(c.set_by is None for c in cuts) else None
+            warnings.warn(BudgetWarning(f"{request}: {message}" if request else message, knob),
                           stacklevel=2)
         if samples == 0:
             b = self.BUDGET
