@@ -318,7 +318,9 @@ class CodecTTS(NativeResource):
         leaves it, so a request's audio never depends on the others it ran beside.
         `around(i)`: a context manager entered around each pull of request i's audio, where
         what its stream warns (a frame budget's cut, a stall) is emitted, so a caller can tell
-        each request's warnings apart (batch/work.py). An error is raised for the whole call.
+        each request's warnings apart (batch/work.py); without it, a frame budget's warning
+        names its request (`requests[2]: ...`). An error is raised for the whole call, led by
+        the request whose stream raised it (`requests[2]: ...`).
 
         >>> tts.synthesize_many([{"text": "Hello.", "seed": 1},             # doctest: +SKIP
         ...                      {"text": "Bonjour.", "seed": 2}])
@@ -332,9 +334,26 @@ class CodecTTS(NativeResource):
             kwargs.append(dict(request))
         with self.decoding_together(max_streams):
             # each stream checks its arguments now and takes its frames from the batch
-            streams = [self.stream(kw.pop("text", None), **kw) for kw in kwargs]
+            streams = [self._request_stream(i, kw, named=around is None)
+                       for i, kw in enumerate(kwargs)]
+            outer = around or (lambda i: contextlib.nullcontext())
+
+            @contextlib.contextmanager
+            def pulled(i):
+                with request_errors(i), outer(i):
+                    yield
             return [(np.concatenate(audio), self.sample_rate)
-                    for audio in round_robin(streams, around)]
+                    for audio in round_robin(streams, pulled)]
+
+    def _request_stream(self, i: int, kw: dict, *, named: bool):
+        """Request i's stream of synthesize_many (its errors, and with `named` its budget
+        warning, led by `requests[i]`)."""
+        token = REQUEST.set(f"requests[{i}]" if named else None)
+        try:
+            with request_errors(i):
+                return self.stream(kw.pop("text", None), **kw)
+        finally:
+            REQUEST.reset(token)
 
     # -- references -------------------------------------------------------------------------
     def _reference(self, value, what: str) -> Reference | None:
