@@ -2,8 +2,10 @@
 it sets, its type, its bounds and its help. The `tts` flags, the server's request fields and
 live config, and the batch manifest's columns are all generated from `KNOBS`, and every front
 end turns what a user gave into a family's `stream` keywords through `synthesis_keywords`, so
-they cannot disagree. A sampling knob's bounds are its options class's own (its `__post_init__`
-checks them); which families take a knob is read from their options classes and registry rows.
+they cannot disagree; the Python API checks its `stream` keywords against the same table
+(`checked_keywords`, run by tts.family_stream), so a bound holds on every surface. A sampling
+knob's bounds are its options class's own (its `__post_init__` checks them); which families
+take a knob is read from their options classes and registry rows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .speakers import speaker_specs
 
 SEED_LIMIT = 2**32                   # numpy's seed range for one 32-bit word
 MAX_PROMPT_CHARS = 1024              # a style instruction or a language name, not a text
+# how each surface names the text a family speaks (its TTS class's MAX_TEXT_CHARS bounds it)
+TEXT_NAMES = {"api": "text", "cli": "--text", "request": "'input'", "manifest": "text"}
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,8 @@ class Knob:
     """`name` is the manifest column and request field; the flag is `--name` with dashes.
     `field` sets the family's options class (sampling), `keyword` a `stream` keyword; `low` and
     `high` bound it for every family (a string's length for `high`), `limit(tts_class)` is the
-    family's own upper bound where it has one, `check(tts_class, value)` the family's own
+    family's own upper bound where it has one (a string's length, too; None: no bound),
+    `check(tts_class, value)` the family's own
     rule for a value (returning it as the family takes it); `aliases` are older spellings
     every surface still accepts (the first is also a flag). A list knob (`kind` list) has a
     form of its own: `items(value, name, surface, from_text=)` checks it as JSON gives it (a
@@ -84,12 +89,16 @@ KNOBS = (
     Knob("instruction", str, "a description of the voice (e.g. 'a calm, low female voice')",
          keyword="instruction", high=MAX_PROMPT_CHARS,
          aliases=("instructions",)),                           # OpenAI's speech field
-    Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens"),
-    Knob("seconds", float, "the duration in seconds (or tokens)", keyword="seconds", low=0),
+    # a duration longer than the family's frame budget can ever make could never be heard
+    Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens",
+         limit=lambda cls: cls.BUDGET.limit),
+    Knob("seconds", float, "the duration in seconds (or tokens)", keyword="seconds", low=0,
+         limit=lambda cls: cls.BUDGET.limit / cls.FRAME_RATE),
     Knob("n_vq", int, "codebooks to generate and decode (variable bitrate; default all)",
          keyword="n_vq_for_inference"),
+    # the description is the family's text: its class's MAX_TEXT_CHARS bounds both
     Knob("sound", str, "the sound to make, described (e.g. 'rain on a tin roof'; instead of "
-         "the text)", keyword="sound", high=MAX_PROMPT_CHARS),
+         "the text)", keyword="sound", limit=lambda cls: cls.MAX_TEXT_CHARS),
     # a request's or manifest's list of speakers (speakers.py); the CLI's --speaker
     # N=SRC[:TRANSCRIPT] gives one, SRC a stored voice or an audio file
     Knob("speakers", list, "speaker N's voice, one flag per speaker: SRC a stored voice (with "
@@ -102,10 +111,13 @@ SAMPLING = tuple(k for k in KNOBS if k.field)
 
 
 def spelled(knob: Knob, surface: str, given_as: dict | None = None) -> str:
-    """How `surface` ("cli", "request", "manifest") names a knob in an error: as the user
-    spelled it where `given_as` (knob name → spelling) says, else by its name."""
+    """How `surface` ("cli", "request", "manifest", "api") names a knob in an error: as the
+    user spelled it where `given_as` (knob name → spelling) says, else by its name (the API:
+    its `stream` keyword or options field)."""
     if surface == "cli":
         return knob.flag
+    if surface == "api":
+        return knob.keyword or knob.field or knob.name
     name = (given_as or {}).get(knob.name, knob.name)
     return repr(name) if surface == "request" else name
 
@@ -162,7 +174,7 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
 
 def _within_some_family(knob: Knob, value, surface: str):
     """A sampling value some family's options class takes (each family's own check runs again
-    once the family is known: a temperature of 0 is greedy for Delay, an error for Nano)."""
+    once the family is known: a top-k is bounded by Delay's and Nano's classes alike)."""
     from .models.registry import FAMILIES
 
     first = None
@@ -221,16 +233,60 @@ def synthesis_keywords(family, given: dict, surface: str, *, lenient: tuple[str,
     for knob, value in knobs.items():
         if knob.keyword is None:
             continue
-        if knob.limit is not None and value > knob.limit(cls):
-            raise InputError(f"{spelled(knob, surface, given_as)} must be at most "
-                             f"{knob.limit(cls)} for {family.name}, got {value}")
-        if knob.check is not None:
-            try:
-                value = knob.check(cls, value)
-            except InputError as e:
-                raise renamed(e, surface, given_as) from None
-        words[knob.keyword] = value
+        try:
+            words[knob.keyword] = within_family(knob, cls, value,
+                                                spelled(knob, surface, given_as))
+        except InputError as e:
+            raise renamed(e, surface, given_as) from None
     return words
+
+
+def within_family(knob: Knob, tts_class, value, name: str):
+    """A parsed value within the family's own limit for `knob` (a text's length) and as the
+    family takes it (its `check`); the InputError names `name`."""
+    most = None if knob.limit is None else knob.limit(tts_class)
+    size = len(value) if isinstance(value, str) else value
+    if most is not None and size > most:
+        unit = " characters" if isinstance(value, str) else ""
+        raise InputError(f"{name} must be at most {shown(most)}{unit} for {tts_class.NAME}, "
+                         f"got {shown(size)}")
+    return value if knob.check is None else knob.check(tts_class, value)
+
+
+def shown(number) -> str:
+    """A bound or a value as an error writes it: whole numbers in full, others short (1e+300)."""
+    if float(number).is_integer() and abs(number) < 1e16:
+        return str(int(number))
+    return f"{number:g}"
+
+
+def checked_keywords(tts_class, keywords: dict) -> dict:
+    """The Python API's side of the table (tts.family_stream runs it before anything else):
+    each `stream` keyword that is a knob's (not `options`, not a list), checked as the front
+    ends check what a user gives — its type, the bounds every family shares and the family's
+    own — so each bound holds on every surface; the InputError names the keyword. The frame
+    budget is left to the family's FrameBudget, which checks the same limit."""
+    out = dict(keywords)
+    for knob in KNOBS:
+        if knob.keyword in (None, tts_class.BUDGET.keyword) or knob.kind is list \
+                or out.get(knob.keyword) is None:
+            continue
+        value = parse(knob, out[knob.keyword], "api", from_text=False)
+        out[knob.keyword] = within_family(knob, tts_class, value, knob.keyword)
+    return out
+
+
+def bounded_text(tts_class, text, surface: str, name: str | None = None):
+    """The text a family speaks within the family's bound (its TTS class's MAX_TEXT_CHARS:
+    MOSS-SoundEffect's description, one prompt that is never cut into chunks; None where a
+    long text is cut into chunks), checked by every front end before the model is used, and
+    by the API; the InputError names the text as the surface does (`name`: the flag that
+    gave it)."""
+    most = getattr(tts_class, "MAX_TEXT_CHARS", None)
+    if most is not None and isinstance(text, str) and len(text) > most:
+        raise InputError(f"{name or TEXT_NAMES[surface]} must be at most {most} characters "
+                         f"for {tts_class.NAME}, got {len(text)}")
+    return text
 
 
 def check_required(family, words: dict, surface: str) -> None:
@@ -249,13 +305,32 @@ def check_required(family, words: dict, surface: str) -> None:
 def renamed(error: InputError, surface: str, given_as: dict | None = None) -> InputError:
     """An InputError raised by the API (naming an options field or `stream` keyword first)
     spelled as `surface` names that knob, so a CLI user reads `--n-vq`, not
-    `n_vq_for_inference`."""
-    message = str(error)
+    `n_vq_for_inference`; a knob the message quotes in backticks (`greedy`) too."""
+    message = quoted_knobs(str(error), surface)
     for knob in KNOBS:
         for api in {knob.field, knob.keyword} - {None}:
             if message.startswith(api + " ") or message.startswith(api + ":"):
                 return InputError(spelled(knob, surface, given_as) + message[len(api):])
-    return error
+    return error if message == str(error) else InputError(message)
+
+
+def quoted_knobs(message: str, surface: str) -> str:
+    """Each knob named in backticks in an API message (`greedy`), as `surface` spells it."""
+    if surface == "api":
+        return message
+    for knob in KNOBS:
+        message = message.replace(f"`{knob.name}`", spelled(knob, surface))
+    return message
+
+
+def advice(warning, surface: str) -> str:
+    """A BudgetWarning's text with the knob it advises raising (its `keyword`) spelled as
+    `surface` names it (`raise max_frames` → `raise --max-frames`)."""
+    text, keyword = str(warning), getattr(warning, "keyword", None)
+    for knob in KNOBS:
+        if keyword and knob.keyword == keyword:
+            text = text.replace(f"raise {keyword}", f"raise {spelled(knob, surface)}")
+    return text
 
 
 def family_defaults(knob: Knob, families) -> str:

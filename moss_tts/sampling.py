@@ -7,7 +7,9 @@ Greedy is each family's upstream greedy, a separate path (C19): every options cl
 `greedy()` (these options with upstream's do_sample=False) and `is_greedy`, and says per
 channel what upstream runs on it (`Channel`). Upstream's greedy keeps the audio repetition
 penalty before the argmax in Nano, Local v1.5, Realtime and Delay; MossTTSLocal's `_sample`
-runs no processor at all on a greedy channel, penalty included.
+runs no processor at all on a greedy channel, penalty included. One rule for every family
+(issue 31): a sampled channel's temperature is above 0, and a temperature of 0 is an error
+naming the switch, never greedy by another name.
 """
 
 from __future__ import annotations
@@ -82,9 +84,16 @@ def _check_switched(opts, temperatures: tuple[str, ...]) -> None:
                                       or not isinstance(value, (int, float, np.number))):
             raise InputError(f"{f.name} must be a number, got {value!r}")
     for name in temperatures:
-        if opts.do_sample and not 0 < getattr(opts, name) < math.inf:
-            raise InputError(f"{name} must be finite and > 0 when sampling (use greedy "
-                             f"instead of 0), got {getattr(opts, name)}")
+        _check_temperature(opts, name, opts.do_sample)
+
+
+def _check_temperature(opts, name: str, sampled: bool) -> None:
+    """A sampled channel's temperature is finite and above 0; greedy is its own switch (the
+    `greedy` knob), so 0 is refused on every family alike, never read as greedy."""
+    t = getattr(opts, name)
+    if sampled and not 0 < t < math.inf:
+        raise InputError(f"{name} must be finite and > 0, got {t} (greedy decoding is the "
+                         "`greedy` switch, not a temperature of 0)")
 
 
 def _check_filters(opts, group: str) -> None:
@@ -130,7 +139,10 @@ class LocalV15SamplingOptions(SamplingOptions):
 @dataclass(frozen=True)
 class DelaySamplingOptions:
     """MossTTSDelay's knobs with upstream defaults (docs/upstream-notes.md §family-2.7: text 1.5 /
-    1.0 / 50, audio 1.7 / 0.8 / 25 / 1.0); a temperature of 0 makes that channel greedy."""
+    1.0 / 50, audio 1.7 / 0.8 / 25 / 1.0). Upstream's `generate` keeps a do_sample per channel
+    (it reads a temperature of 0 as do_sample=False); here each is its own switch,
+    `text_do_sample` and `audio_do_sample`, and a temperature is above 0 (one rule for every
+    family: greedy is a switch, C19)."""
 
     text_temperature: float = 1.5
     text_top_p: float = 1.0
@@ -139,26 +151,28 @@ class DelaySamplingOptions:
     audio_top_p: float = 0.8
     audio_top_k: int = 25
     audio_repetition_penalty: float = 1.0
+    text_do_sample: bool = True
+    audio_do_sample: bool = True
 
     def __post_init__(self):
         for group in ("text", "audio"):
-            t = getattr(self, f"{group}_temperature")
-            if not t >= 0:
-                raise InputError(f"{group}_temperature must be ≥ 0 (0 = greedy), got {t}")
+            switch = getattr(self, f"{group}_do_sample")
+            if not isinstance(switch, (bool, np.bool_)):
+                raise InputError(f"{group}_do_sample must be True or False, got {switch!r}")
+            _check_temperature(self, f"{group}_temperature", switch)
             _check_filters(self, group)
 
     def greedy(self):
-        """These options with both channels greedy (upstream's `generate` turns a temperature
-        of 0 into do_sample=False for that channel)."""
-        return replace(self, text_temperature=0, audio_temperature=0)
+        """These options with both channels greedy (upstream's do_sample=False on each)."""
+        return replace(self, text_do_sample=False, audio_do_sample=False)
 
     @property
     def text_greedy(self) -> bool:
-        return self.text_temperature == 0
+        return not self.text_do_sample
 
     @property
     def audio_greedy(self) -> bool:
-        return self.audio_temperature == 0
+        return not self.audio_do_sample
 
     @property
     def is_greedy(self) -> bool:
@@ -204,8 +218,8 @@ class RealtimeSamplingOptions(DoSampleSwitch):
 class LocalSamplingOptions(DelaySamplingOptions):
     """MossTTSLocal's knobs with upstream defaults (docs/upstream-notes.md §family-3.6: text 1.5 /
     1.0 / 50, audio 1.0 / 0.95 / 50 / 1.1, the penalty per channel over prompt + generated codes);
-    a temperature of 0 makes that channel greedy: the plain argmax, without the penalty
-    (upstream's `_sample` builds no processor for a do_sample=False channel)."""
+    a greedy channel (its do_sample off) is the plain argmax, without the penalty (upstream's
+    `_sample` builds no processor for a do_sample=False channel)."""
 
     audio_temperature: float = 1.0
     audio_top_p: float = 0.95

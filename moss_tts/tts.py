@@ -6,6 +6,7 @@ reserved, one budget warning per utterance, and no audio as an error, never 0 sa
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import warnings
@@ -16,8 +17,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .audio import as_sample_rate, as_samples, trim_reference
-from .errors import BudgetWarning, InputError, ModelFileError, VoiceError, whole_number
+from .errors import (BudgetWarning, InputError, ModelFileError, MossTTSError, VoiceError,
+                     whole_number)
 from .ggml.backend import NativeResource, released_on_error
+from .knobs import bounded_text, checked_keywords, shown
 from .models.batching import MAX_STREAMS, BatchDecoder, round_robin
 from .reference import (Reference, as_reference, codec_info, codec_problem, pcm_as_float,
                         unwrapped)
@@ -25,6 +28,9 @@ from .voices import load_voice
 
 __all__ = ["TTS", "CodecTTS", "Reference", "FrameBudget", "BudgetCut", "BudgetMeter",
            "check_text", "family_stream"]
+
+# which of synthesize_many's requests a stream made now serves ("requests[2]"), for its warnings
+REQUEST = contextvars.ContextVar("moss_tts_request", default=None)
 
 
 @runtime_checkable
@@ -87,10 +93,13 @@ class FrameBudget:
 class BudgetCut:
     """Yielded by a family's raw `stream` when a text chunk used its whole frame budget before
     the model ended it (`budget`: that chunk's budget, `chunks`: the chunks in the request);
-    `family_stream` counts these and never passes them on."""
+    `family_stream` counts these and never passes them on. `set_by`: what set a budget below
+    the family's budget knob, in words (Nano: its text's length), None where the knob did —
+    the warning says which bound cut and whether a knob can move it."""
 
     budget: int
     chunks: int = 1
+    set_by: str | None = None
 
 
 class BudgetMeter:
@@ -116,9 +125,11 @@ class BudgetMeter:
 def family_stream(stream):
     """The contract around a family's `stream(self, text, **keywords)` (decorate it with this):
     before anything runs, the object is open, the keywords are the family's, the text and the
-    text prompt fields are clean Unicode, `reference=` / `prompt=` take every form and fit this
-    model's codec, and the budget is within its limit; then the audio chunks pass through, a
-    `BudgetWarning` is emitted once if any chunk was cut, and no audio at all is an InputError."""
+    text prompt fields are clean Unicode, the keywords are within the knob table's bounds
+    (knobs.checked_keywords: the bounds every front end applies), `reference=` / `prompt=`
+    take every form and fit this model's codec, and the budget is within its limit; then the
+    audio chunks pass through, a `BudgetWarning` is emitted once if any chunk was cut, and no
+    audio at all is an InputError."""
     signature = inspect.signature(stream)
 
     @functools.wraps(stream)
@@ -129,14 +140,28 @@ def family_stream(stream):
         except TypeError as e:
             raise InputError(f"{type(self).__name__}.stream: {e}") from None
         text = self._texts(text, kw)
+        kw = checked_keywords(type(self), kw)
         for field in ("reference", "prompt"):
             if field in kw:
                 kw[field] = self._reference(kw[field], field)
         budget = self.BUDGET
         kw[budget.keyword] = budget.check(kw.get(budget.keyword, budget.default))
-        return self._delivered(stream(self, text, **kw), kw[budget.keyword])
+        return self._delivered(stream(self, text, **kw), kw[budget.keyword], REQUEST.get())
 
     return checked
+
+
+@contextlib.contextmanager
+def request_errors(i: int):
+    """An error of synthesize_many's request i (raised in the block) led by `requests[i]: `,
+    of the same class and with the same attributes (made without its __init__, whose
+    arguments differ by class: VoiceError's are a name, a problem and a fix)."""
+    try:
+        yield
+    except MossTTSError as e:
+        led = type(e).__new__(type(e), f"requests[{i}]: {e}")
+        led.__dict__.update(e.__dict__)
+        raise led from e
 
 
 class CodecTTS(NativeResource):
@@ -152,6 +177,11 @@ class CodecTTS(NativeResource):
     LANGUAGES: tuple[tuple[str, str], ...] = ()   # its card's (name, code) pairs
     TEXT_OPTIONAL = False                 # True: `text` may be None (what is made is described
                                           # by another field: MOSS-SoundEffect's `sound`)
+    MAX_TEXT_CHARS: int | None = None     # the text's bound where the family has one (every
+                                          # surface reads it: knobs.bounded_text); None: a long
+                                          # text is cut into chunks
+    FRAME_RATE = 12.5         # codec frames a second of every MOSS-Audio-Tokenizer: `seconds`
+                              # is bounded by the budget at this rate before a codec is loaded
     BUDGET: FrameBudget       # each family declares its own: keyword, default, limit, unit
     CHANNELS = 1              # of the audio `stream` yields
     # its models/batching.py BatchFamily: several streams per decode step (`decoding_together`,
@@ -189,9 +219,10 @@ class CodecTTS(NativeResource):
         self._need_open()
         return {**self.WHOLE, **kwargs}
 
-    def _delivered(self, chunks, budget: int) -> Iterator[np.ndarray]:
-        """The audio of a raw stream: BudgetCut markers counted (one warning at the end), and
-        a stream that made no audio an InputError saying why."""
+    def _delivered(self, chunks, budget: int, request: str | None = None) -> Iterator[np.ndarray]:
+        """The audio of a raw stream: BudgetCut markers counted (one warning at the end, led by
+        `request`, the name of synthesize_many's request it serves), and a stream that made no
+        audio an InputError saying why."""
         cuts, samples = [], 0
         try:
             for chunk in chunks:
@@ -205,7 +236,9 @@ class CodecTTS(NativeResource):
             if close is not None:
                 close()
         if cuts and samples:    # no audio at all is the error below, which says why
-            warnings.warn(BudgetWarning(self._cut_message(cuts), self.BUDGET.keyword),
+            message = self._cut_message(cuts)
+            knob = self.BUDGET.keyword if any(c.set_by is None for c in cuts) else None
+            warnings.warn(BudgetWarning(f"{request}: {message}" if request else message, knob),
                           stacklevel=2)
         if samples == 0:
             b = self.BUDGET
@@ -216,19 +249,34 @@ class CodecTTS(NativeResource):
             raise InputError(f"no audio was made: {why}")
 
     def _cut_message(self, cuts: list[BudgetCut]) -> str:
+        """What cut the audio and what moves that bound: `raise <the budget knob>` where the
+        knob set the budget, else what set it (BudgetCut.set_by), which no knob raises."""
         b, most = self.BUDGET, max(c.budget for c in cuts)
         seconds = most * self._need_codec().downsample_rate / self.codec.sample_rate
-        return (f"{len(cuts)} of {cuts[0].chunks} text chunk(s) used the whole frame budget "
+        head = (f"{len(cuts)} of {cuts[0].chunks} text chunk(s) used the whole frame budget "
                 f"({most} {b.unit}, {seconds:.1f} s) before the model ended it: the audio is "
-                f"cut — raise {b.keyword}")
+                "cut — ")
+        by_knob = sum(c.set_by is None for c in cuts)
+        derived = next((c.set_by for c in cuts if c.set_by is not None), None)
+        if derived is None:
+            return head + f"raise {b.keyword}"
+        others = f"the budget set by {derived}, which no knob raises ({b.keyword} only " \
+                 "lowers it): the model spoke on past where such a text ends; try another seed"
+        if not by_knob:
+            return head + others
+        return (head + f"{by_knob} at {b.keyword} (raise {b.keyword}), "
+                f"{len(cuts) - by_knob} at {others}")
 
     def _texts(self, text, fields: dict) -> str:
         """The text, and every text prompt field given (prompt_text, TEXT_FIELDS), checked as
-        clean Unicode (`check_text`), so no tokenizer sees a bad string; the text is returned."""
+        clean Unicode (`check_text`), so no tokenizer sees a bad string, and the text within
+        the family's bound (MAX_TEXT_CHARS); the text is returned."""
         for field in ("prompt_text",) + self.TEXT_FIELDS:
             if fields.get(field) is not None:
                 check_text(fields[field], field)
-        return None if text is None and self.TEXT_OPTIONAL else check_text(text, "text")
+        if text is None and self.TEXT_OPTIONAL:
+            return None
+        return bounded_text(type(self), check_text(text, "text"), "api")
 
     def _prompt_fields(self, fields: dict, seconds: float | None = None) -> dict:
         """User-message fields as the prompt writes them: `language` as its model card's name
@@ -238,10 +286,17 @@ class CodecTTS(NativeResource):
             from .text.languages import language_name      # loaded where a prompt is built
 
             fields["language"] = language_name(fields["language"], self.LANGUAGES)
+        most = self.BUDGET.limit      # a duration the budget can never make is refused
         if seconds is not None:
             if fields.get("tokens") is not None or not seconds > 0:
                 raise InputError(f"seconds must be > 0 and not given with tokens (got {seconds})")
-            fields["tokens"] = max(1, round(seconds * self._need_codec().config.frame_rate))
+            rate = self._need_codec().config.frame_rate
+            if seconds > most / rate:
+                raise InputError(f"seconds must be at most {shown(most / rate)} for "
+                                 f"{self.NAME}, got {shown(seconds)}")
+            fields["tokens"] = max(1, round(seconds * rate))
+        if fields.get("tokens") is not None:
+            fields["tokens"] = whole_number(fields["tokens"], "tokens", 1, most)
         return fields
 
     def _bounded(self, kwargs: dict, keyword: str) -> dict:
@@ -280,7 +335,9 @@ class CodecTTS(NativeResource):
         leaves it, so a request's audio never depends on the others it ran beside.
         `around(i)`: a context manager entered around each pull of request i's audio, where
         what its stream warns (a frame budget's cut, a stall) is emitted, so a caller can tell
-        each request's warnings apart (batch/work.py). An error is raised for the whole call.
+        each request's warnings apart (batch/work.py); without it, a frame budget's warning
+        names its request (`requests[2]: ...`). An error is raised for the whole call, led by
+        the request whose stream raised it (`requests[2]: ...`).
 
         >>> tts.synthesize_many([{"text": "Hello.", "seed": 1},             # doctest: +SKIP
         ...                      {"text": "Bonjour.", "seed": 2}])
@@ -294,9 +351,26 @@ class CodecTTS(NativeResource):
             kwargs.append(self.whole_keywords(request))
         with self.decoding_together(max_streams):
             # each stream checks its arguments now and takes its frames from the batch
-            streams = [self.stream(kw.pop("text", None), **kw) for kw in kwargs]
+            streams = [self._request_stream(i, kw, named=around is None)
+                       for i, kw in enumerate(kwargs)]
+            outer = around or (lambda i: contextlib.nullcontext())
+
+            @contextlib.contextmanager
+            def pulled(i):
+                with request_errors(i), outer(i):
+                    yield
             return [(np.concatenate(audio), self.sample_rate)
-                    for audio in round_robin(streams, around)]
+                    for audio in round_robin(streams, pulled)]
+
+    def _request_stream(self, i: int, kw: dict, *, named: bool):
+        """Request i's stream of synthesize_many (its errors, and with `named` its budget
+        warning, led by `requests[i]`)."""
+        token = REQUEST.set(f"requests[{i}]" if named else None)
+        try:
+            with request_errors(i):
+                return self.stream(kw.pop("text", None), **kw)
+        finally:
+            REQUEST.reset(token)
 
     # -- references -------------------------------------------------------------------------
     def _reference(self, value, what: str) -> Reference | None:

@@ -2,10 +2,13 @@
 surface (CLI flags, server fields, manifest columns), bounds that are the options classes' and
 the families' own (issue 22 findings 7, 8 and 10)."""
 
+import re
+
 import pytest
 
 from moss_tts.errors import InputError
-from moss_tts.knobs import BY_NAME, KNOBS, SPELLINGS, parse, renamed, synthesis_keywords, takes
+from moss_tts.knobs import (BY_NAME, KNOBS, SPELLINGS, parse, renamed, spelled,
+                            synthesis_keywords, takes)
 from moss_tts.models.registry import BY_KIND, FAMILIES
 
 
@@ -136,3 +139,23 @@ def test_language_is_checked_against_the_familys_model_card_before_loading(row):
             synthesis_keywords(row, {"language": "xx"}, surface)
         assert str(e.value).startswith(f"{name} 'xx' is not one of this model's ")
         assert "\n" not in str(e.value) and "English (en)" in str(e.value)
+
+
+@pytest.mark.parametrize("surface, greedy", [("cli", "--greedy"), ("request", "'greedy'"),
+                                             ("manifest", "greedy")])
+@pytest.mark.parametrize("knob", ["temperature", "text_temperature"])
+def test_a_zero_temperature_is_refused_alike_for_every_family(knob, surface, greedy):
+    """Issue 31 (finding 10): `--temperature 0` was greedy for Delay, TTSD, VoiceGenerator,
+    SoundEffect and Local, and an error for Nano, Local v1.5 and Realtime. One rule: a
+    temperature is above 0 on every family and surface, and greedy is its own knob, which
+    the error names as the surface spells it."""
+    name = spelled(BY_NAME[knob], surface)
+    with pytest.raises(InputError, match=f"^{re.escape(name)} must be finite and > 0, got 0 "
+                                         rf"\(greedy decoding is the {greedy} switch"):
+        parse(BY_NAME[knob], 0, surface, from_text=False)
+    for row in FAMILIES:
+        if takes(row, BY_NAME[knob]):
+            with pytest.raises(InputError, match="greedy decoding is the"):
+                synthesis_keywords(row, {knob: 0.0}, surface)
+            words = synthesis_keywords(row, {"greedy": True}, surface)   # guard: the switch
+            assert words["options"].is_greedy

@@ -2,8 +2,9 @@
 (OpenMOSS/MOSS-TTS 58b20a0, OpenMOSS/MOSS-TTS-Nano's HF modeling code):
 
 - MossTTSLocal (`_build_generation_config` + `CustomMixin._sample`): a temperature of 0 makes
-  that channel do_sample=False, and `_sample` builds no processor for it — the argmax of the
-  raw logits (audio: pad −inf), no repetition penalty.
+  that channel do_sample=False (here the switches `text_do_sample` / `audio_do_sample`, issue
+  31), and `_sample` builds no processor for it — the argmax of the raw logits (audio: pad
+  −inf), no repetition penalty.
 - MossTTSDelay (`generate` + inference_utils.sample_token): temperature 0 = do_sample=False per
   channel; `sample_token` applies the audio penalty *before* its `if not do_sample` argmax.
 - Nano and Local v1.5 (`_sample_next_token`): one do_sample for every channel; the penalty runs
@@ -15,11 +16,13 @@ So on logits where the penalty moves the argmax, Local's greedy ignores it and e
 family's greedy follows it: one test each way (the second is the first's sensitivity guard).
 """
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from moss_tts.errors import InputError
 from moss_tts.models.local import choose
 from moss_tts.models.local_v15 import decide
 from moss_tts.models.realtime import choose_code
@@ -56,15 +59,27 @@ def test_greedy_returns_the_same_options_with_greedy_on(cls):
 
 @pytest.mark.parametrize("cls", [DelaySamplingOptions, LocalSamplingOptions],
                          ids=lambda c: c.__name__)
-def test_a_zero_temperature_makes_only_that_channel_greedy(cls):
+def test_each_channel_has_its_own_greedy_switch(cls):
     """Delay and Local switch per channel, as upstream's do_samples list."""
-    text_only = cls(text_temperature=0)
+    text_only = cls(text_do_sample=False)
     assert text_only.text_greedy and text_only.text_channel.greedy
     assert not text_only.audio_greedy and not text_only.audio_channel.greedy
     assert not text_only.is_greedy
-    audio_only = cls(audio_temperature=0)
+    audio_only = cls(audio_do_sample=False)
     assert audio_only.audio_channel.greedy and not audio_only.text_channel.greedy
-    assert cls().greedy() == cls(text_temperature=0, audio_temperature=0)
+    assert cls().greedy() == cls(text_do_sample=False, audio_do_sample=False)
+
+
+@pytest.mark.parametrize("cls", FAMILIES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("field", ["text_temperature", "audio_temperature"])
+def test_a_zero_temperature_is_refused_alike_by_every_family(cls, field):
+    """One rule (issue 31, finding 10): a temperature of 0 was greedy for Delay and Local and
+    an error for Nano, Local v1.5 and Realtime; greedy is the switch on every family (C19)."""
+    if field not in {f.name for f in dataclasses.fields(cls)}:
+        pytest.skip(f"{cls.__name__} has no {field}")
+    with pytest.raises(InputError, match=f"^{field} must be finite and > 0, got 0 .*`greedy`"):
+        cls(**{field: 0})
+    assert cls().greedy().is_greedy
 
 
 def test_local_greedy_audio_runs_no_penalty():
@@ -76,7 +91,7 @@ def test_local_greedy_audio_runs_no_penalty():
         assert opts.audio_channel.repetition_penalty == 1.0
         assert choose(LOGITS, 1, SEEN[None], cfg, opts, None) == PLAIN
     # a sampled audio channel next to a greedy text channel keeps its penalty
-    assert LocalSamplingOptions(text_temperature=0).audio_channel.repetition_penalty == 1.1
+    assert LocalSamplingOptions(text_do_sample=False).audio_channel.repetition_penalty == 1.1
 
 
 def test_local_greedy_text_is_the_argmax():

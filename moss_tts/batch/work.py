@@ -108,7 +108,11 @@ class LineRunner:
         return None
 
     def _words(self, tts, task: dict) -> dict:
-        """The line's synthesize() keywords: its knobs for its family, and its voice."""
+        """The line's synthesize() keywords: its knobs for its family, and its voice (its text
+        within the family's bound first, as on every surface)."""
+        from ..knobs import bounded_text
+
+        bounded_text(type(tts), task["text"], "manifest")
         words = synthesis_options(task["options"], type(tts))
         return words | self._voices(tts, task, words)
 

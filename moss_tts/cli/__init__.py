@@ -59,17 +59,13 @@ def _report_warnings(quiet: bool) -> None:
     "warning:" line on stderr each time, or nothing with --quiet; other warnings as Python
     shows them."""
     from ..errors import BudgetWarning
-    from ..knobs import KNOBS
+    from ..knobs import advice
 
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, BudgetWarning):
-            text, keyword = str(message), getattr(message, "keyword", None)
-            for knob in KNOBS:      # the knob to raise, as the flag a CLI user types
-                if keyword and knob.keyword == keyword:
-                    text = text.replace(f"raise {keyword}", f"raise {knob.flag}")
-            print(f"warning: {text}", file=sys.stderr)
+        if issubclass(category, BudgetWarning):   # the knob to raise, as the flag to type
+            print(f"warning: {advice(message, 'cli')}", file=sys.stderr)
         else:
             shown(message, category, filename, lineno, file, line)
 

@@ -149,7 +149,7 @@ def check_speaker_voices(specs: list | None) -> None:
 
 
 def _tts(args) -> int:
-    from ..knobs import renamed
+    from ..knobs import bounded_text, renamed
 
     # --live: stdin is read as it arrives; --sound: the sound is described instead of a text
     described = args.sound is not None and args.text is None and args.text_file is None
@@ -167,6 +167,7 @@ def _tts(args) -> int:
     check_sound_flag(args, family)
     check_reference_flags(args, family)
     words = knob_keywords(args, family)     # every knob checked before anything loads
+    bounded_text(cls, text, "cli", _text_source(args))    # and the family's bound on the text
     check_speaker_voices(words.get("speakers"))
     codec = resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
     try:
@@ -242,6 +243,13 @@ def _check_tts_flags(args) -> None:
                          "voice: use one of the two")
     if args.tokens is not None and args.seconds is not None:
         raise InputError("--tokens and --seconds both set the duration: give one")
+
+
+def _text_source(args) -> str:
+    """The flag that gave the text, as an error names it."""
+    if args.text_file is not None:
+        return "--text-file"
+    return "--text" if args.text is not None else "the text on stdin"
 
 
 def _read_text(args) -> str:

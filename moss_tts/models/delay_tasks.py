@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..reference import Reference, unwrapped
 from ..sampling import (DialogueSamplingOptions, SoundEffectSamplingOptions,
                         VoiceDesignSamplingOptions)
+from ..speakers import MAX_TRANSCRIPT_CHARS
 from ..text.delay_prompts import build_generation_rows
 from ..text.languages import LANGUAGES_V1
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, check_tags, merge_turns,
@@ -120,6 +121,9 @@ class DialogueTTS(DelayTTS):
                                  " MOSS-TTSD needs what it says (speaker=reference:transcript)")
             if not check_text(transcript, f"speakers: speaker {n}'s transcript").strip():
                 raise InputError(f"speakers: speaker {n}'s transcript is empty")
+            if len(transcript) > MAX_TRANSCRIPT_CHARS:      # as every front end bounds it
+                raise InputError(f"speakers: speaker {n}'s transcript must be at most "
+                                 f"{MAX_TRANSCRIPT_CHARS} characters, got {len(transcript)}")
             ref = self._reference(reference, f"speakers: speaker {n}'s reference")
             references.append(ref.codes)
             codes.append(ref.codes)
@@ -225,6 +229,9 @@ class SoundEffectTTS(DelayTTS):
     FAMILY, NAME, OPTIONS = "sfx", "MOSS-SoundEffect", SoundEffectSamplingOptions
     TEXT_FIELDS = ("sound",)
     TEXT_OPTIONAL = True
+    # the description (`sound`, or the text), one prompt that is never cut into chunks: a
+    # sentence or two on its card, and every surface's bound (the `sound` knob reads it too)
+    MAX_TEXT_CHARS = 1024
     # one description, never cut into chunks: the budget is the whole sound's
     BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, DelayTTS.BUDGET.limit, "rows")
 

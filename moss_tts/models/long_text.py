@@ -6,6 +6,7 @@ chunks (docs/upstream-notes.md §nano-5.5)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator
 
@@ -54,7 +55,7 @@ def speak(chunks: list[str], say: Say, *, sample_rate: int, channels: int,
                         frames):
             # a chunk cut by its budget is counted among all the chunks (one warning per call)
             if isinstance(part, BudgetCut):
-                yield BudgetCut(part.budget, len(chunks))
+                yield dataclasses.replace(part, chunks=len(chunks))
                 continue
             spoke = spoke or len(part) > 0
             yield part

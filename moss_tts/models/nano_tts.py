@@ -38,6 +38,11 @@ MIN_FRAMES = 64
 MAX_TEXT_TOKENS = 250
 
 
+# what the budget warning says set a chunk's budget when its text, not max_frames, did
+TEXT_BUDGET = (f"its text's length ({FRAMES_PER_TOKEN:g} frames per text token + 50, at least "
+               f"{MIN_FRAMES})")
+
+
 def frame_budget(n_text_tokens: int, cap: float = MAX_FRAMES) -> int:
     """Frames a chunk may use: scales with its text, never above `cap`."""
     return int(min(cap, max(MIN_FRAMES, math.ceil(FRAMES_PER_TOKEN * n_text_tokens) + 50)))
@@ -266,8 +271,9 @@ class NanoTTS(CodecTTS):
                 for codes in frames_of(rows, options, None if seed is None else seed + i, budget):
                     frames.append(codes)
                     yield decoder.push(codes[:, None])
-                if len(frames) == budget:
-                    yield BudgetCut(budget, len(chunks))
+                if len(frames) == budget:    # by max_frames, or below it by the text
+                    yield BudgetCut(budget, len(chunks),
+                                    None if budget == max_frames else TEXT_BUDGET)
                 if reference is None and frames:
                     prompt_text = continuation_prompt_text(chunk)
                     prompt = Reference(np.array(frames, dtype=np.int32))

@@ -41,6 +41,7 @@ from .responses import (AudioStream, Guard, busy_response, error_response, failu
                         first_line, no_response, unless_client_leaves)
 from .served import ServedModels
 from .voice_index import MAX_VOICES, VoiceIndex
+from .warned import pulled_for, request_name, route_warnings
 from .worker import AudioChannel
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     app.state.body_timeout = body_timeout
     hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
     quiet_uvicorn_denials()
+    route_warnings()        # a model's warnings while serving a request: one log line each
     gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
     return AccessLog(gated) if access_log else gated
 
@@ -233,13 +235,16 @@ async def health(request):
 # --- speech: a whole file, or a stream ----------------------------------------------------------
 
 
-def generate(served: ServedModels, served_model, model, req, words, *, whole: bool = False):
+def generate(served: ServedModels, served_model, model, req, words, name: str, *,
+             whole: bool = False):
     """Worker side: the request's audio chunks (`whole`: for a whole file, with the family's
-    whole-audio keywords, as `synthesize`); the API's errors, raised as the stream is made or
-    as it runs (a later text chunk's check), name the request's fields."""
+    whole-audio keywords, as `synthesize`), what the model warns logged as `name`'s; the API's
+    errors, raised as the stream is made or as it runs (a later text chunk's check), name the
+    request's fields."""
     try:
         kw = served.stream_inputs(model, served_model, req, words)
-        yield from model.stream(req.text, **(model.whole_keywords(kw) if whole else kw))
+        yield from pulled_for(name, model.stream(
+            req.text, **(model.whole_keywords(kw) if whole else kw)))
     except RequestError:        # the server's own: already in the request's terms
         raise
     except InputError as e:
@@ -251,10 +256,11 @@ async def whole(request, served: ServedModels, served_model, req):
 
     cancel = threading.Event()
     words = served_model.stream_keywords(req)
+    name = request_name(request, served_model.name)
 
     def job(model):     # yields after each chunk: the worker may run others between them
         parts = []
-        for part in generate(served, served_model, model, req, words, whole=True):
+        for part in generate(served, served_model, model, req, words, name, whole=True):
             if cancel.is_set():       # the client left: stop generating
                 return None
             parts.append(part)
@@ -294,11 +300,12 @@ async def streamed(request, served: ServedModels, served_model, req):
     write_timeout = served.write_timeout
     channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
     words = served_model.stream_keywords(req)
+    name = request_name(request, served_model.name)
 
     def job(model):     # → whether the stream ended; its failure is the future's exception
         if channel.cancelled.is_set():      # the client left while this waited
             return False
-        for part in generate(served, served_model, model, req, words):
+        for part in generate(served, served_model, model, req, words, name):
             while (sent := channel.offer(part)) is None:
                 yield channel   # its client has not read the buffer: the others go on
             if not sent:

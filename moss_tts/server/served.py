@@ -5,7 +5,7 @@ event loop may know of it without touching it, and how a request picks one. The 
 from __future__ import annotations
 
 from ..errors import BackendLost, InputError, VoiceError
-from ..knobs import KNOBS, check_required, synthesis_keywords, takes
+from ..knobs import KNOBS, bounded_text, check_required, synthesis_keywords, takes
 from ..models.batching import MAX_STREAMS
 from ..speakers import speakers_argument
 from .hosted import HostedModel, ModelInfo, describe
@@ -73,9 +73,11 @@ class ServedModel:
 
     def stream_keywords(self, req) -> dict:
         """`stream`'s keywords for a request's knobs: the family's options over its defaults,
-        each knob checked against the family's own bounds. OpenAI clients send `instructions`
-        to any model: a family without a style prompt ignores it."""
+        each knob checked against the family's own bounds, and the text against the family's
+        (MOSS-SoundEffect's description; a live config has no text). OpenAI clients send
+        `instructions` to any model: a family without a style prompt ignores it."""
         try:
+            bounded_text(self.family.tts_class(), getattr(req, "text", None), "request")
             words = synthesis_keywords(self.family, req.knobs, "request",
                                        lenient=("instruction",), given_as=req.given_as)
             check_required(self.family, words, "request")

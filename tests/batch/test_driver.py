@@ -177,8 +177,8 @@ def test_a_delay_model_runs_its_lines_with_its_own_options(tmp_path):
     with DelayTTS.load(delay, codec=codec, threads=1) as tts:
         sampled = tts.synthesize("Hello there.", seed=3, max_new_rows=24,
                                  options=DelaySamplingOptions(audio_top_k=5))[0]
-        greedy = tts.synthesize("Hello there.", max_new_rows=24, options=DelaySamplingOptions(
-            text_temperature=0, audio_temperature=0))[0]
+        greedy = tts.synthesize("Hello there.", max_new_rows=24,
+                                options=DelaySamplingOptions().greedy())[0]
     assert np.array_equal(read(out / "sampled.wav", channels=1), quantize(sampled, "s16"))
     assert np.array_equal(read(out / "greedy.wav", channels=1), quantize(greedy, "s16"))
     assert not np.array_equal(sampled, greedy)   # guard: the line's options reach the model

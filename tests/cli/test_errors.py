@@ -87,12 +87,13 @@ def test_bad_option_value_from_the_real_command_line(pair, tmp_path):
     assert "argument --seed: must be at least 0, got -1" in one_line_error(r, code=2)
 
 
-def test_a_value_only_another_family_takes_is_one_line_naming_the_flag(pair, tmp_path):
-    """A temperature of 0 is greedy for Delay's channels (upstream's switch) and an error for
-    Nano: refused by Nano's own options class, before the model loads, named as the flag."""
+def test_a_zero_temperature_is_one_line_naming_the_greedy_flag(pair, tmp_path):
+    """A temperature of 0 was greedy for Delay's channels and an error for Nano; one rule now
+    (issue 31, finding 10): every family's options class refuses it, so the flag is refused
+    before the model loads, naming the flag that is greedy."""
     r = cli(*tts_args(pair, tmp_path / "o.wav", "--temperature", "0"))
-    assert one_line_error(r).startswith("error: --temperature must be finite and > 0 when "
-                                        "sampling (use greedy instead of 0)")
+    assert "argument --temperature: must be finite and > 0, got 0.0 (greedy decoding is the " \
+           "--greedy switch, not a temperature of 0)" in one_line_error(r, code=2)
     assert not (tmp_path / "o.wav").exists()
 
 

@@ -71,7 +71,7 @@ def test_delay_greedy_and_duration_flags_reach_the_model(models, tmp_path):
     r = cli(*delay_args(models, *f32, "--seconds", 0.5, "--language", "en", "-o", b))
     assert r.returncode == 0, r.stderr
     with DelayTTS.load(models["delay"], codec=models["delay_codec"], threads=1) as tts:
-        greedy = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+        greedy = DelaySamplingOptions().greedy()
         want, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24, seconds=0.5,
                                  language="en")
         plain, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24)
@@ -90,7 +90,7 @@ def test_delay_continuation_from_the_cli_equals_the_api(models, tmp_path):
     r = cli(*delay_args(models, "--greedy", "--sample-format", "f32", "--prompt-audio",
                         prompt_wav, "--prompt-text", "Prompt words.", "-o", out))
     assert r.returncode == 0, r.stderr
-    greedy = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+    greedy = DelaySamplingOptions().greedy()
     with DelayTTS.load(models["delay"], codec=models["delay_codec"], threads=1) as tts:
         prompt = tts.encode_reference(*sf.read(prompt_wav, dtype="float32"), max_seconds=None)
         want, _ = tts.synthesize("Prompt words. " + TEXT, prompt=prompt, options=greedy,

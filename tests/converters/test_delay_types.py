@@ -202,7 +202,7 @@ def test_model_with_repacked_blocks_matches_the_plain_load(wide, tmp_path, monke
                 finite = np.isfinite(want)
                 assert_close(got[finite], want[finite], atol=0.03 * np.abs(want[finite]).max(),
                              what="repacked vs plain")
-        greedy = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+        greedy = DelaySamplingOptions().greedy()
         prompt = rows(seed=3, n=20)
         got = packed.generate(prompt, options=greedy, max_new_rows=12)
         assert len(got) == 12 and np.array_equal(got, plain.generate(prompt, options=greedy,

@@ -23,7 +23,7 @@ LOGIT_ATOL = 1e-4
 F16_KV_ATOL = 1e-2
 PAD_CODE = AUDIO_VOCAB
 IM_START, IM_END, START, END, USER, GEN, DELAY = 151644, 151645, 151652, 151653, 151654, 151656, 151662
-GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = DelaySamplingOptions().greedy()
 
 
 def prompt_rows(seed=3, reference=True):
@@ -85,8 +85,7 @@ def test_greedy_generation_matches_reference_row_for_row(delay_model, delay_file
     _, state, cfg, _ = delay_files(gen_bias)
     model = delay_model(gen_bias)
     rows = prompt_rows()
-    opts = DelaySamplingOptions(text_temperature=0, audio_temperature=0,
-                                audio_repetition_penalty=penalty)
+    opts = DelaySamplingOptions(audio_repetition_penalty=penalty).greedy()
     got = model.generate(rows, options=opts, max_new_rows=16)
     want = ref.generate_greedy(state, cfg, rows, 16, repetition_penalty=penalty)
     np.testing.assert_array_equal(got, want)
@@ -105,7 +104,7 @@ def test_repetition_penalty_changes_greedy_codes(delay_model):
     rows = prompt_rows(reference=False)
     plain = delay_model(4.0).generate(rows, options=GREEDY, max_new_rows=16)
     penalized = delay_model(4.0).generate(rows, max_new_rows=16, options=DelaySamplingOptions(
-        text_temperature=0, audio_temperature=0, audio_repetition_penalty=3.0))
+        audio_repetition_penalty=3.0).greedy())
     assert not np.array_equal(plain, penalized)
 
 

@@ -36,7 +36,7 @@ from moss_tts.sampling import DelaySamplingOptions
 from .conftest import THREADS
 from .test_delay import DELAY, END, F16_KV_ATOL, GEN, IM_END, prompt_rows
 
-GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = DelaySamplingOptions().greedy()
 SAMPLED = DelaySamplingOptions()
 # The tiny model with GEN favoured a little (+1) and <|im_end|> strongly (+8): streams stay in
 # audio a while, then end on their own once allowed (greedy: after 7-30 rows or never, by

@@ -18,7 +18,7 @@ from .test_delay import prompt_rows
 # f16 weights: the matmuls round activations to f16 (rel. 2^-11) against the float64
 # reference of the same f16-rounded weights; through 2 blocks measured ≤ 2e-3 on |h| ≲ 4
 F16_ATOL = 1e-2
-GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = DelaySamplingOptions().greedy()
 
 
 def f16(state):

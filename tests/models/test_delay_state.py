@@ -24,7 +24,7 @@ CFG = DelayConfig(qwen3.Qwen3Config(16, 1, 2, 1, 8, 16, 1e6), vocab_size=VOCAB, 
 REF_CFG = {"n_vq": N_VQ, "audio_pad_code": PAD_CODE, "pad_token_id": PAD, "im_end_token_id": IM_END,
            "audio_start_token_id": START, "audio_end_token_id": END,
            "audio_assistant_gen_slot_token_id": GEN, "audio_assistant_delay_slot_token_id": DELAY}
-GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = DelaySamplingOptions().greedy()
 
 
 def scripted_logits(n_prompt):
@@ -69,8 +69,7 @@ def text_prompt():
 def test_state_machine_matches_reference_simulation(penalty):
     prompt = text_prompt()
     logits = scripted_logits(len(prompt))
-    opts = DelaySamplingOptions(text_temperature=0, audio_temperature=0,
-                                audio_repetition_penalty=penalty)
+    opts = DelaySamplingOptions(audio_repetition_penalty=penalty).greedy()
     got = run_runtime(prompt, logits, 60, opts)
     want = ref.generate_greedy(None, REF_CFG, prompt, 60, repetition_penalty=penalty,
                                logits_fn=logits)
@@ -92,8 +91,7 @@ def test_repetition_penalty_is_pooled_over_codebooks_1_and_up():
     audio = np.zeros((N_VQ, PAD_CODE + 1))
     audio[:, 3], audio[:, 4] = 2.0, 1.5                   # 2.0 / 1.5 = 1.33 < 1.5
     state = DelayState(audio_len=N_VQ, is_audio=True, step=5)
-    opts = DelaySamplingOptions(text_temperature=0, audio_temperature=0,
-                                audio_repetition_penalty=1.5)
+    opts = DelaySamplingOptions(audio_repetition_penalty=1.5).greedy()
     row, _ = next_row(state, np.zeros(VOCAB), audio, audio_seen(history, CFG), CFG, opts, None)
     assert row[1:].tolist() == [3, 4, 4, 4]
     plain, _ = next_row(state, np.zeros(VOCAB), audio, audio_seen(history, CFG), CFG, GREEDY, None)

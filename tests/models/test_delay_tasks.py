@@ -17,7 +17,7 @@ from moss_tts.reference import Reference
 from moss_tts.sampling import DelaySamplingOptions
 
 CFG = tiny_config(n_vq=PUBLISHED_N_VQ)
-GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = DelaySamplingOptions().greedy()
 
 
 def codes(frames, seed):
@@ -131,7 +131,7 @@ def test_sound_effect_prompt_is_the_description_and_duration_without_text(publis
     (None, {}, r"^sound: describe the sound"),
     ("Rain.", {"sound": "Rain."}, r"not both"),
     (None, {"sound": "  "}, r"^sound is empty"),
-    (None, {"sound": "Rain.", "seconds": 0}, r"^seconds must be > 0"),
+    (None, {"sound": "Rain.", "seconds": 0}, r"^seconds must be above 0"),
 ])
 def test_bad_sound_effect_input_is_one_line_naming_it(published_tts, text, kw, match):
     with pytest.raises(InputError, match=match) as e:

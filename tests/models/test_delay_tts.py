@@ -19,7 +19,7 @@ from .conftest import THREADS
 
 # the codec's streaming decoder equals its offline decode up to f32 kernel order (codecs tests)
 DECODE_ATOL = 1e-5
-GREEDY = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = DelaySamplingOptions().greedy()
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def test_the_transcript_and_the_new_text_join_as_upstream_writes_them(transcript
 
 def test_prompt_text_is_the_transcript_before_the_text(tts):
     prompt = Reference(np.random.default_rng(9).integers(0, 64, size=(6, N_VQ)))
-    kw = dict(options=DelaySamplingOptions(text_temperature=0, audio_temperature=0),
+    kw = dict(options=DelaySamplingOptions().greedy(),
               max_new_rows=12)
     a = list(tts.stream("New words.", prompt=prompt, prompt_text="Prompt words.", **kw))
     b = list(tts.stream("Prompt words. New words.", prompt=prompt, **kw))

@@ -23,7 +23,7 @@ HIDDEN_ATOL = 2e-5
 LOGIT_ATOL = 1e-4
 PAD = AUDIO_VOCAB
 IM_START, START, USER = 151644, 151652, 151654
-GREEDY = LocalSamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = LocalSamplingOptions().greedy()
 
 
 def prompt_rows(seed=3, reference=True):
@@ -115,8 +115,7 @@ def test_greedy_generation_matches_reference_frame_for_frame(local_model, local_
     _, state, cfg, _ = local_files(seed, speech=True)
     model = local_model(seed, speech=True)
     rows = prompt_rows(prompt)
-    opts = LocalSamplingOptions(text_temperature=0, audio_temperature=0,
-                                audio_repetition_penalty=penalty)
+    opts = LocalSamplingOptions(audio_repetition_penalty=penalty).greedy()
     got = model.generate(rows, options=opts, max_new_frames=10, n_vq_for_inference=n_vq)
     want = ref.generate_greedy(state, cfg, rows, 10, repetition_penalty=1.0, n_vq=n_vq)
     np.testing.assert_array_equal(got, want)

@@ -26,12 +26,11 @@ def case_id(case):
 
 
 def options(case) -> LocalSamplingOptions:
-    """The options upstream's generate got: both temperatures 0, the case's penalty (or the
-    1.1 default) — the constructor form `tts --greedy` builds today."""
+    """The options upstream's generate got: both temperatures 0 (do_sample off on both
+    channels), the case's penalty (or the 1.1 default) — what `tts --greedy` builds."""
     penalty = case["audio_repetition_penalty"]
-    return LocalSamplingOptions(text_temperature=0, audio_temperature=0,
-                                **({} if penalty is None else
-                                   {"audio_repetition_penalty": penalty}))
+    return LocalSamplingOptions(**({} if penalty is None else
+                                   {"audio_repetition_penalty": penalty})).greedy()
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

@@ -21,7 +21,7 @@ from tests.models.local_fixtures import THREADS
 
 # the codec's streaming decoder equals its offline decode up to f32 kernel order (codecs tests)
 DECODE_ATOL = 1e-5
-GREEDY = LocalSamplingOptions(text_temperature=0, audio_temperature=0)
+GREEDY = LocalSamplingOptions().greedy()
 HOP = 64                                  # the tiny v1 codec: samples per frame
 
 

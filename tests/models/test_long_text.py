@@ -82,7 +82,7 @@ def test_a_long_prompt_prefills_in_bounded_masks_and_generates_as_one_shot(
     model = delay_model()
     n = 2 * PREFILL_ROWS + 5
     rows = random_rows(model.config.n_vq, model.config.audio_vocab_size, n=n, seed=4)
-    greedy = delay.DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+    greedy = delay.DelaySamplingOptions().greedy()
     shapes = []
     mask = KVCache.mask
 
@@ -138,8 +138,8 @@ def greedy(family):
     from moss_tts.sampling import (DelaySamplingOptions, LocalSamplingOptions,
                                    LocalV15SamplingOptions)
 
-    return {"delay": DelaySamplingOptions(text_temperature=0, audio_temperature=0),
-            "local": LocalSamplingOptions(text_temperature=0, audio_temperature=0),
+    return {"delay": DelaySamplingOptions().greedy(),
+            "local": LocalSamplingOptions().greedy(),
             "local_v15": LocalV15SamplingOptions(do_sample=False)}[family]
 
 

@@ -301,6 +301,45 @@ def test_a_cut_at_the_frame_budget_is_one_warning_per_call(nano_tts):
         nano_tts(*PARITY).synthesize(TEXT, seed=0)
 
 
+def test_a_cut_by_its_texts_budget_names_that_bound_not_max_frames(nano_tts):
+    """Issue 31 (finding 9): a chunk cut at the budget its text sets (below max_frames) was
+    told to "raise max_frames", which cannot move it; the warning now says what set the budget
+    and that no knob raises it (its `keyword` None: no front end spells a flag to raise)."""
+    tts = nano_tts(*NEVER_STOPS)
+    (chunk, _), = tts.plan("Hi.")
+    budget = frame_budget(len(tts.tokenizer.encode(chunk)))
+    assert budget < MAX_FRAMES
+    with pytest.warns(BudgetWarning) as seen:
+        tts.synthesize("Hi.", seed=0)
+    (cut,) = [w.message for w in seen if issubclass(w.category, BudgetWarning)]
+    assert "raise max_frames" not in str(cut) and cut.keyword is None
+    assert f"({budget} frames" in str(cut)
+    assert "set by its text's length (6 frames per text token + 50, at least 64), which no " \
+           "knob raises" in str(cut)
+    # guard: a cut at max_frames still advises raising it
+    with pytest.warns(BudgetWarning) as seen:
+        tts.synthesize("Hi.", seed=0, max_frames=budget - 1)
+    (cut,) = [w.message for w in seen if issubclass(w.category, BudgetWarning)]
+    assert str(cut).endswith("raise max_frames") and cut.keyword == "max_frames"
+
+
+def test_a_warning_over_chunks_cut_by_both_bounds_counts_each(nano_tts):
+    """Some chunks cut at max_frames, others below it at their text's budget: each bound is
+    named with its count."""
+    tts = nano_tts(*NEVER_STOPS)
+    budgets = sorted(frame_budget(len(tts.tokenizer.encode(chunk)))
+                     for chunk, _ in tts.plan(LONG_TEXT, max_text_tokens=8))
+    cap = budgets[len(budgets) // 2]
+    below = sum(b < cap for b in budgets)
+    assert 0 < below < len(budgets)
+    with pytest.warns(BudgetWarning) as seen:
+        tts.synthesize(LONG_TEXT, seed=0, max_frames=cap, max_text_tokens=8)
+    (cut,) = [w.message for w in seen if issubclass(w.category, BudgetWarning)]
+    assert f"— {len(budgets) - below} at max_frames (raise max_frames), {below} at the " \
+           "budget set by its text's length" in str(cut)
+    assert cut.keyword == "max_frames"
+
+
 HUGE_TEXT_CHARS = 100_000
 
 
@@ -460,8 +499,8 @@ BAD_ARGUMENTS = {
     "reference as a list of words": (dict(reference=["a", "b"]), "codes must be integers"),
     "prompt as a path": (dict(prompt="p.wav", prompt_text="Hi."), "prompt cannot be a str"),
     "options as a dict": (dict(options={"do_sample": False}), r"SamplingOptions\(\*\*options\)"),
-    "seed -1": (dict(seed=-1), "seed must be a whole number"),
-    "seed 'a'": (dict(seed="a"), "seed must be a whole number"),
+    "seed -1": (dict(seed=-1), "seed must be at least 0"),        # the knob table's words
+    "seed 'a'": (dict(seed="a"), "seed must be an integer"),
     "seed 1.5": (dict(seed=1.5), "seed must be a whole number"),
     "max_frames 0": (dict(max_frames=0), "max_frames"),
     "max_frames '9'": (dict(max_frames="9"), "max_frames"),

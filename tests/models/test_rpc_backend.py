@@ -162,7 +162,7 @@ def test_published_llama_cpp_layout_on_rpc_equals_cpu(tmp_path, rpc):
 
     d = write_published_layout(tmp_path, make_state(tiny_config(), 2, 4.0), tiny_config(),
                                make_tokenizer_json())
-    greedy = DelaySamplingOptions(text_temperature=0, audio_temperature=0)
+    greedy = DelaySamplingOptions().greedy()
     out = []
     for backend in (rpc, Backend("cpu", threads=THREADS)):
         model = load_published(d, backend)
