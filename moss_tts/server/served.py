@@ -8,7 +8,7 @@ from ..errors import BackendLost, InputError, VoiceError
 from ..knobs import KNOBS, bounded_text, check_required, synthesis_keywords, takes
 from ..models.batching import MAX_STREAMS
 from ..speakers import speakers_argument
-from .hosted import HostedModel, ModelInfo, describe
+from .hosted import HostedModel, describe
 from .request import RequestError, decode_upload
 from .responses import first_line
 from .voice_index import VoiceIndex
@@ -18,12 +18,13 @@ from .worker import ModelWorker
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
-def streams_of(info: ModelInfo, max_streams: int | None) -> int:
+def streams_of(tts, max_streams: int | None) -> int:
     """The stream places of a model: --max-streams as given (N > 1 needs a model whose family
     has a batched decoder, its class's BATCHED, models/batching.py), or with None ("auto", the
     CLI's default) MAX_STREAMS for a batched family and 1 for another: a batch of one costs
     0-5 % more than the one-stream loop, and under load 4 streams make 1.8-3.8× the audio of
     one (docs/performance.md, "Several streams")."""
+    info = describe(tts)
     if max_streams is None:
         return MAX_STREAMS if info.batched else 1
     if max_streams > 1 and not info.batched:
@@ -106,7 +107,7 @@ class ServedModels:
     def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float,
                  live_idle: float, live_context: int | None = None,
                  max_streams: int | None = 1):
-        places = {name: streams_of(describe(tts), max_streams)   # before any worker starts
+        places = {name: streams_of(tts, max_streams)    # before any worker starts
                   for name, tts in models.items()}
         self.models = {name: ServedModel(name, tts, queue_depth,
                                          "moss-tts-model" if i == 0 else f"moss-tts-model-{name}",
