@@ -46,6 +46,7 @@ from ..live import as_frames, push_as_typed
 from .formats import pcm_bytes
 from .request import MAX_INPUT_CHARS, RequestError, knob_fields, parse_object, string_field
 from .responses import first_line
+from .warned import serving
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +109,15 @@ class LiveConnection:
     """One client's session, driven from the event loop: each step is a job on the model's
     worker through the connection's lane, awaited before the next."""
 
-    def __init__(self, lane, channels: int):
+    def __init__(self, lane, channels: int, name: str = "a live session"):
         self.lane, self.channels, self.session, self.drain = lane, channels, None, None
+        self.name = name      # how the log names it: what its jobs warn is logged as its
 
     async def run(self, job):
-        return await asyncio.wrap_future(self.lane.submit(job))
+        def logged(model):
+            with serving(self.name):
+                return job(model)
+        return await asyncio.wrap_future(self.lane.submit(logged))
 
     async def open(self, make_session) -> None:
         self.session = await self.run(make_session)
@@ -178,7 +183,10 @@ async def live_endpoint(websocket) -> None:
         lane = model.worker.open_lane()
         if lane is None:
             raise RequestError(503, "busy: too many requests are waiting; retry shortly")
-        connection = LiveConnection(lane, model.channels)
+        client = websocket.client
+        connection = LiveConnection(lane, model.channels, f"live session for "
+                                    f"{client.host}:{client.port} (model {model.name})"
+                                    if client else f"a live session (model {model.name})")
         try:
             await connection.open(lambda m: m.session(voice=served.reference_for(m, config),
                                                       **words))

@@ -13,6 +13,7 @@ from moss_tts.errors import BudgetWarning
 from moss_tts.server import create_app
 
 from .helpers import StubTTS, call, client_of
+from .test_max_streams_live import files, together  # noqa: F401 (fixtures)
 
 
 class CuttingTTS(StubTTS):
@@ -55,3 +56,28 @@ def test_a_warning_outside_any_request_is_left_to_python(served, tmp_path, caplo
         worker.start()
         worker.join()
     assert not [r for r in caplog.records if "elsewhere" in r.getMessage()]
+
+
+@pytest.mark.filterwarnings("always::moss_tts.errors.BudgetWarning")
+def test_a_live_sessions_warning_is_one_log_line_naming_the_session(recwarn, caplog,
+                                                                    together):
+    """A live turn cut at its budget: its warning is logged as the session's (its client and
+    model), as a request's is, not printed on stderr (the server starts after recwarn's
+    capture, as a server starts after Python's own, so its hook sits above it)."""
+    import contextlib
+    import json
+
+    from .test_max_streams_live import live_session
+
+    server, _ = together
+    with caplog.at_level(logging.WARNING, logger="moss_tts"), contextlib.ExitStack() as stack:
+        ws = live_session(server, stack)
+        ws.send(json.dumps({"type": "text", "text": "Spoken live, and cut."}))
+        ws.send(json.dumps({"type": "end"}))
+        while isinstance(m := ws.recv(timeout=60), bytes):
+            pass
+        assert json.loads(m)["type"] == "turn_done"
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("moss_tts.server")]
+    assert any(line.startswith("live session for 127.0.0.1:") and "raise" in line
+               for line in lines), lines
+    assert not [w for w in recwarn if issubclass(w.category, BudgetWarning)]
