@@ -3,10 +3,13 @@ concurrent clients, a full queue, a client that stops reading, a cross-origin te
 first-audio latency over SSE, held connections (past --max-connections, idle until the header
 deadline), idle live sockets (the tiny Realtime model, --live-idle) and voice listings while
 /health and speech are timed; with --max-streams N the Nano server decodes N requests together
-(issue 25), and every concurrent request must still equal its solo run.
+(issue 25), and every concurrent request must still equal its solo run. Beside that load it
+runs the attacks of issue 31 (bench/serve_attacks.py: stalled bodies, a decompression bomb, a
+live flood, re-asks on a full server, every capped field, a lost RPC backend) and ends with the
+bounds they held.
 
     python bench/serve_soak.py [--requests 1000] [--model nano.gguf --codec codec.gguf]
-                               [--max-streams 4]
+                               [--max-streams 4] [--attacks stall,bomb,...|all|none]
 
 Without --model it uses the tiny fixture model (fast: it measures the server, not the model).
 """
@@ -29,6 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import cpu_line, table  # noqa: E402
+from bench.serve_attacks import add_arguments, run_attacks  # noqa: E402
 from moss_tts.server.connections import Limits  # noqa: E402
 from tests.server.helpers import (Served, call, tiny_model_files,  # noqa: E402
                                   tiny_realtime_files)
@@ -274,7 +279,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         r = run_cases(args, Path(tmp))
     report(args, r)
-    return 0
+    return 0 if all(held.ok for held in r["attacks"]) else 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -305,6 +310,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--voices", type=int, default=300, help="stored voices to list")
     ap.add_argument("--listers", type=int, default=2)
     ap.add_argument("--listing-seconds", type=float, default=5.0)
+    add_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -347,6 +353,7 @@ def run_cases(args, tmp: Path) -> dict:
                                              live_idle=args.live_idle),
                                   args.live_places, args.live_idle)
     rt.close()
+    r["attacks"] = run_attacks(args, tmp, (model, codec), (rt_model, rt_codec))
     r["model"] = model
     return r
 
@@ -355,6 +362,7 @@ def report(args, r: dict) -> None:
     lat, rss0, rss1, marks = r["seq"]
     c_lat, c_st, c_bad = r["conc"]
     q_status, q_dt, h_status, h_dt = r["queue"]
+    print(cpu_line())
     print(f"{args.requests} requests ({'tiny model' if not args.model else r['model']}, "
           f"max_new_frames {args.frames}, --max-streams {args.max_streams}) in "
           f"{r['wall']:.1f} s; latency ms: {ms(lat)}")
@@ -389,6 +397,11 @@ def report(args, r: dict) -> None:
     print(f"{args.live_places} idle live sockets (--live-idle {args.live_idle:g}): free places "
           f"{free_while} while they waited, {free_after} after; all closed within "
           f"{idle_dt:.1f} s, reasons: {sorted(set(reasons))}")
+    if r["attacks"]:
+        for held in r["attacks"]:
+            print(held.line)
+        print("bounds held:")
+        print(table([held.row() for held in r["attacks"]], ["attack", "bound", "figure", "ok"]))
 
 
 if __name__ == "__main__":
