@@ -162,13 +162,13 @@ class Graph(NativeResource):
     """
 
     def __init__(self, backend: "Backend | str | None" = None, *, name: str = "graph",
-                 allocator: "Allocator | Scheduler | None" = None, per_column: bool = False):
+                 allocator: "Allocator | Scheduler | None" = None, rowwise: bool = False):
         self.backend = get_backend(backend)
         self.lib = self.backend.lib
         self.name = name
-        # mul_mat takes each activation row through ggml's one-row kernels (ops.mul_mat): a
-        # step of several streams then computes each stream's numbers as its step alone does
-        self.per_column = per_column
+        # each row's matmul product the same whatever rows go with it (ops.mul_mat): a step of
+        # several streams then computes each stream's numbers as its step alone does
+        self.rowwise = rowwise
         self._owns_allocator = allocator is None  # a shared allocator belongs to its creator
         self.allocator = allocator or allocator_for(self.backend)
         # metadata contexts: (ggml_context*, view of its Python-owned memory, base address, memory)

@@ -241,11 +241,10 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     Row m of the result is a·b[m] — numpy `b @ a.T` — so a PyTorch Linear weight (out, in)
     is used as `a` unchanged.
 
-    In a `per_column` graph, a 2-D b of M > 1 rows goes in as [K, 1, M]: ggml's CPU backend
-    then multiplies each row on its own with the kernel of a one-row product (for M ≥ 2 it
-    would take llamafile's tiled GEMM, or a repacked multi-row kernel, whose sums run in
-    another order: ~1e-6 apart, which an f16 KV cache and a sampled draw turn into other
-    audio), reading each weight block once for all rows all the same.
+    In a `rowwise` graph (a decode step) each row's product is the same whatever rows go with
+    it: ggml picks its kernel by the row count, so a one-row product is taken as a pair, or
+    from some count each row is multiplied on its own, as this backend's kernels need
+    (rowwise.py probes them).
     """
     if a.ne[0] != b.ne[0] or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
         _fail("mul_mat", "need a.ne0 == b.ne0 and a's batch axes dividing b's", a, b)
@@ -256,12 +255,23 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     if a.nb[0] != type_size(a.type)[0] or b.nb[0] != 4:
         _fail("mul_mat", "operands need contiguous rows", a, b)
     g = _graph(a, b)
-    rows = b.ne[1]
-    if g.per_column and rows > 1 and b.ne[2] == b.ne[3] == 1 and a.ne[2] == a.ne[3] == 1:
-        # [K, M] → [K, 1, M] (the rows one matrix each, a broadcast over them) → [N, 1, M]
+    if g.rowwise and b.ne[2] == b.ne[3] == 1 and a.ne[2] == a.ne[3] == 1:
+        return _rowwise_mul_mat(g, a, b)
+    return g.make(g.lib.ggml_mul_mat, a.ptr, b.ptr)
+
+
+def _rowwise_mul_mat(g: Graph, a: Tensor, b: Tensor) -> Tensor:
+    from .repack import PACKED
+    from .rowwise import plan
+
+    rows, how = b.ne[1], plan(g.backend, a.type, a.ptr in PACKED)
+    if how.pair and rows == 1:       # the row twice: the kernel every count of 2+ takes
+        y = g.make(g.lib.ggml_mul_mat, a.ptr, concat(b, b, 1).ptr)   # [N, 2]
+        return view(y, (a.ne[1], 1))
+    if how.alone_from is not None and rows >= how.alone_from:
+        # [K, M] → [K, 1, M] (each row a matrix of its own, a broadcast over them) → [N, 1, M]
         b = view(b, (b.ne[0], 1, rows), (b.nb[1], b.nb[1]))
-        y = g.make(g.lib.ggml_mul_mat, a.ptr, b.ptr)
-        return reshape(y, a.ne[1], rows)
+        return reshape(g.make(g.lib.ggml_mul_mat, a.ptr, b.ptr), a.ne[1], rows)
     return g.make(g.lib.ggml_mul_mat, a.ptr, b.ptr)
 
 

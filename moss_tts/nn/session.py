@@ -93,13 +93,12 @@ class DecodeSession(NativeResource):
         self.position = 0
 
     def _graph(self, n_rows: int, n_slots: int, variant, allocator=None, *,
-               windows: tuple[Window, ...] = ()) -> Graph:
-        """A graph of n_rows rows over the first n_slots slots, or over `windows`. A graph
-        of several windows is a step of several sequences: its matmuls take each row through
-        the one-row kernels (`Graph.per_column`), so each sequence's numbers are those of its
-        step alone."""
+               windows: tuple[Window, ...] = (), step: bool = False) -> Graph:
+        """A graph of n_rows rows over the first n_slots slots, or over `windows`. A step's
+        matmuls give each row the product it has whatever rows go with it
+        (`Graph.rowwise`), so a sequence's step among others' equals its step alone."""
         g = Graph(self.backend, name=f"{self.name}[{variant},{n_rows}x{n_slots}]",
-                  allocator=allocator, per_column=len(windows) > 1)
+                  allocator=allocator, rowwise=step)
         kv = CacheView.inputs(g, self.cache, n_rows, n_slots, flash=self.flash, prefix=self.prefix,
                               windows=windows)
         self._build(g, n_rows, kv, variant)
@@ -111,7 +110,7 @@ class DecodeSession(NativeResource):
         key = (variant, n_slots)
         g = self.step_graphs.get(key)
         if g is None:
-            g = self.step_graphs[key] = self._graph(1, n_slots, variant)
+            g = self.step_graphs[key] = self._graph(1, n_slots, variant, step=True)
         return g
 
     def reserve(self, max_rows: int, variant=None) -> int:
@@ -257,7 +256,7 @@ class SharedDecodeSession(DecodeSession):
         key = (variant, windows)
         g = self.step_graphs.pop(key, None)
         if g is None:
-            g = self._graph(len(windows), 0, variant, windows=windows)
+            g = self._graph(len(windows), 0, variant, windows=windows, step=True)
             if len(self.step_graphs) >= self.STEP_GRAPHS_KEPT:   # the least recently used
                 self.step_graphs.pop(next(iter(self.step_graphs))).close()
         self.step_graphs[key] = g

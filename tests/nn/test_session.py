@@ -149,7 +149,7 @@ def test_a_sessions_owner_closes_what_a_half_built_state_holds():
 # A sequence decoded among others equals the sequence decoded alone bit for bit: its rows sit in
 # a region laid out as its own cache (slot = position), each row attends over that region only
 # (the same windows, so the same flash-attention path and tiles), and a step's matmuls run each
-# row through the one-row kernels (Graph.per_column). Before issue 31 a step of B rows took
+# row through the same kernel whatever the row count (Graph.rowwise). Before issue 31 a step of B rows took
 # ggml's B-column GEMM (~1.5e-6 away) and attended over the shared span: this test allowed 1e-5
 # and missed what an f16 cache and a sampled draw made of it.
 SHARED_ATOL = 0.0
