@@ -85,9 +85,10 @@ def route_ggml_abort(lib) -> None:
 
 
 def abort_cause(message: str) -> str:
-    """What a ggml abort message means, for the line that reports it: a lost RPC backend
-    by name, else the message without ggml's source location."""
-    text = message.split(": ", 1)[-1] if ".c" in message.split(": ", 1)[0] else message
-    if "RPC server crashed" in text or "RPC" in text and "connect" in text:
-        return f"the RPC backend was lost ({text})"
-    return text
+    """What a ggml abort message means, for the line that reports it: any abort of
+    ggml-rpc.cpp (a failed send or receive, a connection refused or cut) is the RPC backend
+    lost; another is its message without ggml's source location."""
+    where, _, text = message.partition(": ")
+    if not text or ".c" not in where:
+        return message
+    return f"the RPC backend was lost ({text})" if "ggml-rpc" in where else text

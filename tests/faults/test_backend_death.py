@@ -19,7 +19,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import openai
 import pytest
@@ -28,7 +27,7 @@ import soundfile as sf
 from moss_tts.ggml.rpc import LocalServer
 from tests.batch.conftest import (batch_cli, batch_models, no_partials, own_cache,  # noqa: F401
                                   records, write_jsonl)
-from tests.server.helpers import call, tiny_model_files
+from tests.server.helpers import call, tiny_model_files, until
 
 SAFETY_S = 120
 LONG_TEXT = " ".join(f"Sentence number {i} is here and it goes on." for i in range(60))
@@ -40,13 +39,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, what: str, timeout: float = SAFETY_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (got := predicate()):
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout} s")
+def wait_for(predicate, what: str):
+    assert until(predicate, SAFETY_S), f"{what}: not within {SAFETY_S} s"
 
 
 @pytest.fixture(scope="module")
@@ -55,23 +49,38 @@ def tiny(tmp_path_factory):
     return tiny_model_files(tmp_path_factory.mktemp("backend_death"))
 
 
-def test_tts_whose_backend_dies_ends_in_one_line_and_writes_no_file(tiny, tmp_path):
-    model, codec = tiny
-    out = tmp_path / "out.wav"
+def tts_command(model, codec, backend, out) -> list[str]:
+    return [sys.executable, "-m", "moss_tts", "tts", "--model", str(model), "--codec",
+            str(codec), "--backend", backend.name, "--text", LONG_TEXT, "-o", str(out)]
+
+
+def test_tts_whose_backend_dies_mid_speech_ends_in_one_line(tiny):
     with LocalServer() as backend:
-        cmd = [sys.executable, "-m", "moss_tts", "tts", "--model", str(model), "--codec",
-               str(codec), "--backend", backend.name, "--text", LONG_TEXT, "-o", str(out)]
-        tts = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # mid-synthesis: the weights are up and frames are being decoded
-        wait_for(lambda: backend.output().count("Accepted client connection") >= 2 or
-                 tts.poll() is not None, "tts reaching its backend")
-        assert tts.poll() is None, tts.communicate()
+        tts = subprocess.Popen(tts_command(*tiny, backend, "-"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+        assert tts.stdout.read(1), tts.communicate()      # speech is coming out: mid-synthesis
     _, err = tts.communicate(timeout=SAFETY_S)
+    err = err.decode()
     assert tts.returncode == 1, err
     assert err.splitlines() == [err.strip()] and err.startswith("error: the RPC backend was "
                                                                 "lost"), err
     assert "gdb" not in err and "Traceback" not in err
-    assert not out.exists() and not list(tmp_path.iterdir())       # nothing half-written
+
+
+def test_tts_whose_backend_dies_writes_no_file(tiny, tmp_path):
+    """Lost while it loads or while it speaks (whichever the kill meets), `tts -o FILE` ends
+    in one line and leaves no file, whole or partial."""
+    out = tmp_path / "out.wav"
+    with LocalServer() as backend:
+        tts = subprocess.Popen(tts_command(*tiny, backend, out), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: "Accepted client connection" in backend.output() or
+                 tts.poll() is not None, "tts reaching its backend")
+    _, err = tts.communicate(timeout=SAFETY_S)
+    assert tts.returncode == 1, err
+    assert err.splitlines() == [err.strip()] and err.startswith("error:") and "RPC" in err, err
+    assert "gdb" not in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())                 # nothing written, nothing half-written
 
 
 @pytest.fixture

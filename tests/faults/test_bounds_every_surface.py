@@ -17,11 +17,11 @@ from moss_tts.batch import run_batch
 from moss_tts.cli import main
 from moss_tts.errors import InputError
 from moss_tts.knobs import MAX_PROMPT_CHARS, SEED_LIMIT
-from moss_tts.models.registry import BY_KIND, family_of_model
+from moss_tts.models.registry import BY_KIND
 from moss_tts.server import create_app
 from moss_tts.speakers import MAX_TRANSCRIPT_CHARS
 from tests.batch.conftest import records, write_jsonl
-from tests.server.helpers import call, client_of
+from tests.server.helpers import call, client_of, loaded_families
 
 ROWS = 20          # the tiny models rarely end by themselves: a value that slips through is cheap
 KINDS = ("voicegen", "sfx", "ttsd")
@@ -80,12 +80,8 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(files):
-    made = {kind: family_of_model(files[kind]).tts_class().load(files[kind], codec=files["codec"],
-                                                                threads=1)
-            for kind in KINDS}
-    yield made
-    for tts in made.values():
-        tts.close()
+    with loaded_families(files, KINDS) as made:
+        yield made
 
 
 @pytest.fixture

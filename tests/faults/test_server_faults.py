@@ -17,34 +17,13 @@ import pytest
 from moss_tts.server import create_app
 from moss_tts.server.connections import Limits
 from moss_tts.server.worker import AudioChannel
-from tests.server.helpers import StubTTS, call, client_of, free_places, raw_post
+from tests.server.helpers import (BOUND, StubTTS, call, client_of, free_places, raw_post,
+                                  read_to_end, until)
 
-BOUND = 60           # seconds: only a broken server makes a test wait this long
 DEADLINE = 1.0       # the body (or header) deadline the servers here run with, in seconds
 FOREVER = 10**6      # a Content-Length no trickle here ever completes
 
 
-def until(condition, bound: float = BOUND) -> bool:
-    """Whether `condition()` came true within `bound` seconds (checked every 10 ms)."""
-    deadline = time.monotonic() + bound
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def read_to_end(sock: socket.socket) -> bytes:
-    """All the socket gives until the server closes (or resets) it; a server that never does
-    fails the test after BOUND seconds."""
-    sock.settimeout(BOUND)
-    data = b""
-    try:
-        while chunk := sock.recv(1 << 16):
-            data += chunk
-    except ConnectionResetError:     # closed with a trickle's bytes unread: the kernel resets
-        pass
-    return data
 
 
 class Trickle:

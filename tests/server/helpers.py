@@ -2,6 +2,7 @@
 tiny Nano and Realtime models behind it, and a stub model that a test holds and releases."""
 
 import base64
+import contextlib
 import io
 import json
 import socket
@@ -189,3 +190,45 @@ def silent_wav_b64(seconds=1.0):
     buf = io.BytesIO()
     sf.write(buf, np.zeros((int(SR * seconds), 1), np.float32), SR, format="WAV")
     return base64.b64encode(buf.getvalue()).decode()
+
+
+BOUND = 60     # seconds a waited-for state may take: only a broken server makes a test wait this
+
+
+def until(condition, bound: float = BOUND) -> bool:
+    """Whether `condition()` came true within `bound` seconds (checked every 10 ms)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def read_to_end(sock: socket.socket, bound: float = BOUND) -> bytes:
+    """All the socket gives until the server closes (or resets) it; a server that never does
+    fails the test after `bound` seconds."""
+    sock.settimeout(bound)
+    data = b""
+    try:
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+@contextlib.contextmanager
+def loaded_families(files: dict, kinds):
+    """kind → its TTS (the family read from the GGUF `files[kind]`, with `files["codec"]`),
+    closed when the block ends."""
+    from moss_tts.models.registry import family_of_model
+
+    made = {kind: family_of_model(files[kind]).tts_class().load(files[kind],
+                                                                codec=files["codec"], threads=1)
+            for kind in kinds}
+    try:
+        yield made
+    finally:
+        for tts in made.values():
+            tts.close()

@@ -14,9 +14,8 @@ import pytest
 
 from moss_tts.server import create_app
 from moss_tts.server.connections import Limits
-from tests.server.helpers import SR, StubTTS, call
+from tests.server.helpers import BOUND, SR, StubTTS, call, read_to_end, until
 
-BOUND = 60     # seconds: only a broken server makes a test wait this long
 
 
 class LogRecords(logging.Handler):
@@ -57,26 +56,6 @@ class LogRecords(logging.Handler):
         assert not bad, bad
 
 
-def until(condition, bound: float = BOUND) -> bool:
-    """Whether `condition()` came true within `bound` seconds (checked every 10 ms)."""
-    deadline = time.monotonic() + bound
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def read_to_end(sock: socket.socket) -> bytes:
-    """All the socket gives until the server closes (or resets) it."""
-    sock.settimeout(BOUND)
-    data = b""
-    try:
-        while chunk := sock.recv(1 << 16):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    return data
 
 
 @pytest.fixture

@@ -15,10 +15,9 @@ import pytest
 import soundfile as sf
 
 from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_models
-from moss_tts.models.registry import family_of_model
 from moss_tts.server import create_app
 from moss_tts.voices import add_voice
-from tests.server.helpers import call
+from tests.server.helpers import call, loaded_families
 
 ROWS = 20          # the tiny models rarely end by themselves: rows are capped
 DIALOGUE = "[S1] Hello there. [S2] Fine, thanks."
@@ -41,12 +40,8 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(files):
-    made = {kind: family_of_model(files[kind]).tts_class().load(files[kind], codec=files["codec"],
-                                                                threads=1)
-            for kind in KINDS}
-    yield made
-    for tts in made.values():
-        tts.close()
+    with loaded_families(files, KINDS) as made:
+        yield made
 
 
 @pytest.fixture
