@@ -88,7 +88,9 @@ def _is_data(value) -> bool:
 
 
 class _Objects:
-    """The child's table of what it lent the parent by handle (handle 0: the model)."""
+    """The child's table of what it lent the parent by handle (handle 0: the model). What a
+    call made (a stream, a live session) is the parent's to close; what an attribute read lent
+    (the model's codec) belongs to its owner, and is never closed for the parent."""
 
     def __init__(self, tts):
         self.table, self.next, self.attrs = {0: tts}, 1, {}
@@ -110,6 +112,9 @@ class _Objects:
         return self.attrs[handle, name]
 
     def close(self, handle: int) -> None:
+        if handle == 0 or handle in {reply[1] for reply in self.attrs.values()
+                                     if reply[0] == "handle"}:
+            return                  # the model, or a part of it lent by an attribute read
         obj = self.table.pop(handle, None)
         close = getattr(obj, "close", None)
         if close is not None:

@@ -95,3 +95,16 @@ def test_a_lost_child_fails_its_requests_until_a_new_one_has_loaded(host, local)
     with pytest.warns(BudgetWarning):
         np.testing.assert_array_equal(audio(host.stream("Hi.", seed=1, max_frames=5)),
                                       audio(local.stream("Hi.", seed=1, max_frames=5)))
+
+
+def test_a_dropped_handle_to_a_part_of_the_model_leaves_it_open(host, local):
+    """What an attribute read lends (the codec) belongs to the model: the parent dropping its
+    handle must not close it there, as dropping a stream closes the stream."""
+    rate = host.codec.sample_rate          # a handle to the child's codec, read and dropped
+    assert rate == local.codec.sample_rate
+    import gc
+
+    gc.collect()
+    with pytest.warns(BudgetWarning):
+        np.testing.assert_array_equal(audio(host.stream("Hi.", seed=1, max_frames=5)),
+                                      audio(local.stream("Hi.", seed=1, max_frames=5)))
