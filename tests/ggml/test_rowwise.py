@@ -36,19 +36,31 @@ def products(weights, x, rowwise: bool) -> np.ndarray:
         return g.run({"x": x})["y"]
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["plain", "repacked"])
-@pytest.mark.parametrize("qtype", TYPES)
-def test_each_rows_product_is_the_same_whatever_rows_go_with_it(tmp_path, qtype, packed):
-    backend = get_backend(None, 2)
-    if packed and not repack.Packer(backend).eligible(GGMLType.parse(qtype), (K, N, 1, 1)):
-        packed = None        # this host does not repack it: the plain weights again
+def check_rowwise(weights, qtype: str) -> None:
     x = np.random.default_rng(4).standard_normal((MOST, K)).astype(np.float32)
-    with Weights.load(weights_file(tmp_path / "w.gguf", qtype), backend,
-                      repack=(lambda name, t: True) if packed else None) as weights:
-        alone = np.concatenate([products(weights, x[j:j + 1], True) for j in range(MOST)])
-        for n in range(2, MOST + 1):
-            got = products(weights, x[:n], True)
-            assert np.array_equal(got, alone[:n]), f"{qtype}: {n} rows"
+    alone = np.concatenate([products(weights, x[j:j + 1], True) for j in range(MOST)])
+    for n in range(2, MOST + 1):
+        assert np.array_equal(products(weights, x[:n], True), alone[:n]), f"{qtype}: {n} rows"
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_each_rows_product_is_the_same_whatever_rows_go_with_it(tmp_path, qtype):
+    with Weights.load(weights_file(tmp_path / "w.gguf", qtype), get_backend(None, 2)) as w:
+        check_rowwise(w, qtype)
+
+
+def test_so_is_a_repacked_weights(tmp_path):
+    """Every type this host repacks (ggml decides by CPU: q4_0 and iq4_nl with AVX2, q4_K
+    and q2_K too; their multi-row kernels are other kernels again)."""
+    backend = get_backend(None, 2)
+    packer = repack.Packer(backend)
+    packed = [t for t in ("q4_0", "iq4_nl", "q4_K", "q2_K")
+              if packer.eligible(GGMLType.parse(t), (K, N, 1, 1))]
+    assert packed, "this host repacks none: the CPU_REPACK kernels go untested"
+    for qtype in packed:
+        with Weights.load(weights_file(tmp_path / f"{qtype}.gguf", qtype), backend,
+                          repack=lambda name, t: True) as w:
+            check_rowwise(w, qtype)
 
 
 def test_a_plain_graphs_products_move_with_the_row_count(tmp_path):
