@@ -108,3 +108,28 @@ def test_a_dropped_handle_to_a_part_of_the_model_leaves_it_open(host, local):
     with pytest.warns(BudgetWarning):
         np.testing.assert_array_equal(audio(host.stream("Hi.", seed=1, max_frames=5)),
                                       audio(local.stream("Hi.", seed=1, max_frames=5)))
+
+
+def test_a_live_session_in_the_child_speaks_as_one_here(tmp_path):
+    """A hosted MOSS-TTS-Realtime model's live session (a handle: its methods and attributes
+    the child's) speaks as the same session in this process."""
+    from moss_tts.live import push_as_typed
+
+    from .helpers import tiny_realtime_files
+
+    model, codec = (str(f) for f in tiny_realtime_files(tmp_path))
+    heard = []
+    with load_tts(model, codec=codec, threads=1) as local:
+        host = HostedModel(HostSpec(model, codec, "cpu", 1), "rt")
+        try:
+            for tts in (local, host):
+                session = tts.session(seed=3)
+                chunks = list(push_as_typed(session, "Hello there, how are you?"))
+                session.end_text()
+                chunks += list(session.drain())
+                heard.append((np.concatenate(chunks), session.rows, session.max_turn_chars))
+                session.close()
+        finally:
+            host.close()
+    assert heard[0][0].size and np.array_equal(heard[0][0], heard[1][0])
+    assert heard[0][1:] == heard[1][1:]
