@@ -39,8 +39,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, what: str):
-    assert until(predicate, SAFETY_S), f"{what}: not within {SAFETY_S} s"
+def wait_for(predicate, what: str, timeout: float = SAFETY_S):
+    """The first true value `predicate()` gives, within `timeout` seconds (else the test
+    fails saying `what` did not happen)."""
+    got = []
+    assert until(lambda: got.append(predicate()) or got[-1], timeout), \
+        f"{what}: not within {timeout} s"
+    return got[-1]
 
 
 @pytest.fixture(scope="module")
