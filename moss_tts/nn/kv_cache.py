@@ -185,12 +185,14 @@ class KVCache(NativeResource):
 
     def _in_regions(self, pos: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         slots = np.empty(len(pos), dtype=np.int64)
-        for i, (p, s) in enumerate(zip(pos, seqs)):
+        for s in np.unique(seqs):       # a prompt chunk is one sequence, a step one row each
+            rows = seqs == s
             first, size = self.region(int(s))
-            if not 0 <= p < size:
-                raise ShapeError(f"KVCache: position {p} is outside sequence {s}'s region of "
-                                 f"{size} slots")
-            slots[i] = first + p
+            outside = (pos[rows] < 0) | (pos[rows] >= size)
+            if outside.any():
+                raise ShapeError(f"KVCache: position {pos[rows][outside][0]} is outside "
+                                 f"sequence {s}'s region of {size} slots")
+            slots[rows] = first + pos[rows]
         return slots
 
     def region(self, seq: int) -> tuple[int, int]:
