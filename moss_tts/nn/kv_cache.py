@@ -116,8 +116,8 @@ class KVCache(NativeResource):
 
     @property
     def span(self) -> int:
-        """1 + the highest filled slot (0 when empty): the slots a graph must attend over.
-        Equals n_filled for one sequence; freed slots in the middle make it larger."""
+        """1 + the highest filled slot (0 when empty): the slots a one-sequence graph attends
+        over (equal to n_filled there; sequences sharing the cache attend over their regions)."""
         filled = np.flatnonzero(self.positions >= 0)
         return int(filled[-1]) + 1 if len(filled) else 0
 
