@@ -63,7 +63,8 @@ NO_AMX_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=
 # -- the prompt ---------------------------------------------------------------------------------
 def voice_clone_prompt(cfg: DelayConfig, n: int) -> np.ndarray:
     """n rows shaped like a voice-clone prompt: text, a reference block (AUDIO_START, user slots
-    carrying the delayed codes of random frames, AUDIO_END), text, AUDIO_START last."""
+    carrying the delayed codes of random frames, AUDIO_END), text, AUDIO_START last (the row
+    the model samples first, so the timed steps are audio rows from the start)."""
     rng = np.random.default_rng(0)
     pad = cfg.audio_pad_code
     frames = max(1, n - 24 - cfg.n_vq)

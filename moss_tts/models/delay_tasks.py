@@ -24,7 +24,6 @@ from ..reference import Reference, unwrapped
 from ..sampling import (DialogueSamplingOptions, SoundEffectSamplingOptions,
                         VoiceDesignSamplingOptions)
 from ..speakers import MAX_TRANSCRIPT_CHARS
-from ..text.delay_prompts import build_generation_rows
 from ..text.languages import LANGUAGES_V1
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, check_tags, merge_turns,
                              normalize_dialogue, split_dialogue, tag_transcript)
@@ -85,10 +84,9 @@ class DialogueTTS(DelayTTS):
             text = self.dialogue(merge_turns(prompt_text + text), len(cast.references),
                                  normalize=normalize)
         references = cast.references if any(r is not None for r in cast.references) else None
-        return build_generation_rows(self.tokenizer, self.ids, text, references=references,
-                                     prompt_codes=None if prompt is None else prompt.codes,
-                                     normalize=normalize,
-                                     **self._prompt_fields({"language": language}))
+        return self._rows_of(text, references=references,
+                             prompt_codes=None if prompt is None else prompt.codes,
+                             normalize=normalize, **self._prompt_fields({"language": language}))
 
     @staticmethod
     def dialogue(text: str, speakers: int, *, normalize: bool = True) -> str:
@@ -244,8 +242,8 @@ class SoundEffectTTS(DelayTTS):
         sound = check_text(sound if text is None else text, "sound")
         if not sound.strip():
             raise InputError("sound is empty: describe the sound (e.g. 'rain on a tin roof')")
-        return build_generation_rows(self.tokenizer, self.ids, None, ambient_sound=sound,
-                                     **self._prompt_fields({"tokens": tokens}, seconds))
+        return self._rows_of(None, normalize=False, ambient_sound=sound,
+                             **self._prompt_fields({"tokens": tokens}, seconds))
 
     @family_stream
     def stream(self, text: str | None = None, *, sound: str | None = None,

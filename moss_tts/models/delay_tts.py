@@ -15,6 +15,7 @@ from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
 from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
+from ..text.normalize import normalize_delay_text
 from ..text.languages import LANGUAGES_V15
 from ..text.script import CJK_OR_HANGUL
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
@@ -69,6 +70,11 @@ class DelayTTS(Qwen3TTS):
     # the prompt and the rows, 54 min of speech at 12.5 rows/s; no more can be used
     BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, 40960, "rows", per_chunk=True)
     DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
+    # a generation prompt ends at `assistant\n` and the model samples AUDIO_START itself, as
+    # the Hugging Face processor and `generate` the checkpoints were trained with (§family-2.4;
+    # upstream's llama.cpp pipeline appends the row instead, P4); MossTTSLocal's processor
+    # appends it
+    START_AUDIO = False
     # the `language` field's values (name, code): one file may hold 1.0 or v1.5, so v1.5's 31
     LANGUAGES = LANGUAGES_V15
     BATCHED = DelayBatch     # several streams per decode step (its published tasks' too)
@@ -144,9 +150,25 @@ class DelayTTS(Qwen3TTS):
                                  "`prompt` too, or use `reference` to clone a voice")
             text = join_transcript(prompt_text, text)
         refs = None if reference is None else [reference.codes]
-        return build_generation_rows(self.tokenizer, self.ids, text, references=refs,
-                                     prompt_codes=None if prompt is None else prompt.codes,
-                                     normalize=normalize, delayed=self.DELAYED, **fields)
+        return self._rows_of(text, references=refs,
+                             prompt_codes=None if prompt is None else prompt.codes,
+                             normalize=normalize, **fields)
+
+    def _rows_of(self, text: str | None, *, normalize: bool, **kwargs) -> np.ndarray:
+        """`build_generation_rows` with this checkpoint's layout, its generation row and, when
+        `normalize`, its processor's normalization (`_normalized`)."""
+        if normalize:
+            text, kwargs = self._normalized(text, kwargs)
+        return build_generation_rows(self.tokenizer, self.ids, text, normalize=False,
+                                     start_audio=self.START_AUDIO, delayed=self.DELAYED,
+                                     **kwargs)
+
+    def _normalized(self, text: str | None, fields: dict) -> tuple[str | None, dict]:
+        """The text and fields as the checkpoint's processor normalizes them: the text by
+        `normalize_tts_text` (Delay's copy, §family-7), the fields as given."""
+        if text is not None and text.strip():    # an empty text is build_generation_rows' error
+            text = normalize_delay_text(text)
+        return text, fields
 
     def forward(self, rows):
         """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits

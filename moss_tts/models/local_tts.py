@@ -55,6 +55,7 @@ class LocalTTS(DelayTTS):
 
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer", LocalSamplingOptions
     DELAYED = False
+    START_AUDIO = True   # its processor appends the AUDIO_START row (§family-3.5)
     # several streams per decode step: set here, not inherited, as `_rows_audio` (not Delay's
     # stream path) takes the rows
     BATCHED = LocalBatch

@@ -1,7 +1,8 @@
 """MossTTSDelay prompts built by ids (docs/upstream-notes.md §family-2.4; upstream
-`processing_moss_tts.py`, `llama_cpp/processor.py`): the user template with its fields, the
-references' audio blocks with their delayed codes, the chat wrapping without a system prompt,
-and the AUDIO_START row the llama.cpp pipeline appends so generation starts in audio.
+`processing_moss_tts.py`): the user template with its fields, the references' audio blocks with
+their delayed codes, the chat wrapping without a system prompt. A generation prompt ends at
+`assistant\n`, as the Hugging Face processor's `mode="generation"` (the model samples
+AUDIO_START itself); MossTTSLocal's processor appends an AUDIO_START row (`start_audio`).
 """
 
 from __future__ import annotations
@@ -73,10 +74,12 @@ def user_pieces(text: str, references, fields: dict) -> list:
 
 def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: str, *,
                           references=None, prompt_codes=None, normalize: bool = True,
-                          start_audio: bool = True, delayed: bool = True,
+                          start_audio: bool = False, delayed: bool = True,
                           **fields) -> np.ndarray:
     """The prompt rows [S, 1 + n_vq] of one request: `<|im_start|>user\\n{content}<|im_end|>\\n
-    <|im_start|>assistant\\n`, then (start_audio) the AUDIO_START row. references: a list of
+    <|im_start|>assistant\\n`, where upstream's Delay processor ends a generation prompt (its
+    `generate` then samples AUDIO_START under the step-0 masks, §family-2.6); with start_audio
+    the AUDIO_START row follows (MossTTSLocal's processor, §family-3.5). references: a list of
     codes [T, n_vq] (or None entries); fields: instruction, tokens, quality, sound_event,
     ambient_sound, language. text None is written as the word None, as upstream's template
     writes a user message without text (MOSS-SoundEffect's).

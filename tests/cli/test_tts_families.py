@@ -65,19 +65,26 @@ def test_delay_through_tts_equals_the_api_to_a_file_and_to_stdout(models, tmp_pa
 
 
 def test_delay_greedy_and_duration_flags_reach_the_model(models, tmp_path):
-    a, b = tmp_path / "a.wav", tmp_path / "b.wav"
-    f32 = ("--greedy", "--sample-format", "f32")
-    assert cli(*delay_args(models, *f32, "-o", a)).returncode == 0
-    r = cli(*delay_args(models, *f32, "--seconds", 0.5, "--language", "en", "-o", b))
+    """--greedy, and --seconds / --language (the prompt's fields). The tiny model's greedy
+    codes barely depend on the prompt, so the fields are shown to matter with sampled draws
+    (seed 7), which any change of the logits moves."""
+    a, b, c = tmp_path / "a.wav", tmp_path / "b.wav", tmp_path / "c.wav"
+    f32 = ("--sample-format", "f32")
+    fields = ("--seconds", 0.5, "--language", "en")
+    assert cli(*delay_args(models, *f32, "--greedy", "-o", a)).returncode == 0
+    r = cli(*delay_args(models, *f32, *fields, "-o", b))
     assert r.returncode == 0, r.stderr
+    assert cli(*delay_args(models, *f32, "-o", c)).returncode == 0
     with DelayTTS.load(models["delay"], codec=models["delay_codec"], threads=1) as tts:
         greedy = DelaySamplingOptions().greedy()
-        want, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24, seconds=0.5,
-                                 language="en")
-        plain, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24)
+        plain_greedy, _ = tts.synthesize(TEXT, options=greedy, max_new_rows=24)
+        want, _ = tts.synthesize(TEXT, seed=7, max_new_rows=24, seconds=0.5, language="en")
+        plain, _ = tts.synthesize(TEXT, seed=7, max_new_rows=24)
+    np.testing.assert_array_equal(sf.read(a, dtype="float32", always_2d=True)[0], plain_greedy)
     np.testing.assert_array_equal(sf.read(b, dtype="float32", always_2d=True)[0], want)
-    np.testing.assert_array_equal(sf.read(a, dtype="float32", always_2d=True)[0], plain)
-    assert want.shape != plain.shape or not np.array_equal(want, plain)   # the flags matter
+    np.testing.assert_array_equal(sf.read(c, dtype="float32", always_2d=True)[0], plain)
+    assert want.shape != plain.shape or not np.array_equal(want, plain)   # the fields matter
+    assert plain.shape != plain_greedy.shape or not np.array_equal(plain, plain_greedy)
 
 
 def test_delay_continuation_from_the_cli_equals_the_api(models, tmp_path):

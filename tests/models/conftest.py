@@ -104,7 +104,7 @@ def seeded_codes(frames, *, seed):
 
 @pytest.fixture(scope="session")
 def delay_files(tmp_path_factory):
-    """gen_bias → the tiny MossTTSDelay checkpoint (fixtures.make_delay, seed 0), its
+    """(gen_bias, steady) → the tiny MossTTSDelay checkpoint (fixtures.make_delay, seed 0), its
     upstream-named float state (bf16 values), config.json dict, and its GGUF through the real
     converter with --strict; each made once."""
     from converters.delay import convert as convert_delay
@@ -112,30 +112,31 @@ def delay_files(tmp_path_factory):
 
     made = {}
 
-    def get(gen_bias=0.0):
-        if gen_bias not in made:
+    def get(gen_bias=0.0, steady=True):
+        if (gen_bias, steady) not in made:
             root = tmp_path_factory.mktemp(f"delay_bias{gen_bias:g}")
-            ckpt = make_tiny_delay_checkpoint(root / "hf", seed=0, gen_bias=gen_bias)
+            state = make_state(tiny_config(), 0, gen_bias, steady=steady)
+            ckpt = make_tiny_delay_checkpoint(root / "hf", state=state)
             gguf = convert_delay(str(ckpt), root / "delay.gguf", strict=True)
-            made[gen_bias] = (ckpt, make_state(tiny_config(), 0, gen_bias), tiny_config(), gguf)
-        return made[gen_bias]
+            made[gen_bias, steady] = (ckpt, state, tiny_config(), gguf)
+        return made[gen_bias, steady]
 
     return get
 
 
 @pytest.fixture(scope="session")
 def delay_model(delay_files):
-    """(gen_bias, KV type) → DelayModel, loaded once; an f32 KV cache by default, so parity
-    tests see f32 rounding only."""
+    """(gen_bias, KV type, steady) → DelayModel, loaded once; an f32 KV cache by default, so
+    parity tests see f32 rounding only."""
     from moss_tts.ggml import F32
     from moss_tts.models.delay import DelayModel
 
     made = {}
 
-    def get(gen_bias=0.0, kv_type=F32):
-        key = (gen_bias, int(kv_type))
+    def get(gen_bias=0.0, kv_type=F32, steady=True):
+        key = (gen_bias, int(kv_type), steady)
         if key not in made:
-            made[key] = DelayModel(Weights.load(delay_files(gen_bias)[3],
+            made[key] = DelayModel(Weights.load(delay_files(gen_bias, steady)[3],
                                                 get_backend(None, THREADS)), kv_type=kv_type)
         return made[key]
 
@@ -213,7 +214,7 @@ def realtime_tts(realtime_files, v1_codec_gguf):
 
 @pytest.fixture(scope="session")
 def published_files(tmp_path_factory):
-    """(kind, gen_bias) → a tiny published MossTTSDelay checkpoint (fixtures.make_delay
+    """(kind, gen_bias, steady) → a tiny published MossTTSDelay checkpoint (fixtures.make_delay
     PUBLISHED: ttsd, voicegen, sfx; seed 0) as (checkpoint dir, config.json dict, GGUF through
     the real converter with --strict, recognized by its name); each made once."""
     from converters.delay import convert as convert_delay
@@ -221,13 +222,14 @@ def published_files(tmp_path_factory):
 
     made = {}
 
-    def get(kind, gen_bias=4.0):
-        if (kind, gen_bias) not in made:
+    def get(kind, gen_bias=4.0, steady=True):
+        if (kind, gen_bias, steady) not in made:
             root = tmp_path_factory.mktemp(f"{kind}_bias{gen_bias:g}")
-            ckpt = make_tiny_published_checkpoint(kind, root, seed=0, gen_bias=gen_bias)
+            ckpt = make_tiny_published_checkpoint(kind, root, seed=0, gen_bias=gen_bias,
+                                                  steady=steady)
             gguf = convert_delay(str(ckpt), root / f"{kind}.gguf", strict=True)
-            made[kind, gen_bias] = (ckpt, tiny_config(n_vq=PUBLISHED_N_VQ), gguf)
-        return made[kind, gen_bias]
+            made[kind, gen_bias, steady] = (ckpt, tiny_config(n_vq=PUBLISHED_N_VQ), gguf)
+        return made[kind, gen_bias, steady]
 
     return get
 

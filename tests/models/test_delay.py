@@ -28,8 +28,8 @@ GREEDY = DelaySamplingOptions().greedy()
 
 def prompt_rows(seed=3, reference=True):
     """A voice-clone-shaped prompt: text, a reference block (AUDIO_START, user slots carrying
-    the delayed codes of 5 frames, AUDIO_END), text, then the AUDIO_START row that llama.cpp
-    appends (generation starts in audio). Without `reference`, the block is dropped."""
+    the delayed codes of 5 frames, AUDIO_END), text, then an AUDIO_START row, as the model
+    samples first (generation goes on in audio). Without `reference`, the block is dropped."""
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, AUDIO_VOCAB, size=(5, N_VQ))
     block = np.full((len(codes) + N_VQ + 1, N_VQ + 1), PAD_CODE)

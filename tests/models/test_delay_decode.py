@@ -54,7 +54,7 @@ def ending_model(tmp_path_factory):
     from fixtures.make_delay import make_state, make_tiny_delay_checkpoint, tiny_config
 
     cfg = tiny_config()
-    state = make_state(cfg, 0, ENDING[0])
+    state = make_state(cfg, 0, ENDING[0], steady=False)
     state["lm_heads.0.weight"][cfg["im_end_token_id"], 0] += ENDING[1]
     root = tmp_path_factory.mktemp("delay_ending")
     gguf = convert(str(make_tiny_delay_checkpoint(root / "hf", config=cfg, state=state)),

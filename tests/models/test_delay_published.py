@@ -60,8 +60,9 @@ def test_the_published_directory_serves_delay_tts(published):
     """Its tokenizer/tokenizer.json builds the prompts (the codec is loaded separately)."""
     with DelayTTS.load(published[0], threads=1) as tts:     # a directory, not a GGUF
         rows = tts.plan("Hello.")
-        assert rows[-1, 0] == tts.config.audio_start_token_id
-        assert rows[0, 0] == tts.config.im_start_token_id
+        assert rows[0, 0] == tts.config.im_start_token_id      # ends at assistant\n (HF)
+        assert list(rows[-3:, 0]) == [tts.config.im_start_token_id] + \
+            tts.tokenizer.encode("assistant\n")
 
 
 def test_missing_tables_or_two_ggufs_raise_model_file_error(published, tmp_path):

@@ -106,7 +106,8 @@ def test_rows_by_ids_equal_upstreams_string_route_without_delay(tts, with_refere
     got = tts.plan("Hello there, 你好。", reference=None if codes is None else Reference(codes),
                    **fields)
     want = delay_ref.prompt_rows_by_string(make_tokenizer_json(), tiny_config(),
-                                           "Hello there, 你好。", codes, delayed=False, **fields)
+                                           "Hello there, 你好。", codes, delayed=False,
+                                           start_audio=True, **fields)
     np.testing.assert_array_equal(got, want)
     if with_reference:   # T user slots carrying the codes row for row, then AUDIO_END
         at = int(np.flatnonzero(got[:, 0] == tts.config.audio_start_token_id)[0])

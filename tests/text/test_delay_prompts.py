@@ -59,15 +59,23 @@ def test_broken_tokenizer_json_raises_model_file_error():
         QwenTokenizer.from_json("{\"model\": 3}")
 
 
+@pytest.mark.parametrize("start_audio", [False, True], ids=["hf_generation", "audio_start_row"])
 @pytest.mark.parametrize("with_reference", [False, True], ids=["no_reference", "voice_clone"])
-def test_rows_by_ids_equal_upstreams_string_route(tokenizer, tokenizer_json, with_reference):
+def test_rows_by_ids_equal_upstreams_string_route(tokenizer, tokenizer_json, with_reference,
+                                                  start_audio):
+    """Upstream's HF `mode="generation"` ends the prompt at `assistant\\n` (the model samples
+    AUDIO_START); with start_audio the AUDIO_START row follows (MossTTSLocal's processor)."""
     codes = np.random.default_rng(2).integers(0, 16, size=(6, N)) if with_reference else None
     fields = dict(instruction="calm", tokens=38, language="English")
     got = build_generation_rows(tokenizer, IDS, "Hello there, 你好。", references=[codes],
-                                normalize=False, **fields)
-    want = ref.prompt_rows_by_string(tokenizer_json, CFG, "Hello there, 你好。", codes, **fields)
+                                normalize=False, start_audio=start_audio, **fields)
+    want = ref.prompt_rows_by_string(tokenizer_json, CFG, "Hello there, 你好。", codes,
+                                     start_audio=start_audio, **fields)
     np.testing.assert_array_equal(got, want)
-    assert got[-1, 0] == IDS.audio_start and (got[-1, 1:] == PAD).all()
+    ending = got[-1:] if start_audio else got[-3:]
+    assert (ending[:, 1:] == PAD).all()
+    assert list(ending[:, 0]) == ([IDS.audio_start] if start_audio else
+                                  [IDS.im_start] + tokenizer.encode("assistant\n"))
     if with_reference:   # the AUDIO_START row carries pads, the next row codebook 0 of frame 0
         at = int(np.flatnonzero(got[:, 0] == IDS.audio_start)[0])
         assert (got[at, 1:] == PAD).all() and got[at + 1, 1] == codes[0, 0]
