@@ -25,6 +25,7 @@ from ..sampling import (DialogueSamplingOptions, SoundEffectSamplingOptions,
                         VoiceDesignSamplingOptions)
 from ..speakers import MAX_TRANSCRIPT_CHARS
 from ..text.languages import LANGUAGES_V1
+from ..text.voice_design import normalize_instruction, normalize_voice_text
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, check_tags, merge_turns,
                              normalize_dialogue, split_dialogue, tag_transcript)
 from ..tts import FrameBudget, check_text, family_stream
@@ -203,6 +204,19 @@ class VoiceDesignTTS(DelayTTS):
     TEXT_FIELDS = ("instruction", "language")
     # its card: "high-quality synthesis in Chinese and English"
     LANGUAGES = tuple(pair for pair in LANGUAGES_V1 if pair[1] in ("zh", "en"))
+
+    def _normalized(self, text: str | None, fields: dict) -> tuple[str | None, dict]:
+        """Its processor's `normalize_inputs` (the card and app turn it on): the text and the
+        instruction by its own rules (text/voice_design.py), not Delay's normalizer."""
+        instruction = fields.get("instruction")
+        if instruction is not None:
+            instruction = normalize_instruction(instruction)
+            if not instruction:
+                raise InputError("instruction: nothing is left of it once normalized (its "
+                                 "[...] and {...} spans are dropped): describe the voice in "
+                                 "words, or pass normalize=False")
+            fields = dict(fields, instruction=instruction)
+        return (None if text is None else normalize_voice_text(text)), fields
 
     @family_stream
     def stream(self, text: str, *, instruction: str | None = None,
