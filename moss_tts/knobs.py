@@ -103,7 +103,8 @@ KNOBS = (
     # N=SRC[:TRANSCRIPT] gives one, SRC a stored voice or an audio file
     Knob("speakers", list, "speaker N's voice, one flag per speaker: SRC a stored voice (with "
          "its stored transcript unless ':' and one follow) or an audio file, then ':' and what "
-         "it says", keyword="speakers", items=speaker_specs, cli="speaker"),
+         "it says; a speaker given none is the model's choice", keyword="speakers",
+         items=speaker_specs, cli="speaker"),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 SPELLINGS = {alias: k for k in KNOBS for alias in (k.name, *k.aliases)}   # every accepted name

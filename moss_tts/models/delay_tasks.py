@@ -73,7 +73,7 @@ class DialogueTTS(DelayTTS):
         the speakers again; `prompt`/`prompt_text` continue a chunk before this one (else the
         speakers' own speech and transcripts are the continuation, as upstream's)."""
         cast = cast or self.cast(speakers)
-        return self._rows(self.dialogue(text, len(cast.references), normalize=normalize), cast,
+        return self._rows(self.dialogue(text, normalize=normalize), cast,
                           prompt, prompt_text, normalize=normalize, language=language)
 
     def _rows(self, text: str, cast: Cast, prompt: Reference | None, prompt_text: str | None, *,
@@ -82,21 +82,20 @@ class DialogueTTS(DelayTTS):
         if prompt is None and cast.prompt is not None:
             prompt, prompt_text = cast.prompt, cast.prompt_text
         if prompt_text:    # upstream's _build_prefixed_text, then the same checks again
-            text = self.dialogue(merge_turns(prompt_text + text), len(cast.references),
-                                 normalize=normalize)
+            text = self.dialogue(merge_turns(prompt_text + text), normalize=normalize)
         references = cast.references if any(r is not None for r in cast.references) else None
         return self._rows_of(text, references=references,
                              prompt_codes=None if prompt is None else prompt.codes,
                              normalize=normalize, **self._prompt_fields({"language": language}))
 
     @staticmethod
-    def dialogue(text: str, speakers: int, *, normalize: bool = True) -> str:
+    def dialogue(text: str, *, normalize: bool = True) -> str:
         """The dialogue as upstream's app hands it on: normalized (its normalize_text, on by
-        default there too), then checked against the number of speakers (at most 5 without
-        references: the tags name the speakers)."""
+        default there too), then checked (a speaker tag at least, every tag [S1] to [S5]).
+        A speaker with no voice given is the model's choice, whatever its number."""
         check_tags(text, shorthand=normalize)      # before the cleanup drops a tag's `-`
         text = normalize_dialogue(text) if normalize else text.strip()
-        check_dialogue(text, speakers or MAX_SPEAKERS)
+        check_dialogue(text)
         return text
 
     def cast(self, speakers) -> Cast:
@@ -142,7 +141,7 @@ class DialogueTTS(DelayTTS):
                language: str | None = None) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] of the dialogue as frames complete (see DelayTTS.stream)."""
         cast = self.cast(speakers)
-        text = self.dialogue(text, len(cast.references), normalize=normalize)
+        text = self.dialogue(text, normalize=normalize)
 
         def say(chunk, prompt, prompt_text, seed, frames):
             rows = self._rows(chunk, cast, prompt, prompt_text, normalize=normalize,

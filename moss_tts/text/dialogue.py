@@ -134,30 +134,18 @@ def check_tags(text: str, *, shorthand: bool = False) -> None:
                              f"[S1] to [S{MAX_SPEAKERS}]{also}; fix the tag")
 
 
-def _plural(n: int) -> str:
-    return f"{n} speaker is" if n == 1 else f"{n} speakers are"
-
-
-def check_dialogue(text: str, speakers: int | None = None) -> str:
+def check_dialogue(text: str) -> str:
     """`text` stripped, when it is a dialogue MOSS-TTSD can speak (`_validate_dialogue_text`):
-    it has a speaker tag, its tags are [S1] to [S{MAX_SPEAKERS}] (`check_tags`), and its highest
-    tag is at most `speakers` (how many speakers have a voice; None: only MAX_SPEAKERS bounds
-    it). Each problem is a one-line InputError saying what to change; one about the speakers
-    starts with `speakers:`, so each front end names its own spelling (knobs.renamed)."""
+    it has a speaker tag and its tags are [S1] to [S{MAX_SPEAKERS}] (`check_tags`). Which
+    speakers have a voice is not its business: a speaker given none is the model's choice, as
+    upstream's TTSD app clones S1 and leaves S2 to the model. Each problem is a one-line
+    InputError saying what to change."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("text is empty: write the dialogue as [S1] words [S2] words ...")
-    if speakers is not None and not 1 <= speakers <= MAX_SPEAKERS:
-        raise InputError(f"speakers: {speakers} are given; MOSS-TTSD speaks 1 to "
-                         f"{MAX_SPEAKERS}: give fewer")
     check_tags(text)
-    tags = [int(n) for n in _TAG.findall(text)]
-    if not tags:
+    if not _TAG.search(text):
         raise InputError("the text has no speaker tag: start each turn with its speaker, "
                          "[S1] words [S2] words ...")
-    top = max(tags)
-    if speakers is not None and top > speakers:
-        raise InputError(f"speakers: the text has [S{top}] but only {_plural(speakers)} given: "
-                         f"give speaker {top} a voice too, or fix the tag")
     return text.strip()
 
 

@@ -82,13 +82,29 @@ def test_a_stored_voice_brings_its_transcript(published_tts):
     ([(codes(3, 1), "  ")], "[S1] Hi.", r"^speakers: speaker 1's transcript is empty"),
     ({6: (codes(3, 1), "Hi.")}, "[S1] Hi.", r"^speakers: speaker numbers are 1 to 5"),
     ("alice", "[S1] Hi.", r"^speakers must be a list"),
-    ([(codes(3, 1), "Hi.")], "[S2] Hi.", r"\[S2\]"),
     (None, "No tags at all.", r"tag"),
 ])
 def test_bad_dialogue_input_is_one_line_naming_it(published_tts, speakers, text, match):
     with pytest.raises(InputError, match=match) as e:
         published_tts("ttsd").synthesize(text, speakers=speakers, max_new_rows=4)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("given", [
+    lambda a: {1: (a, "Hi.")}, lambda a: [(a, "Hi.")], lambda a: [(a, "Hi."), None]],
+    ids=["dict", "one_item_list", "list_with_none"])
+def test_a_speaker_given_no_voice_is_the_models_choice_in_every_form(published_tts, given):
+    """Upstream's TTSD app clones S1 and leaves S2 to the model (references [S1, None]): every
+    spelling of "S1 only" gives that prompt, with [S2] in the dialogue; S2 alone likewise."""
+    tts = published_tts("ttsd")
+    a = codes(4, 3)
+    dialogue = "[S1] Hello there. [S2] Fine."
+    rows = tts.plan(dialogue, normalize=False, speakers=given(a))
+    np.testing.assert_array_equal(rows, want_rows("[S1]Hi.Hello there.[S2]Fine.",   # merged
+                                                  references=[a, None], prompt_codes=a))
+    rows = tts.plan(dialogue, normalize=False, speakers={2: (a, "Yo.")})
+    np.testing.assert_array_equal(rows, want_rows("[S2]Yo.[S1]Hello there.[S2]Fine.",
+                                                  references=[None, a], prompt_codes=a))
 
 
 # -- MOSS-VoiceGenerator: upstream's moss_voice_generator_model_card.md (build_user_message
@@ -105,6 +121,17 @@ def test_voice_design_requires_an_instruction(published_tts, instruction):
     with pytest.raises(InputError, match=r"^instruction is required") as e:
         published_tts("voicegen").synthesize("Hello.", instruction=instruction)
     assert "\n" not in str(e.value)
+
+
+def test_an_instruction_normalized_to_nothing_is_one_line(published_tts):
+    """Its processor drops [...] spans (normalize_inputs): an instruction of nothing else would
+    describe no voice; as written (normalize=False) it is the prompt's."""
+    tts = published_tts("voicegen")
+    with pytest.raises(InputError, match=r"^instruction: nothing is left of it") as e:
+        tts.plan("Hello.", instruction="[calm] {low}")
+    assert "\n" not in str(e.value)
+    rows = tts.plan("Hello.", instruction="[calm] {low}", normalize=False)
+    np.testing.assert_array_equal(rows, want_rows("Hello.", instruction="[calm] {low}"))
 
 
 def test_voice_design_takes_no_reference(published_tts):

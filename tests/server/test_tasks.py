@@ -108,6 +108,16 @@ def test_speakers_by_stored_voice_and_by_upload_with_its_transcript(server, mode
                                              speakers=[(ref, "Words."), None]))
 
 
+def test_a_speaker_given_no_voice_is_the_models_choice(server, models, files):
+    """Upstream's TTSD app clones S1 and leaves S2 to the model: `speakers` naming S1 only,
+    with [S2] in the dialogue, speaks as the API does with [S1's voice, None]."""
+    _, client = server
+    bob = models["ttsd"].voice("bob", root=files["dir"] / "voices")
+    want = api(models, "ttsd", DIALOGUE, speakers=[bob, None])
+    np.testing.assert_array_equal(speech(client, "ttsd", DIALOGUE, speakers=[{"voice": "bob"}]),
+                                  want)
+
+
 @pytest.mark.parametrize("model, extra, message", [
     ("voicegen", {}, "'instruction' (or 'instructions') is required for MOSS-VoiceGenerator"),
     ("ttsd", {"speakers": {"voice": "bob"}}, "'speakers' must be a list"),
@@ -119,8 +129,6 @@ def test_speakers_by_stored_voice_and_by_upload_with_its_transcript(server, mode
     ("ttsd", {"speakers": [{"voice": "nobody"}]}, "'speakers': no stored voice named 'nobody'"),
     ("ttsd", {"speakers": [{"voice": "mute"}]},
      "'speakers': speaker 1 has reference speech but no transcript"),
-    ("ttsd", {"speakers": [{"voice": "bob"}], "input": "[S1] Hi. [S2] Yo."},
-     "'speakers': the text has [S2] but only 1 speaker is given: give speaker 2 a voice too"),
     ("voicegen", {"speakers": [{"voice": "bob"}], "instructions": "Calm."},
      "'speakers' is not a MOSS-VoiceGenerator option"),
     ("sfx", {"reference_audio": "AAAA"}, "'reference_audio' is not a MOSS-SoundEffect option"),
