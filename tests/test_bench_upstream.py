@@ -219,3 +219,16 @@ def test_nano_report_renders_whole_with_the_upstream_prefill(tmp_path, monkeypat
     d = Driver(args, tmp_path / "log.txt", script=Path(nano.__file__))
     text = nano.render(args, ["f32"], {("f32", "prefill"): prefill, nano.UPSTREAM_KEY: up}, {}, d, 1.0)
     assert "against upstream PyTorch f32" in text and "2.00x" in text and "CPU: " in text
+
+
+def test_delay_upstream_takes_only_the_named_functions_of_an_app():
+    """bench/delay_upstream.py runs the TTSD app's dialogue functions without importing the app
+    (gradio, torchaudio at its top): the named functions, with `re`, and nothing else."""
+    from bench.delay_upstream import functions_of
+
+    src = ("import gradio\nX = 1\n\ndef a(t):\n    return re.sub('x', 'y', t)\n\n"
+           "def b():\n    return X\n")
+    ns = functions_of(src, ("a",))
+    assert ns["a"]("xx") == "yy" and "b" not in ns and "gradio" not in ns
+    with pytest.raises(SystemExit, match="lacks"):
+        functions_of(src, ("a", "c"))
