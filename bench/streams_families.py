@@ -324,13 +324,19 @@ def _delay_prepare(driver, outtype: str) -> None:
 
 def _delay_keep_speaking() -> None:
     """bench/delay.py steps a fixed number of rows whatever the text head picks: here, in
-    `next_row` (which the alone loop and the batch share), the text head never draws the delay
-    slot (the audio's end) nor <|im_end|>: their logits are set far below the rest first."""
+    `next_row` (which the alone loop and the batch share), the text head starts audio at once
+    (a generation prompt ends at `assistant\\n`: a trained model's first draw is
+    <|audio_start|>, a random one's any token) and never draws the delay slot (the audio's
+    end) nor <|im_end|>: their logits are set far below the rest first."""
     from moss_tts.models import delay
 
     def wrap(plain):
         def next_row(state, text_logits, audio_logits, seen, cfg, opts, rng):
             text_logits = text_logits.copy()
+            if not state.is_audio:
+                start = text_logits[cfg.audio_start_token_id]
+                text_logits[:] = NEVER
+                text_logits[cfg.audio_start_token_id] = start
             text_logits[[cfg.audio_assistant_delay_slot_token_id, cfg.im_end_token_id]] = NEVER
             return plain(state, text_logits, audio_logits, seen, cfg, opts, rng)
         return next_row

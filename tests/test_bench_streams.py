@@ -85,6 +85,11 @@ def test_delay_text_head_never_draws_the_delay_slot(monkeypatch):
     assert delay.next_row(state, text, *args)[0][0] == cfg.audio_assistant_delay_slot_token_id
     families._delay_keep_speaking()
     assert delay.next_row(state, text, *args)[0][0] == cfg.audio_assistant_gen_slot_token_id
+    # a generation prompt ends at assistant\n: the patched head starts audio whatever it favours
+    start = DelayState.from_prompt(rows[:2, 0], cfg.ids)
+    assert not start.is_audio
+    assert delay.next_row(start, logits_topped_by(cfg.vocab_size, 1000), *args)[0][0] == \
+        cfg.audio_start_token_id
 
 
 def test_a_checkpoint_cached_without_a_tokenizer_is_written_again(tmp_path):
