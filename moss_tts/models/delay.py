@@ -8,11 +8,11 @@ pad code's row is a learned vector and is added like any other (P1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
+from ..errors import InputError
 from ..ggml import F16, I32, GGMLType, Graph, TensorStore, Weights, ops
 from ..ggml.graph import Tensor
 from ..ggml.repack import types as repack_types
@@ -22,6 +22,7 @@ from ..sampling import DelaySamplingOptions, choose_rows, seen_per_head, seen_po
 from . import qwen3, spec
 from .delay_state import (DelayIds, DelayState, advance, audio_channels, forced_text,
                           text_allowed)
+from .rows import check_ids, check_rows, row_feed
 
 KIND = "delay"
 FORMAT_VERSION = 1
@@ -109,40 +110,6 @@ class DelayWeights:
         return cls(t["token_embd.weight"], [t[f"emb_ext.{k}.weight"] for k in range(cfg.n_vq)],
                    qwen3.layers_from_tensors(t, cfg.language_config), t["output_norm.weight"],
                    t[TEXT_HEAD], t[AUDIO_HEADS])
-
-
-def check_ids(cfg, family: str) -> None:
-    """The pad code inside the audio tables and every `*_token_id` inside the text vocabulary
-    of a config with MossTTSDelayConfig's fields (Delay's, Local's)."""
-    if not 0 <= cfg.audio_pad_code <= cfg.audio_vocab_size:
-        raise ConfigError(f"{family}: audio_pad_code {cfg.audio_pad_code} is outside the "
-                          f"{cfg.audio_vocab_size + 1} rows of each audio table")
-    top = max(getattr(cfg, f.name) for f in fields(cfg) if f.name.endswith("_token_id"))
-    if top >= cfg.vocab_size:
-        raise ConfigError(f"{family}: special id {top} lies outside the text vocabulary of "
-                          f"{cfg.vocab_size}")
-
-
-# -- host-side row inputs -----------------------------------------------------------------------
-def check_rows(rows, cfg: DelayConfig) -> np.ndarray:
-    """rows int [S, 1 + n_vq] with text ids in the vocabulary and codes in the tables."""
-    rows = np.asarray(rows)
-    if rows.dtype.kind not in "iu":
-        raise InputError(f"rows must be integers, got dtype {rows.dtype}")
-    if rows.ndim != 2 or rows.shape[1] != cfg.n_vq + 1 or rows.shape[0] == 0:
-        raise InputError(f"rows must have shape [S, {cfg.n_vq + 1}], got {rows.shape}")
-    if rows[:, 0].min() < 0 or rows[:, 0].max() >= cfg.vocab_size:
-        raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
-    if rows[:, 1:].min() < 0 or rows[:, 1:].max() >= cfg.audio_rows:
-        raise InputError(f"audio codes must lie in [0, {cfg.audio_rows}) (the pad code "
-                         f"{cfg.audio_pad_code} included)")
-    return rows
-
-
-def row_feed(rows: np.ndarray) -> dict[str, np.ndarray]:
-    rows = rows.astype(np.int32)
-    return {"rows.text": rows[:, 0]} | {f"rows.code.{k}": rows[:, k + 1]
-                                        for k in range(rows.shape[1] - 1)}
 
 
 def matmul_only(repack: bool | None):

@@ -25,7 +25,7 @@ from ..nn.session import (DecodeSession, SessionsOwner, SharedDecodeSession, con
                           frames_capacity)
 from ..sampling import LocalSamplingOptions, check_finite, choose_rows, seen_per_head
 from . import qwen3, spec
-from .delay import check_ids, check_rows
+from .rows import check_ids, check_rows
 
 KIND = "local"
 FORMAT_VERSION = 1

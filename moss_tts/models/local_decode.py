@@ -12,9 +12,9 @@ from ..errors import InputError
 from ..sampling import LocalSamplingOptions
 from ..nn.session import SharedDecodeSession
 from .batching import BatchFamily, StreamJob
-from .delay import check_rows
 from .local import (MAX_NEW_FRAMES, GenerationState, LocalModel, RowChooser, check_n_vq,
                     row_feed)
+from .rows import check_rows
 
 
 class RowWork:

@@ -23,7 +23,7 @@ from ..nn.session import (DecodeSession, SessionsOwner, SharedDecodeSession, con
                           frames_capacity)
 from ..sampling import LocalV15SamplingOptions, check_finite, choose_rows, sample_audio_code
 from . import gpt2, qwen3, spec
-from .nano import row_inputs
+from .rows import masked_row_feed
 
 KIND = "local-v15"
 FORMAT_VERSION = 1
@@ -239,7 +239,7 @@ class LocalV15Model:
 
     def check_rows(self, rows) -> dict[str, np.ndarray]:
         """rows int [S, 1 + n_vq] → the backbone's row inputs (InputError when malformed)."""
-        return row_inputs(rows, self.config)
+        return masked_row_feed(rows, self.config)
 
     # -- the steps ------------------------------------------------------------------------------
     def prefill(self, state: GenerationState, rows) -> np.ndarray:

@@ -20,6 +20,7 @@ from ..ggml.graph import Tensor
 from ..nn import CacheView, last_row, masked_embedding_sum
 from ..nn.session import DecodeSession, SessionsOwner, SharedDecodeSession, frames_capacity
 from . import gpt2, spec
+from .rows import masked_row_feed
 
 KIND = "nano"
 FORMAT_VERSION = 1
@@ -100,29 +101,6 @@ class NanoWeights:
                                  for i in range(cfg.local.n_layer)],
                    local_ln_f=(t[f"{LOCAL}.ln_f.weight"], t[f"{LOCAL}.ln_f.bias"]),
                    audio_embeddings=[t[f"audio_embeddings.{c}.weight"] for c in range(cfg.n_vq)])
-
-
-# -- host-side row inputs -----------------------------------------------------------------------
-def row_inputs(rows: np.ndarray, cfg: NanoConfig) -> dict[str, np.ndarray]:
-    """rows int [L, n_vq+1] → graph inputs: text ids, and per channel safe code ids plus a 0/1
-    mask (the pad id lies outside every table, so it is looked up as 0 and masked out)."""
-    rows = np.asarray(rows)
-    if rows.dtype.kind not in "iu":
-        raise InputError(f"prompt rows must be integers, got dtype {rows.dtype}")
-    if rows.ndim != 2 or rows.shape[1] != cfg.n_vq + 1 or rows.shape[0] == 0:
-        raise InputError(f"prompt rows must have shape [L, {cfg.n_vq + 1}], got {rows.shape}")
-    text, codes = rows[:, 0], rows[:, 1:]
-    if text.min() < 0 or text.max() >= cfg.vocab_size:
-        raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
-    pad = codes == cfg.audio_pad_token_id
-    if ((codes < 0) | ((codes >= cfg.audio_vocab_size) & ~pad)).any():
-        raise InputError(f"audio codes must lie in [0, {cfg.audio_vocab_size}) or be the pad "
-                         f"id {cfg.audio_pad_token_id}")
-    feed = {"rows.text": text.astype(np.int32)}
-    for c in range(cfg.n_vq):
-        feed[f"rows.code.{c}"] = np.where(pad[:, c], 0, codes[:, c]).astype(np.int32)
-        feed[f"rows.mask.{c}"] = (~pad[:, c]).astype(np.float32)[:, None]
-    return feed
 
 
 # -- graph builders ---------------------------------------------------------------------------
@@ -226,7 +204,7 @@ class NanoModel:
 
     def prefill(self, state: GenerationState, rows: np.ndarray) -> np.ndarray:
         """Run prompt rows (appended after what the state holds) → hidden of the last row [D]."""
-        feed = row_inputs(rows, self.config)
+        feed = masked_row_feed(rows, self.config)
         if state.position + len(rows) > state.capacity:
             raise InputError(f"{state.position} + {len(rows)} rows exceed the state's capacity "
                              f"of {state.capacity}; make a larger state")
@@ -291,12 +269,13 @@ class NanoModel:
 
     def prefill_stream(self, state: GenerationState, seq: int, rows: np.ndarray) -> np.ndarray:
         """`prefill` for stream `seq` of a shared state (one graph over its rows, as alone)."""
-        return state.global_.append(seq, row_inputs(rows, self.config), len(rows))["global.hidden"]
+        feed = masked_row_feed(rows, self.config)
+        return state.global_.append(seq, feed, len(rows))["global.hidden"]
 
     def step_hidden(self, state: GenerationState, seqs, rows: np.ndarray) -> np.ndarray:
         """One row per stream of a shared state (rows (n, n_vq + 1), row i of seqs[i]) → each
         row's hidden (n, D), one graph over all of them."""
-        return state.global_.step(seqs, row_inputs(rows, self.config),
+        return state.global_.step(seqs, masked_row_feed(rows, self.config),
                                   variant="step")["global.hidden"]
 
     def frame_row(self, codes: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ from ..nn.session import (DecodeSession, SessionsOwner, SharedDecodeSession, buc
 from ..sampling import (RealtimeSamplingOptions, apply_repetition_penalty, check_finite,
                         greedy_token, sample_top_k_token, seen_windowed)
 from . import qwen3, spec
+from .rows import check_rows, row_feed
 
 KIND = "realtime"
 FORMAT_VERSION = 1
@@ -77,6 +78,11 @@ class RealtimeConfig:
     @property
     def n_vq(self) -> int:
         return self.rvq
+
+    @property
+    def audio_rows(self) -> int:
+        """Rows of each audio table and head: the codebook, the pad, BOS and EOS."""
+        return self.audio_vocab_size
 
     @property
     def codebook_size(self) -> int:
@@ -134,28 +140,6 @@ class RealtimeWeights:
                     for i in range(lc.num_hidden_layers)], t[LOCAL_NORM],
                    [t[f"local.embed_tokens.{j}.weight"] for j in range(cfg.rvq - 1)],
                    [t[f"local.lm_heads.{j}.weight"] for j in range(cfg.rvq)])
-
-
-# -- host-side row inputs -----------------------------------------------------------------------
-def check_rows(rows, cfg: RealtimeConfig) -> np.ndarray:
-    """rows int [S, 1 + rvq], text ids in the vocabulary, codes in the tables (pad, BOS and
-    EOS included)."""
-    rows = np.asarray(rows)
-    if rows.dtype.kind not in "iu":
-        raise InputError(f"rows must be integers, got dtype {rows.dtype}")
-    if rows.ndim != 2 or rows.shape[1] != cfg.rvq + 1 or rows.shape[0] == 0:
-        raise InputError(f"rows must have shape [S, {cfg.rvq + 1}], got {rows.shape}")
-    if rows[:, 0].min() < 0 or rows[:, 0].max() >= cfg.vocab_size:
-        raise InputError(f"text ids must lie in [0, {cfg.vocab_size})")
-    if rows[:, 1:].min() < 0 or rows[:, 1:].max() >= cfg.audio_vocab_size:
-        raise InputError(f"audio codes must lie in [0, {cfg.audio_vocab_size})")
-    return rows
-
-
-def row_feed(rows: np.ndarray) -> dict[str, np.ndarray]:
-    rows = rows.astype(np.int32)
-    return {"rows.text": rows[:, 0]} | {f"rows.code.{k}": rows[:, k + 1]
-                                        for k in range(rows.shape[1] - 1)}
 
 
 # -- graph builders ---------------------------------------------------------------------------

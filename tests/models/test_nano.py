@@ -16,7 +16,8 @@ from fixtures.compare import assert_close, assert_differs
 from fixtures.reference import nano as ref
 from moss_tts.errors import InputError
 from moss_tts.ggml import Graph
-from moss_tts.models.nano import embed_rows, row_inputs
+from moss_tts.models.nano import embed_rows
+from moss_tts.models.rows import masked_row_feed
 
 from .conftest import AUDIO_VOCAB, N_VQ
 
@@ -188,7 +189,7 @@ def embed(model, rows):
     g = Graph(model.backend, name="test.embed")
     g.output(embed_rows(g, model.w, model.config, len(rows)), "embedding", ndim=2)
     try:
-        return g.build().run(row_inputs(rows, model.config))["embedding"]
+        return g.build().run(masked_row_feed(rows, model.config))["embedding"]
     finally:
         g.close()
 
