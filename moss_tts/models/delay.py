@@ -46,14 +46,14 @@ class DelayConfig:
     vocab_size: int
     n_vq: int = 32
     audio_vocab_size: int = 1024
-    pad_token_id: int = 151643
-    im_start_token_id: int = 151644
-    im_end_token_id: int = 151645
-    audio_user_slot_token_id: int = 151654
-    audio_assistant_gen_slot_token_id: int = 151656
-    audio_assistant_delay_slot_token_id: int = 151662
-    audio_start_token_id: int = 151652
-    audio_end_token_id: int = 151653
+    pad_token_id: int = qwen3.PAD_ID
+    im_start_token_id: int = qwen3.IM_START_ID
+    im_end_token_id: int = qwen3.IM_END_ID
+    audio_user_slot_token_id: int = qwen3.AUDIO_USER_SLOT_ID
+    audio_assistant_gen_slot_token_id: int = qwen3.AUDIO_ASSISTANT_SLOT_ID
+    audio_assistant_delay_slot_token_id: int = qwen3.AUDIO_DELAY_SLOT_ID
+    audio_start_token_id: int = qwen3.AUDIO_START_ID
+    audio_end_token_id: int = qwen3.AUDIO_END_ID
     audio_pad_code: int = 1024
     sampling_rate: int = 24000
 

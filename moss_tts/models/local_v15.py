@@ -45,13 +45,13 @@ class LocalV15Config:
     n_vq: int = 12
     audio_vocab_size: int = 1024
     audio_pad_token_id: int = 1024
-    pad_token_id: int = 151643
-    im_start_token_id: int = 151644
-    im_end_token_id: int = 151645
-    audio_start_token_id: int = 151669
+    pad_token_id: int = qwen3.PAD_ID
+    im_start_token_id: int = qwen3.IM_START_ID
+    im_end_token_id: int = qwen3.IM_END_ID
+    audio_start_token_id: int = 151669        # this model's own pair, not Qwen's (P13)
     audio_end_token_id: int = 151670
-    audio_user_slot_token_id: int = 151654
-    audio_assistant_slot_token_id: int = 151656
+    audio_user_slot_token_id: int = qwen3.AUDIO_USER_SLOT_ID
+    audio_assistant_slot_token_id: int = qwen3.AUDIO_ASSISTANT_SLOT_ID
     sampling_rate: int = 48000
 
     def __post_init__(self):

@@ -30,6 +30,15 @@ GGUF_KEYS = {
 }
 LAYER_PREFIX = "blk.{}."                     # llama.cpp
 SOURCE_LAYER_PREFIX = "layers.{}."           # HF, below the model's own prefix
+# The Qwen tokenizer's special tokens that the MOSS-TTS checkpoints on this backbone give roles
+# (docs/upstream-notes.md §family-1.2): the default ids of their configs, declared once here
+PAD_ID = 151643                    # <|endoftext|>, the text pad
+IM_START_ID, IM_END_ID = 151644, 151645
+AUDIO_START_ID, AUDIO_END_ID = 151652, 151653     # Local v1.5 has its own pair (P13)
+AUDIO_USER_SLOT_ID = 151654        # a reference frame's row; Realtime's <|audio_pad|>
+TEXT_PAD_ID = 151655               # Realtime's <|text_pad|>
+AUDIO_ASSISTANT_SLOT_ID = 151656   # a generated frame's row (Delay's GEN slot)
+AUDIO_DELAY_SLOT_ID = 151662       # Delay's DELAY slot, the staircase's flush rows
 
 
 @dataclass(frozen=True)

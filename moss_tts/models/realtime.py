@@ -51,11 +51,11 @@ class RealtimeConfig:
     rvq: int = 16
     audio_pad_token: int = 1024
     audio_vocab_size: int = 1027
-    reference_audio_pad: int = 151654
-    text_pad: int = 151655
-    pad_token_id: int = 151643
-    im_start_token_id: int = 151644
-    im_end_token_id: int = 151645
+    reference_audio_pad: int = qwen3.AUDIO_USER_SLOT_ID
+    text_pad: int = qwen3.TEXT_PAD_ID
+    pad_token_id: int = qwen3.PAD_ID
+    im_start_token_id: int = qwen3.IM_START_ID
+    im_end_token_id: int = qwen3.IM_END_ID
     delay_tokens_len: int = 12
     sampling_rate: int = 24000
 
