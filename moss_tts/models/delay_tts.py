@@ -14,10 +14,11 @@ from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_chan
 from ..errors import InputError, ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
-from ..text.delay_prompts import FIELDS, DelayPromptIds, build_generation_rows
+from ..text.delay_prompts import build_generation_rows
 from ..text.normalize import normalize_delay_text
 from ..text.languages import LANGUAGES_V15
 from ..text.script import CJK_OR_HANGUL
+from ..text.template import FIELDS, PromptIds as DelayPromptIds
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_decode import DelayBatch

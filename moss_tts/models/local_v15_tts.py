@@ -14,14 +14,14 @@ import numpy as np
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
 from ..errors import InputError, whole_number
 from ..sampling import LocalV15SamplingOptions
-from ..text.delay_prompts import FIELDS
+from ..text.chunking import continuation_prompt_text
 from ..text.languages import LANGUAGES_V15
-from ..text.local_v15_prompts import LocalV15PromptIds, build_prompt_rows
+from ..text.local_v15_prompts import build_prompt_rows
+from ..text.template import FIELDS, PromptIds as LocalV15PromptIds
 from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
 from .local_v15_decode import LocalV15Batch
 from .long_text import speak, split_long_text
-from .nano_tts import continuation_prompt_text
 from .qwen3_tts import Qwen3TTS
 
 FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§family-4.7)

@@ -23,7 +23,7 @@ from ..ggml import Weights, get_backend
 from ..sampling import SamplingOptions
 from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_samples,
                     prepare_texts, split_into_chunks)
-from ..text.chunking import contains_cjk
+from ..text.chunking import continuation_prompt_text
 from ..text.prompts import check_mode
 from ..tts import BudgetCut, CodecTTS, FrameBudget, Reference, check_text, family_stream
 from .nano import KIND, TOKENIZER_KEY, NanoModel
@@ -65,12 +65,6 @@ def check_options(options) -> SamplingOptions:
         hint = " — build one with SamplingOptions(**options)" if isinstance(options, dict) else ""
         raise InputError(f"options must be a SamplingOptions, got {type(options).__name__}{hint}")
     return options
-
-
-def continuation_prompt_text(chunk: str) -> str:
-    """A chunk's text as the prompt text of the next one (upstream appends the next text with
-    no separator, so a space ends it unless it is CJK)."""
-    return chunk if contains_cjk(chunk) else chunk + " "
 
 
 class NanoTTS(CodecTTS):

@@ -58,6 +58,12 @@ def contains_cjk(text):
     return CJK_OR_HANGUL.search(text) is not None
 
 
+def continuation_prompt_text(chunk: str) -> str:
+    """A chunk's text as the prompt text of the next one (upstream appends the next text with
+    no separator, so a space ends it unless it is CJK)."""
+    return chunk if contains_cjk(chunk) else chunk + " "
+
+
 def prepare_for_chunking(text):
     """Fold newlines and double spaces, then close the text with a sentence mark."""
     text = text.strip()

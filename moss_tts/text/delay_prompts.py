@@ -7,32 +7,14 @@ AUDIO_START itself); MossTTSLocal's processor appends an AUDIO_START row (`start
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from moss_tts.errors import InputError
 from moss_tts.text.normalize import normalize_delay_text
 from moss_tts.text.qwen_tokenizer import QwenTokenizer
-
-# Field order of the user template; a field left as None is written as the word None.
-FIELDS = ("instruction", "tokens", "quality", "sound_event", "ambient_sound", "language")
-LABELS = {"instruction": "Instruction", "tokens": "Tokens", "quality": "Quality",
-          "sound_event": "Sound Event", "ambient_sound": "Ambient Sound", "language": "Language"}
-
-
-@dataclass(frozen=True)
-class DelayPromptIds:
-    """The ids a prompt is made of (§family-1.2); the model config provides them."""
-
-    n_vq: int
-    im_start: int
-    im_end: int
-    audio_start: int
-    audio_end: int
-    user_slot: int
-    gen_slot: int
-    audio_pad: int
+from moss_tts.text.template import (ASSISTANT_ROLE, ASSISTANT_TURN_SEPARATOR, NO_REFERENCE,
+                                    REFERENCE_OPENER, TEXT_LABEL, USER_CLOSER, USER_ROLE,
+                                    PromptIds, check_fields, field_lines)
 
 
 def delay(codes: np.ndarray, pad: int) -> np.ndarray:
@@ -54,17 +36,15 @@ def block_rows(frames: int, n_vq: int, delayed: bool) -> int:
 def user_pieces(text: str, references, fields: dict) -> list:
     """The user content as text pieces and reference code arrays, in template order; text
     between two audio items is one piece, tokenized at once as upstream's string is."""
-    head = "<user_inst>\n- Reference(s):\n"
     refs = [(i, r) for i, r in enumerate(references or []) if r is not None]
     if not refs:
-        pieces = [head + "None"]
+        pieces = [REFERENCE_OPENER + NO_REFERENCE]
     else:      # numbering counts references left as None too
-        pieces = [head]
+        pieces = [REFERENCE_OPENER]
         for j, (i, codes) in enumerate(refs):
             pieces += [("\n" if j else "") + f"[S{i + 1}]:\n", codes]
-    tail = "".join(f"\n- {LABELS[f]}:\n{fields.get(f)}" for f in FIELDS)
     merged = []
-    for piece in pieces + [f"{tail}\n- Text:\n{text}\n</user_inst>"]:
+    for piece in pieces + [f"{field_lines(fields)}{TEXT_LABEL}{text}{USER_CLOSER}"]:
         if isinstance(piece, str) and merged and isinstance(merged[-1], str):
             merged[-1] += piece
         else:
@@ -72,7 +52,7 @@ def user_pieces(text: str, references, fields: dict) -> list:
     return merged
 
 
-def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: str, *,
+def build_generation_rows(tokenizer: QwenTokenizer, ids: PromptIds, text: str, *,
                           references=None, prompt_codes=None, normalize: bool = True,
                           start_audio: bool = False, delayed: bool = True,
                           **fields) -> np.ndarray:
@@ -91,10 +71,7 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
     `delayed` False is MossTTSLocal's layout (§family-3.5): an audio block of T frames is T slot
     rows carrying the codes row for row, no staircase (a continuation then ends on its last frame);
     MossTTSLocal also passes normalize=False (its processor does not normalize)."""
-    unknown = set(fields) - set(FIELDS)
-    if unknown:
-        raise InputError(f"unknown prompt field(s) {', '.join(sorted(unknown))}; known: "
-                         f"{', '.join(FIELDS)}")
+    check_fields(fields)
     if text is not None and (not isinstance(text, str) or not text.strip()):
         raise InputError("text is empty")
     if normalize and text is not None:   # upstream's build_user_message normalizes the
@@ -103,7 +80,7 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
     n = ids.n_vq
     text_ids, blocks = [ids.im_start], []
     pieces = user_pieces(text, references, fields)
-    pieces[0] = "user\n" + pieces[0]
+    pieces[0] = USER_ROLE + pieces[0]
     for piece in pieces:
         if isinstance(piece, str):
             text_ids += tokenizer.encode(piece)
@@ -113,8 +90,8 @@ def build_generation_rows(tokenizer: QwenTokenizer, ids: DelayPromptIds, text: s
         blocks.append((len(text_ids), codes))      # the staircase starts after AUDIO_START
         text_ids += [ids.user_slot] * block_rows(len(codes), n, delayed)
         text_ids.append(ids.audio_end)
-    text_ids += [ids.im_end] + tokenizer.encode("\n") + [ids.im_start] + \
-        tokenizer.encode("assistant\n")
+    text_ids += [ids.im_end] + tokenizer.encode(ASSISTANT_TURN_SEPARATOR) + [ids.im_start] + \
+        tokenizer.encode(ASSISTANT_ROLE)
     if prompt_codes is not None:
         prompt_codes = _check_codes(prompt_codes, n)
         text_ids.append(ids.audio_start)

@@ -8,30 +8,13 @@ reference block has no `[S1]:` label; the text is not normalized.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from moss_tts.errors import InputError
-from moss_tts.text.delay_prompts import FIELDS, LABELS
 from moss_tts.text.qwen_tokenizer import QwenTokenizer
-
-USER_PREFIX = ("user\n", "<user_inst>\n- Reference(s):\n")
-USER_SUFFIX = "\n</user_inst>"
-
-
-@dataclass(frozen=True)
-class LocalV15PromptIds:
-    """The ids a prompt is made of (§family-1.2); the model config provides them."""
-
-    n_vq: int
-    im_start: int
-    im_end: int
-    audio_start: int
-    audio_end: int
-    user_slot: int
-    assistant_slot: int
-    audio_pad: int
+from moss_tts.text.template import (ASSISTANT_ROLE, ASSISTANT_TURN_SEPARATOR, NO_REFERENCE,
+                                    REFERENCE_OPENER, TEXT_LABEL, USER_CLOSER, USER_ROLE,
+                                    PromptIds, check_fields, field_lines)
 
 
 def field_value(value) -> str:
@@ -41,11 +24,10 @@ def field_value(value) -> str:
 
 def after_reference(fields: dict) -> str:
     """The template from the line after the references to "- Text:\\n"."""
-    return "".join(f"\n- {LABELS[f]}:\n{field_value(fields.get(f))}" for f in FIELDS) + \
-        "\n- Text:\n"
+    return field_lines(fields, field_value) + TEXT_LABEL
 
 
-def build_prompt_rows(tokenizer: QwenTokenizer, ids: LocalV15PromptIds, text: str, *,
+def build_prompt_rows(tokenizer: QwenTokenizer, ids: PromptIds, text: str, *,
                       references=None, prompt_codes=None, **fields) -> np.ndarray:
     """The prompt rows [S, 1 + n_vq] of one request, ending with the audio_start row that
     generation follows (or, continuation, the prompt audio's assistant-slot rows after it).
@@ -54,36 +36,33 @@ def build_prompt_rows(tokenizer: QwenTokenizer, ids: LocalV15PromptIds, text: st
     T rows [user_slot, codes], [end]; fields: instruction, tokens, quality, sound_event,
     ambient_sound, language. Continuation (`prompt_codes` [T, n_vq]): `text` holds the prompt
     audio's transcript and then the new text, and the references must be None (upstream)."""
-    unknown = set(fields) - set(FIELDS)
-    if unknown:
-        raise InputError(f"unknown prompt field(s) {', '.join(sorted(unknown))}; known: "
-                         f"{', '.join(FIELDS)}")
+    check_fields(fields)
     if not isinstance(text, str) or not text.strip():
         raise InputError("text is empty")
     refs = [_check_codes(r, ids.n_vq) for r in references or [] if r is not None]
     if refs and prompt_codes is not None:
         raise InputError("a continuation prompt cannot be combined with references: give one")
     enc = tokenizer.encode
-    parts = [_text_rows([ids.im_start] + enc(USER_PREFIX[0]) + enc(USER_PREFIX[1]), ids)]
+    parts = [_text_rows([ids.im_start] + enc(USER_ROLE) + enc(REFERENCE_OPENER), ids)]
     for codes in refs:
         parts += [_text_rows([ids.audio_start], ids), _audio_rows(codes, ids.user_slot, ids),
                   _text_rows([ids.audio_end], ids)]
-    tail = [] if refs else enc("None")
-    tail += enc(after_reference(fields)) + enc(text) + enc(USER_SUFFIX) + [ids.im_end] + \
-        enc("\n") + [ids.im_start] + enc("assistant\n") + [ids.audio_start]
+    tail = [] if refs else enc(NO_REFERENCE)
+    tail += enc(after_reference(fields)) + enc(text) + enc(USER_CLOSER) + [ids.im_end] + \
+        enc(ASSISTANT_TURN_SEPARATOR) + [ids.im_start] + enc(ASSISTANT_ROLE) + [ids.audio_start]
     parts.append(_text_rows(tail, ids))
     if prompt_codes is not None:
-        parts.append(_audio_rows(_check_codes(prompt_codes, ids.n_vq), ids.assistant_slot, ids))
+        parts.append(_audio_rows(_check_codes(prompt_codes, ids.n_vq), ids.gen_slot, ids))
     return np.vstack(parts)
 
 
-def _text_rows(token_ids: list[int], ids: LocalV15PromptIds) -> np.ndarray:
+def _text_rows(token_ids: list[int], ids: PromptIds) -> np.ndarray:
     rows = np.full((len(token_ids), 1 + ids.n_vq), ids.audio_pad, dtype=np.int64)
     rows[:, 0] = token_ids
     return rows
 
 
-def _audio_rows(codes: np.ndarray, slot: int, ids: LocalV15PromptIds) -> np.ndarray:
+def _audio_rows(codes: np.ndarray, slot: int, ids: PromptIds) -> np.ndarray:
     return np.column_stack([np.full(len(codes), slot, dtype=np.int64), codes])
 
 

@@ -11,19 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from moss_tts.errors import ConfigError, InputError
+from moss_tts.text.template import (ASSISTANT_ROLE, ASSISTANT_TURN_SEPARATOR, NO_REFERENCE,
+                                    REFERENCE_OPENER, TEXT_LABEL, USER_CLOSER, USER_ROLE,
+                                    field_lines)
 
-# Template segments (literal; docs/upstream-notes.md §nano-5.1). The tokenizer folds the newlines
-# into spaces and gives each segment its own leading `▁`, so segment boundaries change the ids.
-USER_ROLE = "user\n"
-REFERENCE_OPENER = "<user_inst>\n- Reference(s):\n"
-AFTER_REFERENCE = (
-    "\n- Instruction:\nNone\n- Tokens:\nNone\n- Quality:\nNone\n- Sound Event:\nNone\n"
-    "- Ambient Sound:\nNone\n- Language:\nNone\n- Text:\n"
-)
-USER_CLOSER = "\n</user_inst>"
-ASSISTANT_TURN_SEPARATOR = "\n"
-ASSISTANT_ROLE = "assistant\n"
-NO_REFERENCE = "None"
+# The template segments (text/template.py; docs/upstream-notes.md §nano-5.1) are encoded one by
+# one: the tokenizer folds the newlines into spaces and gives each segment its own leading `▁`,
+# so segment boundaries change the ids. Nano's template leaves every field None.
+AFTER_REFERENCE = field_lines({}) + TEXT_LABEL
 
 MODES = ("voice_clone", "continuation")
 

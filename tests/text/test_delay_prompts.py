@@ -10,12 +10,13 @@ import pytest
 from fixtures.make_delay import make_tokenizer_json, tiny_config
 from fixtures.reference import delay as ref
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.text.delay_prompts import DelayPromptIds, build_generation_rows
+from moss_tts.text.delay_prompts import build_generation_rows
+from moss_tts.text.template import PromptIds
 from moss_tts.text.qwen_tokenizer import QwenTokenizer
 
 CFG = tiny_config()
 N, PAD = CFG["n_vq"], CFG["audio_pad_code"]
-IDS = DelayPromptIds(N, 151644, 151645, 151652, 151653, 151654, 151656, PAD)
+IDS = PromptIds(N, 151644, 151645, 151652, 151653, 151654, 151656, PAD)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import pytest
 
 from fixtures.make_delay import make_tokenizer_json
 from moss_tts.errors import InputError
-from moss_tts.text.local_v15_prompts import (LocalV15PromptIds, after_reference,
-                                             build_prompt_rows, field_value)
+from moss_tts.text.local_v15_prompts import after_reference, build_prompt_rows, field_value
 from moss_tts.text.qwen_tokenizer import QwenTokenizer
+from moss_tts.text.template import PromptIds
 
 N_VQ, PAD = 4, 64
-IDS = LocalV15PromptIds(N_VQ, 151644, 151645, 151669, 151670, 151654, 151656, PAD)
+IDS = PromptIds(N_VQ, 151644, 151645, 151669, 151670, 151654, 151656, PAD)
 
 
 @pytest.fixture(scope="module")

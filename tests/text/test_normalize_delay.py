@@ -6,9 +6,10 @@ the rules where it differs from Nano's copy (which `normalize_tts_text` keeps)."
 import pytest
 
 from fixtures.make_delay import make_tokenizer_json, tiny_config
-from moss_tts.text.delay_prompts import DelayPromptIds, build_generation_rows
+from moss_tts.text.delay_prompts import build_generation_rows
 from moss_tts.text.normalize import normalize_delay_text, normalize_tts_text
 from moss_tts.text.qwen_tokenizer import QwenTokenizer
+from moss_tts.text.template import PromptIds
 
 # The built-in case table of upstream's Delay copy: (name, input, expected); upstream also
 # checks that each output is a fixed point.
@@ -95,7 +96,7 @@ def tokenizer():
 
 
 CFG = tiny_config()
-IDS = DelayPromptIds(CFG["n_vq"], 151644, 151645, 151652, 151653, 151654, 151656,
+IDS = PromptIds(CFG["n_vq"], 151644, 151645, 151652, 151653, 151654, 151656,
                      CFG["audio_pad_code"])
 
 
