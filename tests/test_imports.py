@@ -166,3 +166,43 @@ def test_no_inner_layer_imports_a_front_end():
 
 def test_no_front_end_imports_a_family_module():
     assert family_imports(GRAPH) == []
+
+
+# -- sibling families (issue 33, shared pieces in shared rooms) ------------------------------
+# a family's own modules: models/<family>*.py and text/<family>_prompts.py, the family named by
+# its registry kind where models/ holds a module of that name ("local-v15" → local_v15.py)
+FAMILY_NAMES = sorted({f.kind.replace("-", "_") for f in FAMILIES
+                       if f"moss_tts.models.{f.kind.replace('-', '_')}" in MODULES}, key=len)
+# LocalTTS extends DelayTTS, as upstream's Local processor is Delay's (§family-3.5); moving what
+# they share into a shared base waits for the batch contract's edits of both TTS modules
+SIBLING_IMPORTS_LEFT = {"moss_tts.models.local_tts imports moss_tts.models.delay_tts"}
+
+
+def family_of(name: str) -> str | None:
+    """The family whose module `name` is (the longest family name it is, or starts with + "_"),
+    or None for a shared module."""
+    pkg, _, stem = name.removeprefix("moss_tts.").rpartition(".")
+    if pkg == "text":
+        if not stem.endswith("_prompts"):
+            return None
+        stem = stem.removesuffix("_prompts")
+    elif pkg != "models":
+        return None
+    owners = [f for f in FAMILY_NAMES if stem == f or stem.startswith(f + "_")]
+    return owners[-1] if owners else None
+
+
+def sibling_imports(graph: dict) -> list[str]:
+    return sorted({f"{m} imports {t}" for m in graph if family_of(m)
+                   for t, _, _ in graph[m] if family_of(t) not in (None, family_of(m))})
+
+
+def test_a_family_module_imports_only_its_own_modules_and_shared_ones():
+    assert {"delay", "local", "local_v15", "nano", "realtime"} <= set(FAMILY_NAMES)
+    assert (family_of("moss_tts.models.local_v15_decode"), family_of("moss_tts.models.local"),
+            family_of("moss_tts.text.delay_prompts"), family_of("moss_tts.models.rows")) == \
+        ("local_v15", "local", "delay", None)
+    planted = dict(GRAPH, **{"moss_tts.models.local_v15": GRAPH["moss_tts.models.local_v15"] + [
+        ("moss_tts.models.nano", "", 1)]})       # sensitivity guard: a planted sibling import
+    assert "moss_tts.models.local_v15 imports moss_tts.models.nano" in sibling_imports(planted)
+    assert set(sibling_imports(GRAPH)) <= SIBLING_IMPORTS_LEFT, sibling_imports(GRAPH)
