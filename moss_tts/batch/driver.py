@@ -164,8 +164,9 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
 
     Local worker processes by default (`workers`, default 1, each with cores // workers
     threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead. Each
-    worker decodes up to `streams` lines together in one batched model (families with a
-    batched decoder, `synthesize_many`), each line's audio as it is alone. Each worker opens
+    worker decodes up to `streams` lines together in one running batch (families with a
+    batched decoder, `decoding_together`), the next line joining as soon as one ends, each
+    line's audio as it is alone. Each worker opens
     the backend named `backend` itself (`cpu`, `cuda`, `rpc://HOST:PORT`).
     `warn(id, messages)` hears what a line's synthesis warned (results.jsonl keeps it too).
     What would fail every line (--model, --codec, the cluster) stops the run before any line

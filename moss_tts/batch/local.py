@@ -1,6 +1,7 @@
-"""Local batch workers: N spawned processes, each loading its models once and running one line
-at a time, or up to `streams` lines together in one batched model (LineRunner.run_many); the
-driver hands out lines, replaces a worker that dies and re-runs its lines.
+"""Local batch workers: N spawned processes, each loading its models once and keeping up to
+`streams` lines in flight (work.LineFeed: one line at a time, or lines decoded together in one
+running batch, the next joining as soon as one ends); the driver hands a worker a line whenever
+it has a free place, replaces a worker that dies and re-runs its lines.
 
 Ctrl-C reaches the whole process group; workers ignore it and the driver stops them, so only
 the driver decides what is written (nothing half-written: fileio.atomic_output). A worker
@@ -12,13 +13,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from ..ggml.log import abort_cause, on_abort
 from ..lifetime import end_with_parent
-from .work import LineRunner
+from .work import LineFeed, LineRunner
 
 STOP_TIMEOUT = 10.0  # seconds a worker gets to free its models after the last line
 
@@ -28,13 +31,52 @@ def _worker_main(conn, threads: int, streams: int, backend: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver handles Ctrl-C and stops us
     on_abort(lambda message: _lost(conn, message))
     runner = LineRunner(threads, backend)
+    feed = LineFeed(runner, streams)
+    inbox = _inbox(conn)
     try:
-        while (tasks := conn.recv()) is not None:
-            conn.send(runner.run_many(tasks, streams))
+        while True:
+            # new lines join between two pulls; with none in flight, wait for them
+            for tasks in _arrived(inbox, wait=not feed.flying):
+                if tasks is None:       # the driver stops us, or is gone
+                    return
+                for task in tasks:
+                    feed.add(task)
+            for outcome in feed.advance():
+                conn.send(outcome)
     except (EOFError, BrokenPipeError):     # the driver is gone
         pass
     finally:
+        feed.close()
         runner.close()
+
+
+def _inbox(conn) -> queue.SimpleQueue:
+    """The driver's messages as they come, read on a thread of their own: the worker decodes
+    between them, and never waits to send an outcome while the driver waits to send it lines
+    (the pipe full both ways). None at the end."""
+    inbox = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            while (tasks := conn.recv()) is not None:
+                inbox.put(tasks)
+        except (EOFError, OSError):
+            pass
+        inbox.put(None)
+
+    threading.Thread(target=read, name="moss-tts-batch-inbox", daemon=True).start()
+    return inbox
+
+
+def _arrived(inbox: queue.SimpleQueue, *, wait: bool):
+    """The messages waiting in `inbox` (at least one when `wait`)."""
+    if wait:
+        yield inbox.get()
+    while True:
+        try:
+            yield inbox.get_nowait()
+        except queue.Empty:
+            return
 
 
 def _lost(conn, message: str) -> None:
@@ -48,7 +90,7 @@ def _lost(conn, message: str) -> None:
 
 @dataclass(frozen=True)
 class LostBackend:
-    """What a worker sends instead of its outcomes when ggml ends it."""
+    """What a worker sends instead of its next outcome when ggml ends it."""
 
     message: str
 
@@ -60,13 +102,13 @@ class _Worker:
                                    daemon=True)
         self.process.start()
         child.close()
-        self.tasks = None
+        self.tasks: dict[str, dict] = {}     # its lines in flight, by id
 
     def send(self, tasks: list[dict]) -> None:
-        self.tasks = tasks
+        self.tasks.update((task["id"], task) for task in tasks)
         try:
             self.conn.send(tasks)
-        except OSError:     # it died while idle: its sentinel fires and _collect re-runs them
+        except OSError:     # it died: its sentinel fires and _collect re-runs them
             pass
 
     def stop(self, graceful: bool) -> None:
@@ -84,23 +126,23 @@ class _Worker:
 
 def run_local(job, workers: int, threads: int, streams: int = 1, backend: str = "cpu") -> None:
     """Run `job`'s pending tasks on `workers` processes of `threads` ggml threads each, each
-    taking up to `streams` lines at a time, each opening the backend named `backend`."""
+    keeping up to `streams` lines in flight (a line sent as soon as a place frees), each
+    opening the backend named `backend`."""
     ctx = multiprocessing.get_context("spawn")   # fork would copy the driver's threads and locks
     pool = [_Worker(ctx, threads, streams, backend) for _ in range(workers)]
     graceful = False
     try:
         while True:
             for w in pool:
-                if w.tasks is None and (tasks := job.take(streams)):
+                if tasks := job.take(streams - len(w.tasks)):
                     w.send(tasks)
-            busy = [w for w in pool if w.tasks is not None]
+            busy = [w for w in pool if w.tasks]
             if not busy:
                 break
             ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy]))
             for i, w in enumerate(pool):
-                if w.tasks is None or not (w.conn in ready or w.process.sentinel in ready):
-                    continue
-                pool[i] = _collect(job, w, ctx, threads, streams, backend)
+                if w.tasks and (w.conn in ready or w.process.sentinel in ready):
+                    pool[i] = _collect(job, w, ctx, threads, streams, backend)
         graceful = True
     finally:
         for w in pool:
@@ -108,22 +150,21 @@ def run_local(job, workers: int, threads: int, streams: int = 1, backend: str = 
 
 
 def _collect(job, w: _Worker, ctx, threads: int, streams: int, backend: str) -> _Worker:
-    """Take a ready worker's outcomes; a dead worker's lines are retried on a fresh worker."""
+    """Take a ready worker's next outcome; a dead worker's lines are retried on a fresh
+    worker."""
     why = None
     try:
         if w.conn.poll():
-            outcomes = w.conn.recv()
-            if not isinstance(outcomes, LostBackend):
-                tasks, w.tasks = w.tasks, None
-                for task, outcome in zip(tasks, outcomes, strict=True):
-                    job.finish(task, outcome)
+            outcome = w.conn.recv()
+            if not isinstance(outcome, LostBackend):
+                job.finish(w.tasks.pop(outcome["id"]), outcome)
                 return w
-            why = f"{abort_cause(outcomes.message)} on {backend}; its worker ended"
+            why = f"{abort_cause(outcome.message)} on {backend}; its worker ended"
     except (EOFError, OSError):
         pass
     w.process.join()
-    tasks, w.tasks = w.tasks, None
-    for task in tasks:
+    tasks, w.tasks = w.tasks, {}
+    for task in tasks.values():
         job.lost(task, why or f"worker process died (exit code {w.process.exitcode})")
     job.summary.replaced_workers += 1
     w.stop(False)

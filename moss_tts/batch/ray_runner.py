@@ -14,11 +14,10 @@ import os
 import signal
 import socket
 import threading
-from collections import deque
 from pathlib import Path
 
 from ..errors import InputError
-from .work import LineRunner
+from .work import LineFeed, LineRunner
 
 NAMESPACE = "moss-tts-batch"   # actors are named "worker-<n>" here (a test kills one by name)
 # seconds a cluster address gets to accept a connection: Ray itself retries a dead address
@@ -30,20 +29,19 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0
 
 class LineActor:
     """The body of a Ray actor: a LineRunner kept alive between chunks, on the backend named
-    `backend` as the actor's node has it."""
+    `backend` as the actor's node has it, and its lines fed `streams` at a time."""
 
     def __init__(self, threads: int, streams: int = 1, backend: str = "cpu"):
         self.runner = LineRunner(threads, backend)
-        self.streams = streams
+        self.feed = LineFeed(self.runner, streams)
 
     def run_chunk(self, tasks: list[dict]):
-        """Yield each line's outcome, in order, as it is made (a Ray streaming generator): one
-        at a time, or `streams` lines decoded together."""
-        for i in range(0, len(tasks), self.streams):
-            # not `yield from` a list: Ray drives this generator with send(), which a list's
-            # iterator lacks
-            for outcome in self.runner.run_many(tasks[i:i + self.streams], self.streams):
-                yield outcome
+        """Yield each line's outcome as it is made (a Ray streaming generator), in the order
+        the lines end: one at a time, or up to `streams` decoded together, the chunk's next
+        line joining as soon as one ends."""
+        # a loop, not `yield from`: what Ray send()s is for this generator, not the feed's
+        for outcome in self.feed.run(tasks):
+            yield outcome
 
 
 def _connect(ray, address: str) -> None:
@@ -107,7 +105,7 @@ def run_ray(job, address: str, *, workers: int | None, threads: int, chunk: int,
         raise InputError('--ray needs Ray: pip install -e ".[batch]"') from None
     _connect(ray, address)
     try:
-        # a chunk holds whole batches, so an actor's lines can share its decode steps
+        # a chunk holds at least `streams` lines, so an actor's places are all taken
         _run(ray, job, workers, threads, -(-chunk // streams) * streams, streams, backend)
     finally:
         ray.shutdown()   # the actors belong to this driver's job and go with it
@@ -125,13 +123,13 @@ def _run(ray, job, workers: int | None, threads: int, chunk: int, streams: int,
         return actor_class.options(name=f"worker-{made}").remote(threads, streams, backend)
 
     actors = [new_actor() for _ in range(min(count, len(job.pending)))]
-    running = {}                       # outcome stream → (actor index, its lines not yet back)
+    running = {}               # outcome stream → (actor index, its lines not yet back, by id)
     idle = list(range(len(actors)))
     while True:
         while idle and (tasks := job.take(chunk)):
             i = idle.pop()
             stream = actors[i].run_chunk.options(num_returns="streaming").remote(tasks)
-            running[stream] = (i, deque(tasks))
+            running[stream] = (i, {task["id"]: task for task in tasks})
         if not running:
             return
         (stream,), _ = ray.wait(list(running), num_returns=1)
@@ -143,11 +141,11 @@ def _run(ray, job, workers: int | None, threads: int, chunk: int, streams: int,
             idle.append(i)
         except ray.exceptions.RayError as e:     # the rest of the chunk is lost: re-run it
             del running[stream]
-            for task in tasks:
+            for task in tasks.values():
                 job.lost(task, f"Ray lost the line ({type(e).__name__})")
             if isinstance(e, ray.exceptions.RayActorError):
                 job.summary.replaced_workers += 1
                 actors[i] = new_actor()
             idle.append(i)
         else:
-            job.finish(tasks.popleft(), outcome)
+            job.finish(tasks.pop(outcome["id"]), outcome)

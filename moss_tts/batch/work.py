@@ -1,5 +1,6 @@
 """What one batch worker does (a local process or a Ray actor): keep the models it has loaded,
-keyed by path, and turn one line into encoded audio bytes or an error.
+keyed by path, and turn one line into encoded audio bytes or an error (LineRunner), or several
+lines at once, fed into one running batch as places free (LineFeed).
 
 The worker writes nothing: the bytes go back to the driver, which owns the output directory and
 the results file, so a worker killed at any moment leaves no file behind.
@@ -11,6 +12,10 @@ import contextlib
 import logging
 import time
 import warnings
+from collections import deque
+from collections.abc import Iterator
+
+import numpy as np
 
 from ..audio import DEFAULT_SAMPLE_FORMAT, container_of, encode_file
 from ..errors import InputError, MossTTSError
@@ -42,58 +47,11 @@ class LineRunner:
         if tts is not None:
             with captured_warnings() as messages:
                 with failure(outcome):
-                    audio, sr = tts.synthesize(task["text"], seed=task["seed"],
-                                               **self._words(tts, task))
+                    audio, sr = tts.synthesize(task["text"], **self._words(tts, task))
                     encoded(outcome, task, audio, sr)
             outcome["warnings"] = messages
         outcome["seconds"] = time.perf_counter() - start
         return outcome
-
-    def run_many(self, tasks: list[dict], streams: int) -> list[dict]:
-        """Up to `streams` lines of one model decoded together (its `synthesize_many`), each
-        with its own outcome as `run` makes it. Each line's model and knobs are checked alone
-        first, so a bad line fails without its batch-mates; if the batched call still fails,
-        each of its lines runs alone, so the error is the line's own (its audio alone equals
-        its audio in a batch)."""
-        if streams < 2 or len(tasks) < 2:
-            return [self.run(task) for task in tasks]
-        start = time.perf_counter()
-        outcomes = [new_outcome(task) for task in tasks]
-        groups: dict[int, list] = {}    # id(tts) → [(index, request)] of the lines ready
-        for i, task in enumerate(tasks):
-            tts = self._load(task, outcomes[i])
-            if tts is None:
-                continue
-            with captured_warnings() as messages, failure(outcomes[i]):
-                words = self._words(tts, task)
-                groups.setdefault(id(tts), [tts]).append(
-                    (i, dict(words, text=task["text"], seed=task["seed"])))
-            outcomes[i]["warnings"] = messages
-        for tts, *ready in groups.values():
-            self._together(tts, ready, tasks, outcomes, streams)
-        for outcome in outcomes:
-            if outcome["seconds"] is None:      # its batch's wall time, or its own failure's
-                outcome["seconds"] = time.perf_counter() - start
-        return outcomes
-
-    def _together(self, tts, ready: list, tasks, outcomes, streams: int) -> None:
-        """The ready lines of one model: batched where its family decodes several streams."""
-        if len(ready) == 1 or getattr(type(tts), "BATCHED", None) is None:
-            for i, _ in ready:
-                outcomes[i].update(self.run(tasks[i]))
-            return
-        heard = [[] for _ in ready]
-        try:
-            made = tts.synthesize_many([request for _, request in ready], max_streams=streams,
-                                       around=lambda k: warnings_into(heard[k]))
-        except Exception:     # it names no line: each one alone says whose the error is
-            for i, _ in ready:
-                outcomes[i].update(self.run(tasks[i]))
-            return
-        for k, ((i, _), (audio, sr)) in enumerate(zip(ready, made)):
-            with failure(outcomes[i]):
-                encoded(outcomes[i], tasks[i], audio, sr)
-            outcomes[i]["warnings"] = distinct(outcomes[i]["warnings"] + heard[k])
 
     def _load(self, task: dict, outcome: dict):
         """The line's TTS object, or None with the outcome's error."""
@@ -108,13 +66,13 @@ class LineRunner:
         return None
 
     def _words(self, tts, task: dict) -> dict:
-        """The line's synthesize() keywords: its knobs for its family, and its voice (its text
-        within the family's bound first, as on every surface)."""
+        """The line's synthesize() keywords: its knobs for its family, its seed and its voice
+        (its text within the family's bound first, as on every surface)."""
         from ..knobs import bounded_text
 
         bounded_text(type(tts), task["text"], "manifest")
         words = synthesis_options(task["options"], type(tts))
-        return words | self._voices(tts, task, words)
+        return words | self._voices(tts, task, words) | {"seed": task["seed"]}
 
     def _model(self, model: str, codec: str):
         key = (model, codec)
@@ -176,6 +134,139 @@ class LineRunner:
             tts.close()
         self.models.clear()
         self.voices.clear()
+
+
+class InFlight:
+    """A line a LineFeed decodes: its task and outcome, its model, its audio stream and the
+    chunks pulled from it, what its pulls warned, and when it was added."""
+
+    def __init__(self, task: dict):
+        self.task, self.outcome = task, new_outcome(task)
+        self.tts = self.stream = None
+        self.chunks: list = []
+        self.heard: list[str] = []
+        self.start = time.perf_counter()
+
+
+class LineFeed:
+    """A worker's lines in flight, up to `streams` of them decoded together: each model's in one
+    batch kept running (its `decoding_together`, as the server's worker keeps one), a line
+    joining it when added and leaving when its audio ends, so the next line takes the place at
+    once and a long line holds only its own. `add` a line while `room`, `advance` to pull one
+    chunk of each in turn (the lines that ended come back, in the order they ended); `run`
+    does both for a list. Each line's outcome is the one `LineRunner.run` makes for it alone:
+    a line whose model, knobs or voice fail never joins, and if a pull fails (naming no line:
+    a step advances every line of its batch), each line of that batch runs alone, so only the
+    bad one fails. With `streams` 1, or a family that decodes one stream at a time, `add` runs
+    the line through."""
+
+    def __init__(self, runner: LineRunner, streams: int):
+        self.runner, self.streams = runner, streams
+        self.flying: list[InFlight] = []          # in the order they joined
+        self.batches: dict[int, contextlib.ExitStack] = {}   # id(tts) → its open batch
+        self.ended: list[dict] = []               # outcomes not yet handed back
+
+    @property
+    def room(self) -> int:
+        """Places free for more lines."""
+        return self.streams - len(self.flying)
+
+    def run(self, tasks: list[dict]) -> Iterator[dict]:
+        """Every line of `tasks` → its outcome as it ends, the next line added as soon as a
+        place frees (a Ray actor's chunk)."""
+        waiting = deque(tasks)
+        try:
+            while waiting or self.flying:
+                while waiting and self.room > 0:
+                    self.add(waiting.popleft())
+                yield from self.advance()
+        finally:        # a chunk given up (its generator closed): its lines leave the batch
+            self.drop()
+
+    def add(self, task: dict) -> None:
+        """Start a line: it joins its model's batch (its stream made now, to be pulled from the
+        next `advance`), or it is made or fails at once."""
+        if self.streams < 2:
+            self.ended.append(self.runner.run(task))
+            return
+        line = InFlight(task)
+        line.tts = self.runner._load(task, line.outcome)
+        if line.tts is None:                            # its model did not load
+            self.ended.append(self._end(line))
+        elif type(line.tts).BATCHED is None:            # its family decodes one stream
+            self.ended.append(self.runner.run(task))
+        else:
+            self._join(line)
+
+    def _join(self, line: InFlight) -> None:
+        """The line's stream, from its model's batch; a line whose knobs, voice or arguments
+        fail ends here, without joining."""
+        with captured_warnings() as messages, failure(line.outcome):
+            words = line.tts.whole_keywords(self.runner._words(line.tts, line.task))
+            self._batch(line.tts)
+            line.stream = line.tts.stream(line.task["text"], **words)
+        line.outcome["warnings"] = messages
+        if line.stream is None:
+            self.ended.append(self._end(line))
+        else:
+            self.flying.append(line)
+
+    def advance(self) -> list[dict]:
+        """One chunk of each line in flight, in turn → the outcomes of the lines that ended
+        since the last call (those `add` ended first)."""
+        for line in list(self.flying):
+            if line not in self.flying:      # its batch failed this round: it ran alone
+                continue
+            try:
+                with warnings_into(line.heard):
+                    line.chunks.append(next(line.stream))
+            except StopIteration:
+                self.flying.remove(line)
+                with failure(line.outcome):
+                    encoded(line.outcome, line.task, np.concatenate(line.chunks),
+                            line.tts.sample_rate)
+                line.outcome["warnings"] = distinct(line.outcome["warnings"] + line.heard)
+                self.ended.append(self._end(line))
+            except Exception:     # it names no line: each one alone says whose the error is
+                self._alone(line.tts)
+        ended, self.ended = self.ended, []
+        return ended
+
+    def _batch(self, tts) -> None:
+        """The model's batch, opened with the first line that joins it, kept open for the next
+        ones (its shared state reused)."""
+        if id(tts) not in self.batches:
+            stack = contextlib.ExitStack()
+            stack.enter_context(tts.decoding_together(self.streams))
+            self.batches[id(tts)] = stack
+
+    def _alone(self, tts) -> None:
+        """A pull from `tts`'s batch failed: the batch ends, and each of its lines runs alone
+        (its audio alone equals its audio in a batch)."""
+        lines = [line for line in self.flying if line.tts is tts]
+        for line in lines:
+            self.flying.remove(line)
+            line.stream.close()
+        self.batches.pop(id(tts)).close()
+        self.ended.extend(self.runner.run(line.task) for line in lines)
+
+    def _end(self, line: InFlight) -> dict:
+        line.outcome["seconds"] = time.perf_counter() - line.start
+        return line.outcome
+
+    def drop(self) -> None:
+        """Forget the lines in flight (their streams closed, their places freed) and the
+        outcomes not handed back; the batches stay open."""
+        for line in self.flying:
+            line.stream.close()
+        self.flying.clear()
+        self.ended.clear()
+
+    def close(self) -> None:
+        self.drop()
+        for stack in self.batches.values():
+            stack.close()
+        self.batches.clear()
 
 
 def new_outcome(task: dict) -> dict:

@@ -1,9 +1,12 @@
-"""`batch --streams N` (issue 25): each worker decodes up to N lines together in one batched
-model (NanoTTS.synthesize_many). Each line's audio, record and warnings equal the same manifest
+"""`batch --streams N` (issue 25): each worker decodes up to N lines together in one running
+batch (work.LineFeed, NanoTTS.decoding_together), the next line joining as one ends (issue 33).
+Each line's audio, record and warnings equal the same manifest
 run one line at a time (the reference: `--streams 1`, i.e. NanoTTS.synthesize per line, which
 test_driver.py pins to the model's synthesis for the line's seed); a bad line fails alone; a
 family without a batched decoder is one error before any line runs."""
 
+import contextlib
+import functools
 import io
 
 import numpy as np
@@ -14,7 +17,7 @@ from moss_tts.batch import run_batch
 from moss_tts.batch.driver import Job
 from moss_tts.batch.ledger import Ledger
 from moss_tts.batch.manifest import read_manifest
-from moss_tts.batch.work import LineRunner
+from moss_tts.batch.work import LineFeed, LineRunner
 from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
 
@@ -90,34 +93,58 @@ def samples(outcome):
     return sf.read(io.BytesIO(outcome["audio"]), dtype="int16")[0]
 
 
-def test_a_worker_decodes_its_lines_in_one_batched_call(batch_models, voice_env, tmp_path,
-                                                        monkeypatch):
-    """LineRunner.run_many: the good lines of one model go to one synthesize_many call; a line
-    whose knobs or voice fail never joins it, and one whose synthesis fails (empty text: the
-    batched call refuses the whole call) fails alone while the others are made."""
-    monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
-    calls = []
-    original = NanoTTS.synthesize_many
-
-    def spy(self, requests, **kw):
-        calls.append(([r["text"] for r in requests], kw["max_streams"]))
-        return original(self, requests, **kw)
-
-    monkeypatch.setattr(NanoTTS, "synthesize_many", spy)
-    rows = [GOOD[0], BAD[0], GOOD[1], BAD[1], GOOD[2]]
+def tasks_of(rows, tmp_path, models):
+    """The manifest rows as a worker gets them (driver.Job), all on the first Nano model."""
     with Ledger(tmp_path / "out") as ledger:
         job = Job(ledger, suffix=".wav", retries=0)
         for line in read_manifest(write_jsonl(tmp_path / "m.jsonl", rows)):
-            job.add(line, model=str(batch_models["nano0"]), model_sha256="0", model_error=None,
-                    codec=str(batch_models["codec"]), codec_sha256="0")
-        tasks = job.take(len(rows))
+            job.add(line, model=str(models["nano0"]), model_sha256="0", model_error=None,
+                    codec=str(models["codec"]), codec_sha256="0")
+        return job.take(len(rows))
+
+
+def fed(runner, tasks, streams):
+    """LineFeed.run's outcomes, in the order of `tasks` (the feed's batch closed after)."""
+    feed = LineFeed(runner, streams)
+    try:
+        made = {outcome["id"]: outcome for outcome in feed.run(tasks)}
+    finally:
+        feed.close()
+    return [made[task["id"]] for task in tasks]
+
+
+def test_a_worker_decodes_its_lines_in_one_batched_call(batch_models, voice_env, tmp_path,
+                                                        monkeypatch):
+    """LineFeed: the good lines of one model join one batch (its decoding_together); a line
+    whose knobs or voice fail never joins it, and one whose synthesis fails (empty text: its
+    stream refuses it as it is made) fails alone while the others are made."""
+    monkeypatch.setenv("MOSS_TTS_VOICES", str(voice_env["root"]))
+    calls = []      # one entry per batch opened: ([texts of the streams made in it], streams)
+    together_, stream_ = NanoTTS.decoding_together, NanoTTS.stream
+
+    @contextlib.contextmanager
+    def spy_together(self, max_streams):
+        calls.append(([], max_streams))
+        with together_(self, max_streams) as batch:
+            yield batch
+
+    @functools.wraps(stream_)     # its signature: the registry reads the family's keywords
+    def spy_stream(self, text, **kw):
+        if self._batch is not None:
+            calls[-1][0].append(text)
+        return stream_(self, text, **kw)
+
+    monkeypatch.setattr(NanoTTS, "decoding_together", spy_together)
+    monkeypatch.setattr(NanoTTS, "stream", spy_stream)
+    rows = [GOOD[0], BAD[0], GOOD[1], BAD[1], GOOD[2]]
+    tasks = tasks_of(rows, tmp_path, batch_models)
     runner = LineRunner(1)
     try:
-        together = runner.run_many(tasks, 3)
+        together = fed(runner, tasks, 3)
         assert calls == [([GOOD[0]["text"], GOOD[1]["text"], GOOD[2]["text"]], 3)]
         alone = [runner.run(task) for task in tasks]
         calls.clear()
-        with_empty = runner.run_many([tasks[0], dict(tasks[1], text="", options={})], 2)
+        with_empty = fed(runner, [tasks[0], dict(tasks[1], text="", options={})], 2)
     finally:
         runner.close()
     assert [o["status"] for o in together] == ["ok", "failed", "ok", "failed", "ok"]
@@ -126,10 +153,107 @@ def test_a_worker_decodes_its_lines_in_one_batched_call(batch_models, voice_env,
             (want["status"], want.get("error"), want["warnings"])
         if got["status"] == "ok":
             assert np.array_equal(samples(got), samples(want)), got["id"]
-    assert len(calls) == 1        # tried together, then each alone
+    assert len(calls) == 1        # one batch, which the empty line never joined
     assert [o["status"] for o in with_empty] == ["ok", "failed"]
     assert with_empty[1]["error"] == "text is empty"
     assert np.array_equal(samples(with_empty[0]), samples(alone[0]))
+
+
+# a long line and short ones: the long one runs to its budget (one text chunk of 68 tokens),
+# each short one 3 frames
+LONGER = f"{LONG} {LONG}"
+BESIDE_LONG = [{"id": "long", "text": LONGER, "seed": 2, "max_frames": 400}] + [
+    {"id": f"short{i}", "text": "Hello there.", "seed": i, "max_frames": 3} for i in range(4)]
+
+
+def test_a_long_line_holds_only_its_own_place(batch_models, tmp_path):
+    """issue 33: `--streams 2` took two lines and waited for both before taking the next two,
+    so a long line held its partner's place to its end (the ledger read long, short0, short1,
+    short2, short3: short0 came back with long, the others after it). Now the next line joins
+    as soon as one ends: every short line is made while the long one still runs (400 frames
+    beside 4 × 3), each as it is alone."""
+    manifest = write_jsonl(tmp_path / "m.jsonl", BESIDE_LONG)
+    made = {}
+    for streams in (1, 2):
+        out = tmp_path / f"streams{streams}"
+        summary = run(manifest, out, batch_models, workers=1, streams=streams)
+        assert summary.made == len(BESIDE_LONG) and not summary.failed
+        made[streams] = outputs(out)
+    assert [r["id"] for r in records(tmp_path / "streams2")] == \
+        ["short0", "short1", "short2", "short3", "long"]
+    assert made[2] == made[1] and len(set(made[1].values())) == len(BESIDE_LONG)
+
+
+def test_the_next_line_joins_the_running_batch_as_soon_as_a_place_frees(batch_models, tmp_path,
+                                                                          monkeypatch):
+    """LineFeed with 2 places, counted through its pulls: the long line stays in flight from
+    the first pull to the last, and each short line joins it the round after the one before
+    it ended, so no place stands empty while a line waits; each line's audio as alone."""
+    flights = []
+    advance = LineFeed.advance
+
+    def counted(self):
+        flights.append([line.task["id"] for line in self.flying])
+        return advance(self)
+
+    monkeypatch.setattr(LineFeed, "advance", counted)
+    tasks = tasks_of(BESIDE_LONG, tmp_path, batch_models)
+    runner = LineRunner(1)
+    try:
+        feed = LineFeed(runner, 2)
+        try:
+            made = list(feed.run(tasks))
+        finally:
+            feed.close()
+        alone = {task["id"]: samples(runner.run(task)) for task in tasks}
+    finally:
+        runner.close()
+    assert [outcome["id"] for outcome in made] == ["short0", "short1", "short2", "short3", "long"]
+    # each short line is pulled 3 times for its frames and once more for its end, beside long
+    shorts = 4 * 4
+    assert flights[:shorts] == [["long", f"short{i}"] for i in range(4) for _ in range(4)]
+    assert flights[shorts:] == [["long"]] * (len(flights) - shorts)
+    assert len(flights) > shorts + 300      # guard: the long line outlived them by far
+    for outcome in made:
+        assert np.array_equal(samples(outcome), alone[outcome["id"]]), outcome["id"]
+
+
+def test_a_pull_that_fails_runs_each_line_of_its_batch_alone(batch_models, tmp_path,
+                                                             monkeypatch):
+    """A pull that fails names no line (a step advances every line of its batch): the batch
+    ends and each of its lines runs alone, so only the bad one fails (here a line whose prompt
+    fails as its first frame is pulled, alone too); the next line opens a new batch."""
+    prompt_rows = NanoTTS.prompt_rows
+
+    def failing(self, chunk, **kw):
+        if "Broken" in chunk:
+            raise InputError("this prompt breaks")
+        return prompt_rows(self, chunk, **kw)
+
+    batches = []
+    together_ = NanoTTS.decoding_together
+
+    def counted(self, max_streams):
+        batches.append(max_streams)
+        return together_(self, max_streams)
+
+    monkeypatch.setattr(NanoTTS, "prompt_rows", failing)
+    monkeypatch.setattr(NanoTTS, "decoding_together", counted)
+    rows = [GOOD[0], {"id": "broken", "text": "Broken words.", "max_frames": FRAMES}, GOOD[1]]
+    tasks = tasks_of(rows, tmp_path, batch_models)
+    runner = LineRunner(1)
+    try:
+        together = fed(runner, tasks, 2)
+        alone = [runner.run(task) for task in tasks]
+    finally:
+        runner.close()
+    assert batches == [2, 2]        # the first ended by the failed pull, the second for GOOD[1]
+    assert [o["status"] for o in together] == ["ok", "failed", "ok"]
+    assert together[1]["error"] == alone[1]["error"] == "this prompt breaks"
+    for got, want in zip(together, alone):
+        assert got["warnings"] == want["warnings"]
+        if got["status"] == "ok":
+            assert np.array_equal(samples(got), samples(want)), got["id"]
 
 
 def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_line(
