@@ -115,8 +115,8 @@ def tensor_types(outtype="f32", *, head=None, embed="f32") -> TypeFor:
 def checkpoint_of(model_dir: Path, given=None, *, source: str | None = None):
     """Which published checkpoint `model_dir` is (a registry row): the one asked for (`given`,
     from `convert ttsd`, ...) if it may be that one, else an error naming the one it is;
-    without one asked for, the one its names or shape say (registry.checkpoint_candidates)."""
-    from moss_tts.models.registry import checked_checkpoint, family_of_checkpoint
+    without one asked for, the one its names or shape say (naming.checkpoint_candidates)."""
+    from .naming import checked_checkpoint, family_of_checkpoint
 
     if given is None:
         return family_of_checkpoint(model_dir, source=source)

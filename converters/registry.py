@@ -1,18 +1,65 @@
-"""What the converters share: the family-only `convert` flags, and the finish step (unused
-checkpoint keys, `--strict`, shape checks, atomic write). Which converter a family uses is its
-row in moss_tts.models.registry."""
+"""What the converters share: running a family's converter (its row in
+moss_tts.models.registry names the module), the family-only `convert` flags, and the finish
+step (unused checkpoint keys, `--strict`, shape checks, atomic write)."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from pathlib import Path
-# `convert` flags only some families take (the family rows of moss_tts.models.registry say
-# which): keyword → help. Each reaches the family's `convert()` as that keyword when given.
+
+from moss_tts.errors import ConfigError
+from moss_tts.models.registry import CONVERTIBLE, Family, family
+
+# `convert` flags only some families take: keyword → help. A family takes the ones its
+# converter's `convert()` has as keywords (read from the signature: declared once, there), and
+# each reaches it as that keyword when given.
 CONVERT_FLAGS = {
     "head_type": "type of the text and audio heads (default: --outtype, but q8_0 when that is "
                  "lower: a quantized text head costs WER)",
     "embed_type": "type of the embedding tables (default f32; Local v1.5's audio tables are its "
                   "heads too)",
 }
+
+
+def converter(row: Family):
+    """The converter module of a family's row."""
+    return importlib.import_module(row.converter)
+
+
+def convert(row: Family, *args, **kwargs) -> Path:
+    """The family converter's `convert(model, out, *, outtype, strict, progress, ...)`; a
+    converter shared by several checkpoints is told which one it writes."""
+    if row.checkpoint:
+        kwargs["checkpoint"] = row
+    return converter(row).convert(*args, **kwargs)
+
+
+def flags_of(row: Family) -> tuple[str, ...]:
+    """The family-only flags a family's converter takes."""
+    params = inspect.signature(converter(row).convert).parameters
+    return tuple(key for key in CONVERT_FLAGS if key in params)
+
+
+def convert_options(kind: str, given: dict) -> dict:
+    """`convert`'s family-only flags set in `given` (parsed arguments by dest) as the family
+    converter's keywords; a flag the family does not take is an error, not ignored."""
+    out = {}
+    for key in CONVERT_FLAGS:
+        if given.get(key) is None:
+            continue
+        if key not in flags_of(family(kind)):
+            takers = [f.kind for f in CONVERTIBLE.values() if key in flags_of(f)]
+            raise ConfigError(f"--{key.replace('_', '-')} applies to convert "
+                              f"{' / '.join(takers)} only, not {kind}")
+        out[key] = given[key]
+    return out
+
+
+def convert_flag_help() -> dict[str, str]:
+    """`convert`'s family-only flags → their help, prefixed by the families that take them."""
+    return {key: "/".join(f.kind for f in CONVERTIBLE.values() if key in flags_of(f))
+            + f" only: {text}" for key, text in CONVERT_FLAGS.items()}
 
 
 def finish(model_dir, out, tensors: dict, unmapped: list[str], expected: dict[str, tuple],

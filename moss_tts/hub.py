@@ -69,8 +69,7 @@ def _family(source: str, family: str) -> str:
     if family != "model":
         return family
     from converters.checkpoint import resolve_model_dir
-
-    from .models.registry import family_of_checkpoint
+    from converters.naming import family_of_checkpoint
 
     found = family_of_checkpoint(resolve_model_dir(source, allow_patterns=("*.json", "*.md")),
                                  source=source).kind
@@ -81,7 +80,9 @@ def _family(source: str, family: str) -> str:
 
 
 def _convert(source: str, family: str, outtype: str, progress, target: Path) -> Path:
+    from converters.registry import convert
+
     from .models.registry import family as row
 
     logger.info("converting %s (%s) to %s", source, family, target)
-    return row(family).convert(source, target, outtype=outtype, progress=progress)
+    return convert(row(family), source, target, outtype=outtype, progress=progress)

@@ -7,20 +7,24 @@ from .common import Progress, check_output, say, writing
 
 
 def _convert(args) -> int:
-    from ..models.registry import convert_options, family
+    from converters.registry import convert, convert_options
+
+    from ..models.registry import family
 
     row = family(args.family)
     options = convert_options(args.family, vars(args))
     check_output(args.out, (".gguf",))
     with Progress("writing", args.quiet, "tensors") as bar, writing(args.out):
-        out = row.convert(args.model, args.out, outtype=args.outtype, strict=args.strict,
-                          progress=lambda i, n, name: bar(i, n), **options)
+        out = convert(row, args.model, args.out, outtype=args.outtype, strict=args.strict,
+                      progress=lambda i, n, name: bar(i, n), **options)
     say(args, f"{out}: written ({out.stat().st_size / 2**20:.1f} MiB, {args.outtype})")
     return 0
 
 
 def add_parser(sub, common) -> None:
-    from ..models.registry import CONVERTIBLE, convert_flag_help
+    from converters.registry import convert_flag_help
+
+    from ..models.registry import CONVERTIBLE
 
     c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF", parents=[common])
     c.add_argument("family", choices=list(CONVERTIBLE),

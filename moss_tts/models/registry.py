@@ -35,9 +35,7 @@ class Family:
     keywords: tuple[str, ...]
     default_model: str
     default_codec: str
-    codec_name: str              # what to pass as --codec, in words
     hub_outtype: str = "f32"     # what a repo id converts to when no type is asked for
-    convert_flags: tuple[str, ...] = ()   # converters.registry.CONVERT_FLAGS it takes
     # A published checkpoint of another row's architecture (MOSS-TTSD on MossTTSDelay): `arch`
     # is the GGUF `moss.kind` its weights carry, `checkpoint` the name the GGUF records
     # (CHECKPOINT_KEY), `names` the marks (lower case, no separators) that name it in a repo
@@ -69,13 +67,6 @@ class Family:
         """Whether it decodes several streams in one step (its TTS class has a batched decoder,
         BATCHED: `synthesize_many`, `serve --max-streams`, `batch --streams`)."""
         return self.tts_class().BATCHED is not None
-
-    def convert(self, *args, **kwargs):
-        """The family converter's `convert(model, out, *, outtype, strict, progress, ...)`; a
-        converter shared by several checkpoints is told which one it writes."""
-        if self.checkpoint:
-            kwargs["checkpoint"] = self
-        return importlib.import_module(self.converter).convert(*args, **kwargs)
 
 
 def _attribute(spec: str):
@@ -113,35 +104,34 @@ FAMILIES = (
            "moss_tts.sampling:SamplingOptions", "converters.nano",
            lambda c: _model_type(c) == "moss_tts_nano",
            ("max_frames", "max_text_tokens", "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS-Nano", CODEC_NANO, "the MOSS-Audio-Tokenizer-Nano GGUF"),
+           "OpenMOSS-Team/MOSS-TTS-Nano", CODEC_NANO),
     Family("delay", "MOSS-TTS (Delay)", "Delay", "moss_tts.models.delay_tts:DelayTTS",
            "moss_tts.sampling:DelaySamplingOptions", "converters.delay",
            _is_delay,
            ("max_new_rows", "language", "instruction", "tokens", "seconds", "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS", CODEC_24K, "the MOSS-Audio-Tokenizer (24 kHz) GGUF",
-           hub_outtype="q6_K", convert_flags=("head_type", "embed_type"),
+           "OpenMOSS-Team/MOSS-TTS", CODEC_24K,
+           hub_outtype="q6_K",
            checkpoint="MOSS-TTS", names=("mosstts",)),
     # MossTTSDelay's other published checkpoints (docs/upstream-notes.md §family-9): the same
     # runtime, another prompt and task each
     Family("ttsd", "MOSS-TTSD v1.0", "TTSD", "moss_tts.models.delay_tasks:DialogueTTS",
            "moss_tts.sampling:DialogueSamplingOptions", "converters.delay", _is_delay,
            ("max_new_rows", "speakers", "language"),
-           "OpenMOSS-Team/MOSS-TTSD-v1.0", CODEC_24K, "the MOSS-Audio-Tokenizer (24 kHz) GGUF",
-           hub_outtype="q6_K", convert_flags=("head_type", "embed_type"),
+           "OpenMOSS-Team/MOSS-TTSD-v1.0", CODEC_24K,
+           hub_outtype="q6_K",
            arch="delay", checkpoint="MOSS-TTSD-v1.0", names=("mossttsd", "ttsd")),
     Family("voicegen", "MOSS-VoiceGenerator", "VoiceGenerator",
            "moss_tts.models.delay_tasks:VoiceDesignTTS",
            "moss_tts.sampling:VoiceDesignSamplingOptions", "converters.delay", _is_delay,
            ("max_new_rows", "instruction", "language", "tokens", "seconds"),
            "OpenMOSS-Team/MOSS-VoiceGenerator", CODEC_24K,
-           "the MOSS-Audio-Tokenizer (24 kHz) GGUF", convert_flags=("head_type", "embed_type"),
            arch="delay", checkpoint="MOSS-VoiceGenerator", names=("voicegenerator", "voicegen"),
            required=("instruction",)),
     Family("sfx", "MOSS-SoundEffect", "SoundEffect", "moss_tts.models.delay_tasks:SoundEffectTTS",
            "moss_tts.sampling:SoundEffectSamplingOptions", "converters.delay", _is_delay,
            ("max_new_rows", "sound", "tokens", "seconds"),
-           "OpenMOSS-Team/MOSS-SoundEffect", CODEC_24K, "the MOSS-Audio-Tokenizer (24 kHz) GGUF",
-           hub_outtype="q6_K", convert_flags=("head_type", "embed_type"),
+           "OpenMOSS-Team/MOSS-SoundEffect", CODEC_24K,
+           hub_outtype="q6_K",
            arch="delay", checkpoint="MOSS-SoundEffect", names=("soundeffect", "sfx")),
     Family("local", "MOSS-TTS-Local-Transformer", "Local",
            "moss_tts.models.local_tts:LocalTTS", "moss_tts.sampling:LocalSamplingOptions",
@@ -149,26 +139,22 @@ FAMILIES = (
            _is_local,
            ("max_frames", "language", "instruction", "tokens", "seconds", "n_vq_for_inference",
             "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS-Local-Transformer", CODEC_24K,
-           "the MOSS-Audio-Tokenizer (24 kHz) GGUF", convert_flags=("head_type", "embed_type")),
+           "OpenMOSS-Team/MOSS-TTS-Local-Transformer", CODEC_24K),
     Family("local-v15", "MOSS-TTS-Local-Transformer-v1.5", "Local v1.5",
            "moss_tts.models.local_v15_tts:LocalV15TTS",
            "moss_tts.sampling:LocalV15SamplingOptions", "converters.local_v15",
            _is_local_v15,
            ("max_frames", "language", "instruction", "tokens", "seconds", "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5", CODEC_V2,
-           "the MOSS-Audio-Tokenizer-v2 (48 kHz stereo) GGUF", hub_outtype="q6_K",
-           convert_flags=("embed_type",)),
+           "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5", CODEC_V2, hub_outtype="q6_K"),
     Family("realtime", "MOSS-TTS-Realtime", "Realtime",
            "moss_tts.models.realtime_tts:RealtimeTTS",
            "moss_tts.sampling:RealtimeSamplingOptions", "converters.realtime",
            lambda c: _model_type(c) == "moss_tts_realtime", ("max_frames",),
-           "OpenMOSS-Team/MOSS-TTS-Realtime", CODEC_24K,
-           "the MOSS-Audio-Tokenizer (24 kHz) GGUF", convert_flags=("head_type", "embed_type")),
+           "OpenMOSS-Team/MOSS-TTS-Realtime", CODEC_24K),
 )
 # the audio codecs convert like a family but speak nothing
 CODEC = Family("codec", "MOSS-Audio-Tokenizer", "codec", "moss_tts.codec:Codec", "",
-               "converters.codec", _is_codec, (), CODEC_NANO, CODEC_NANO, "")
+               "converters.codec", _is_codec, (), CODEC_NANO, CODEC_NANO)
 DEFAULT = FAMILIES[0]            # what `tts` and `serve` speak with when no --model is given
 BY_KIND = {f.kind: f for f in FAMILIES}
 BASES = [f.kind for f in FAMILIES if not f.arch]        # the GGUF kinds of speech models
@@ -200,86 +186,6 @@ def family_of_config(config: dict) -> Family:
 def checkpoints_of(base: Family) -> list[Family]:
     """The rows sharing `base`'s architecture (itself first)."""
     return [base] + [f for f in FAMILIES if f.arch == base.kind]
-
-
-def family_of_checkpoint(model_dir, *, source: str | None = None) -> Family:
-    """The row of a checkpoint directory (`checkpoint_candidates`); where only a name could
-    tell (MOSS-TTSD or MOSS-SoundEffect) an error says how to name it."""
-    rows, why = checkpoint_candidates(model_dir, source=source)
-    if len(rows) > 1:
-        raise ConfigError(f"{model_dir}: a MossTTSDelay checkpoint with {why} is MOSS-TTSD or "
-                          "MOSS-SoundEffect, and nothing names which: convert it with "
-                          "`python -m moss_tts convert ttsd` (or `sfx`)")
-    return rows[0]
-
-
-def checkpoint_candidates(model_dir, *, source: str | None = None) -> tuple[list[Family], str]:
-    """The rows a checkpoint directory may be, and what told: its architecture from
-    config.json, then which of that architecture's published checkpoints it is, from the names
-    it goes by (config.json's `_name_or_path`, the model card's title, the repo id or directory
-    it came from, nearest first), else from its shape: 16 codebooks at 2048 wide is
-    MOSS-VoiceGenerator; 16 at 8B is MOSS-TTSD or MOSS-SoundEffect (two rows: only a name tells
-    them apart); any other count is MOSS-TTS (docs/upstream-notes.md §family-9)."""
-    from converters.checkpoint import read_config
-
-    model_dir = Path(model_dir)
-    config = read_config(model_dir)
-    base = family_of_config(config)
-    rows = checkpoints_of(base)
-    if len(rows) == 1:
-        return [base], f"its config.json's model_type {_model_type(config)!r}"
-    names = _names_of(model_dir, config, source)
-    by_name = named_checkpoint(rows, names)
-    if by_name is not None:
-        name = next(n for n in names if named_checkpoint(rows, [n]))
-        return [by_name], "by its name" if name == source else f"named {name.lstrip('# ')!r}"
-    n_vq = config.get("n_vq")
-    width = (config.get("language_config") or {}).get("hidden_size", 0)
-    if n_vq == 16 and width <= 2048:
-        return [BY_KIND["voicegen"]], f"16 codebooks at width {width}"
-    if n_vq == 16:
-        return [BY_KIND["ttsd"], BY_KIND["sfx"]], f"16 codebooks at width {width}"
-    return [base], f"{n_vq} codebooks, where the other published checkpoints have 16"
-
-
-def checked_checkpoint(given: Family, model_dir, *, source: str | None = None) -> Family:
-    """`given` (the row `convert` was asked for) when the checkpoint may be it; else a
-    ConfigError saying what the checkpoint is, what told, and the command that converts it:
-    converting MOSS-TTS as MOSS-TTSD would give it the wrong prompt, and the GGUF would say
-    MOSS-TTSD."""
-    rows, why = checkpoint_candidates(model_dir, source=source)
-    if given in rows:
-        return given
-    command = f"`python -m moss_tts convert {rows[0].kind}`" + "".join(
-        f" (or `{r.kind}`)" for r in rows[1:])
-    what = " or ".join(r.checkpoint or r.name for r in rows)
-    raise ConfigError(f"{source or model_dir} is {what} ({why}), not "
-                      f"{given.checkpoint or given.name}: convert it with {command}")
-
-
-def named_checkpoint(rows: list[Family], names: list[str]) -> Family | None:
-    """The first row one of `names` (nearest first) marks, or None; a name marking the base
-    (MOSS-TTS) ends the search too, so a folder above it cannot name another checkpoint."""
-    for name in names:
-        flat = "".join(ch for ch in name.lower() if ch.isalnum())
-        for row in sorted(rows, key=lambda r: not r.arch):     # "mossttsd" before "mosstts"
-            if any(mark in flat for mark in row.names):
-                return row
-    return None
-
-
-def _names_of(model_dir: Path, config: dict, source: str | None) -> list[str]:
-    names = [str(config.get("_name_or_path") or "")]
-    card = model_dir / "README.md"
-    if card.is_file():
-        heading = next((line for line in card.read_text(errors="replace").splitlines()
-                        if line.startswith("# ")), "")
-        names.append(heading)
-    if source:
-        names.append(source)
-    # a Hugging Face cache directory is models--OWNER--NAME/snapshots/HASH: the name is above
-    names += [part for part in reversed(model_dir.resolve().parts)]
-    return [n for n in names if n]
 
 
 def family_of_model(model) -> Family:
@@ -327,30 +233,3 @@ def resolve_model(spec, *, resolve) -> tuple[str, Family]:
     else:
         path = str(resolve(spec))
     return path, family_of_model(path)
-
-
-
-
-def convert_options(kind: str, given: dict) -> dict:
-    """`convert`'s family-only flags set in `given` (parsed arguments by dest) as the family
-    converter's keywords; a flag the family does not take is an error, not ignored."""
-    from converters.registry import CONVERT_FLAGS
-
-    out = {}
-    for key in CONVERT_FLAGS:
-        if given.get(key) is None:
-            continue
-        if key not in family(kind).convert_flags:
-            takers = [f.kind for f in CONVERTIBLE.values() if key in f.convert_flags]
-            raise ConfigError(f"--{key.replace('_', '-')} applies to convert "
-                              f"{' / '.join(takers)} only, not {kind}")
-        out[key] = given[key]
-    return out
-
-
-def convert_flag_help() -> dict[str, str]:
-    """`convert`'s family-only flags → their help, prefixed by the families that take them."""
-    from converters.registry import CONVERT_FLAGS
-
-    return {key: "/".join(f.kind for f in CONVERTIBLE.values() if key in f.convert_flags)
-            + f" only: {text}" for key, text in CONVERT_FLAGS.items()}

@@ -1,5 +1,5 @@
 """`convert ttsd` / `voicegen` / `sfx` (and `delay`) check that the checkpoint is the one named
-(registry.checkpoint_candidates: its config.json, its names, its shape): a plain MOSS-TTS
+(converters/naming.py checkpoint_candidates: its config.json, its names, its shape): a plain MOSS-TTS
 directory was converted as MOSS-TTSD and its GGUF recorded MOSS-TTSD-v1.0 (issue 31, finding
 10). Refused in one line saying what the directory is and the command that converts it.
 Test names stay clear of the names a checkpoint goes by: pytest's directories are named after

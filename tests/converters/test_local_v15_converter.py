@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from converters.local_v15 import convert
-from moss_tts.models.registry import CONVERTIBLE as FAMILIES, convert_options as family_options
+from converters.registry import convert_options as family_options
+from moss_tts.models.registry import CONVERTIBLE as FAMILIES
 from fixtures.make_delay import make_tokenizer_json
 from fixtures.make_local_v15 import (AUDIO_VOCAB, N_VQ, make_state, make_tiny_local_v15_checkpoint,
                                      tiny_config)

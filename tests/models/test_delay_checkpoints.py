@@ -1,6 +1,6 @@
-"""Which published MossTTSDelay checkpoint a directory is (registry.family_of_checkpoint): by
-its names (config.json's `_name_or_path`, its model card's title, the repo id or directory it
-came from, nearest first), else by its shape; the converter records the name in the GGUF, the
+"""Which published MossTTSDelay checkpoint a directory is (converters/naming.py
+family_of_checkpoint): by its names (config.json's `_name_or_path`, its model card's title, the
+repo id or directory it came from, nearest first), else by its shape; the converter records the name in the GGUF, the
 loaders pick the class from it, and a checkpoint converted as another is refused."""
 
 import json
@@ -12,8 +12,9 @@ from fixtures.make_delay import (PUBLISHED, make_tiny_delay_checkpoint,
                                  make_tiny_published_checkpoint, tiny_config)
 from moss_tts.errors import ConfigError, ModelFileError
 from moss_tts.ggml import GGUFFile
-from moss_tts.models.registry import (BY_KIND, CHECKPOINT_KEY, family_of_checkpoint,
-                                      family_of_model)
+from converters.naming import family_of_checkpoint
+from converters.registry import convert as convert_as
+from moss_tts.models.registry import BY_KIND, CHECKPOINT_KEY, family_of_model
 
 
 def config_only(d, **overrides):
@@ -91,7 +92,7 @@ def test_converting_a_named_checkpoint_as_another_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"is MOSS-TTSD-v1.0 \(named 'MOSS-TTSD'\), not "
                                           r"MOSS-TTS: convert it with `python -m moss_tts "
                                           r"convert ttsd`$"):
-        BY_KIND["delay"].convert(str(ttsd), tmp_path / "wrong.gguf")
+        convert_as(BY_KIND["delay"], str(ttsd), tmp_path / "wrong.gguf")
     assert not (tmp_path / "wrong.gguf").exists()
 
 
