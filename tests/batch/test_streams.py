@@ -162,7 +162,7 @@ def test_a_worker_decodes_its_lines_in_one_batched_call(batch_models, voice_env,
 # a long line and short ones: the long one runs to its budget (one text chunk of 68 tokens),
 # each short one 3 frames
 LONGER = f"{LONG} {LONG}"
-BESIDE_LONG = [{"id": "long", "text": LONGER, "seed": 2, "max_frames": 400}] + [
+BESIDE_LONG = [{"id": "long", "text": LONGER, "seed": 2, "max_frames": 1200}] + [
     {"id": f"short{i}", "text": "Hello there.", "seed": i, "max_frames": 3} for i in range(4)]
 
 
@@ -170,7 +170,7 @@ def test_a_long_line_holds_only_its_own_place(batch_models, tmp_path):
     """issue 33: `--streams 2` took two lines and waited for both before taking the next two,
     so a long line held its partner's place to its end (the ledger read long, short0, short1,
     short2, short3: short0 came back with long, the others after it). Now the next line joins
-    as soon as one ends: every short line is made while the long one still runs (400 frames
+    as soon as one ends: every short line is made while the long one still runs (1200 frames
     beside 4 × 3), each as it is alone."""
     manifest = write_jsonl(tmp_path / "m.jsonl", BESIDE_LONG)
     made = {}
