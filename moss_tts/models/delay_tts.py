@@ -179,7 +179,7 @@ class DelayTTS(Qwen3TTS):
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_rows)."""
         self._need_open()
-        return self.model.generate(rows, **self._bounded(kwargs, "max_new_rows"))
+        return self.model.generate(rows, **self._checked(kwargs, "max_new_rows"))
 
     @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,

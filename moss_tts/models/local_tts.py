@@ -94,7 +94,7 @@ class LocalTTS(DelayTTS):
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_frames,
         n_vq_for_inference)."""
         self._need_open()
-        return self.model.generate(rows, **self._bounded(kwargs, "max_new_frames"))
+        return self.model.generate(rows, **self._checked(kwargs, "max_new_frames"))
 
     @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,

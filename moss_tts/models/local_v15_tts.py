@@ -144,7 +144,7 @@ class LocalV15TTS(Qwen3TTS):
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
         self._need_open()
-        return self.model.generate(rows, **self._bounded(kwargs, "max_frames"))
+        return self.model.generate(rows, **self._checked(kwargs, "max_frames"))
 
     @family_stream
     def stream(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,

@@ -55,18 +55,6 @@ BUDGET = FrameBudget("max_frames", MAX_FRAMES, frame_budget(MAX_TEXT_TOKENS, mat
                      "frames", per_chunk=True)
 
 
-def check_seed(seed) -> int | None:
-    """None (a fresh random seed) or a whole number ≥ 0, as numpy's generators take."""
-    return None if seed is None else whole_number(seed, "seed", 0)
-
-
-def check_options(options) -> SamplingOptions:
-    if not isinstance(options, SamplingOptions):
-        hint = " — build one with SamplingOptions(**options)" if isinstance(options, dict) else ""
-        raise InputError(f"options must be a SamplingOptions, got {type(options).__name__}{hint}")
-    return options
-
-
 def continuation_prompt_text(chunk: str) -> str:
     """A chunk's text as the prompt text of the next one (upstream appends the next text with
     no separator, so a space ends it unless it is CJK)."""
@@ -131,8 +119,9 @@ class NanoTTS(CodecTTS):
         """Frames [n_vq] generated after prompt rows, until the model stops (docs/upstream-notes.md
         §nano-4.1)."""
         self._need_open()
-        options, seed = check_options(options), check_seed(seed)
-        return self._frames(rows, options, seed, self.BUDGET.check(max_frames))
+        kw = self._checked({"options": options, "seed": seed, "max_frames": max_frames},
+                           "max_frames")
+        return self._frames(rows, kw["options"], kw["seed"], kw["max_frames"])
 
     def _frames(self, rows, options, seed, max_frames) -> Iterator[np.ndarray]:
         m = self.model
@@ -238,7 +227,6 @@ class NanoTTS(CodecTTS):
         output continues it seamlessly. Arguments are checked before the first chunk is made.
         """
         codec = self._need_codec()
-        options, seed = check_options(options), check_seed(seed)
         chunks, prompt_text = self.split_text(text, prompt_text=prompt_text, normalize=normalize,
                                               max_text_tokens=max_text_tokens)
         check_mode("voice_clone" if reference is not None else "continuation",

@@ -174,7 +174,7 @@ class RealtimeTTS(Qwen3TTS):
     def generate(self, rows, text_ids=(), **kwargs) -> np.ndarray:
         """Prompt rows and the text ids to come → frames [N, rvq] (options, seed, max_frames)."""
         self._need_open()
-        return self.model.generate(rows, text_ids, **self._bounded(kwargs, "max_frames"))
+        return self.model.generate(rows, text_ids, **self._checked(kwargs, "max_frames"))
 
     @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,
