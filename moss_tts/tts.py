@@ -191,6 +191,9 @@ class CodecTTS(NativeResource):
     # its models/batching.py BatchFamily: several streams per decode step (`decoding_together`,
     # `synthesize_many`, serve --max-streams, batch --streams); None: one stream at a time
     BATCHED: type | None = None
+    # a live mode (`session`: text deltas in as a language model writes them, audio out as it
+    # is made): serve's /v1/audio/live, `tts --live`; False: whole texts only
+    LIVE = False
     # `stream` keywords every whole-audio output takes unless its caller gives them
     # (`synthesize`, `synthesize_many`, a whole file from `tts` or the server): a family whose
     # stream paces its codec pushes by the clock (upstream's adaptive ladder) fixes them here,

@@ -135,6 +135,7 @@ class RealtimeTTS(Qwen3TTS):
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Realtime", RealtimeSamplingOptions
     MODEL, TOKENIZER_KEY = RealtimeModel, TOKENIZER_KEY
     BATCHED = RealtimeBatch    # offline streams only: a live session decodes on its own
+    LIVE = True                # `session`
     # frames of one request (of one turn, live): the model card's 32K-token context (~40 min)
     # holds the prompt and the frames; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_FRAMES, 32768, "frames")
