@@ -181,12 +181,11 @@ class DelayTTS(Qwen3TTS):
         self._need_open()
         return self.model.generate(rows, **self._checked(kwargs, "max_new_rows"))
 
-    @family_stream
-    def stream(self, text: str, *, reference: Reference | None = None,
-               prompt: Reference | None = None, prompt_text: str | None = None,
-               options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
-               max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
-               **fields) -> Iterator[np.ndarray]:
+    def _stream(self, text: str, *, reference: Reference | None = None,
+                prompt: Reference | None = None, prompt_text: str | None = None,
+                options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
+                max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
+                **fields) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
         segment (upstream decodes each segment on its own, §family-2.8): the next starts a new codec
         stream. A continuation's prompt frames go through the codec first (their audio is
@@ -203,6 +202,11 @@ class DelayTTS(Qwen3TTS):
         chunks = split_long_text(text, self.tokenizer, fields=fields)
         return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
                      prompt=prompt, prompt_text=prompt_text, seed=seed)
+
+    # `_stream` under the family contract; a published checkpoint that speaks as Delay does
+    # with keywords of its own (VoiceDesignTTS) checks them in its own contract, then calls
+    # `_stream`
+    stream = family_stream(_stream)
 
     def _utterance(self, text: str, *, reference, prompt, prompt_text, options, seed,
                    max_new_rows: int, normalize: bool, frames: list,
