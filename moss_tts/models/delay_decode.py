@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..nn.session import SharedDecodeSession
-from ..sampling import DelaySamplingOptions
+from ..sampling import DelaySamplingOptions, check_options, check_seed
 from .batching import BatchFamily, StreamJob
 from .delay import (FEW_TEXT_IDS, DelayConfig, DelayModel, RowSampler, check_rows, row_feed,
                     row_logits)
@@ -58,6 +58,7 @@ class DelayBatch(BatchFamily):
         when the prompt is appended (a bad one fails its own job only)."""
         if max_new_rows < 1:
             raise InputError(f"max_new_rows must be at least 1, got {max_new_rows}")
+        options, seed = check_options(options, DelaySamplingOptions), check_seed(seed)
         rows = np.asarray(rows)
         if rows.ndim != 2:
             check_rows(rows, self.model.config)      # a shapeless prompt has no length

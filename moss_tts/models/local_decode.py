@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
-from ..sampling import LocalSamplingOptions
+from ..sampling import LocalSamplingOptions, check_options, check_seed
 from ..nn.session import SharedDecodeSession
 from .batching import BatchFamily, StreamJob
 from .delay import check_rows
@@ -48,6 +48,7 @@ class LocalBatch(BatchFamily):
         n = check_n_vq(n_vq_for_inference, self.model.config)
         if max_new_frames < 1:
             raise InputError(f"max_new_frames must be at least 1, got {max_new_frames}")
+        options, seed = check_options(options, LocalSamplingOptions), check_seed(seed)
         rows = np.asarray(rows)
         length = len(rows) if rows.ndim else 0    # a malformed prompt fails when it joins
         return StreamJob(RowWork(rows, n, (options, seed, max_new_frames)), length,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError, whole_number
-from ..sampling import LocalV15SamplingOptions
+from ..errors import whole_number
+from ..sampling import LocalV15SamplingOptions, check_options, check_seed
 from ..nn.session import SharedDecodeSession
 from .batching import BatchFamily, StreamJob
 from .local_v15 import MAX_FRAMES, FrameChooser, GenerationState, LocalV15Model
@@ -38,11 +38,9 @@ class LocalV15Batch(BatchFamily):
         """A stream of prompt rows → its frames [n_vq], as `LocalV15Model.iter_frames` makes
         them (the same keywords, checked here; the prompt is checked when it joins). The cache
         takes its prompt and a whole budget of frames."""
-        if not isinstance(options, LocalV15SamplingOptions):
-            raise InputError(f"options must be a LocalV15SamplingOptions, got "
-                             f"{type(options).__name__}")
+        options = check_options(options, LocalV15SamplingOptions)
         max_frames = whole_number(max_frames, "max_frames", 1)
-        seed = None if seed is None else whole_number(seed, "seed", 0)
+        seed = check_seed(seed)
         rows = np.asarray(rows)
         length = len(rows) if rows.ndim else 0    # a malformed prompt fails when it joins
         chooser = FrameChooser(self.model.config, options, seed, max_frames)

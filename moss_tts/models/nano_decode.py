@@ -10,8 +10,8 @@ import logging
 
 import numpy as np
 
-from ..sampling import (SamplingOptions, check_finite, choose_rows_each, decide_continue,
-                        sample_audio_code)
+from ..sampling import (SamplingOptions, check_finite, check_options, check_seed,
+                        choose_rows_each, decide_continue, sample_audio_code)
 from ..nn.session import SharedDecodeSession
 from .batching import BatchFamily, StreamJob
 from .nano import GenerationState, NanoModel
@@ -108,6 +108,7 @@ class NanoBatch(BatchFamily):
         """A stream of prompt rows → its frames [n_vq]: the cache takes its prompt and a whole
         budget of frames."""
         rows = np.asarray(rows)
+        options, seed = check_options(options, SamplingOptions), check_seed(seed)
         sampler = FrameSampler(self.model.config, options, seed, max_frames)
         return StreamJob(FrameWork(rows, sampler), len(rows), len(rows) + max_frames)
 

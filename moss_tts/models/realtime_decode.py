@@ -10,7 +10,7 @@ import numpy as np
 
 from ..ggml.backend import released_on_error
 from ..nn.session import SessionsOwner, SharedDecodeSession
-from ..sampling import RealtimeSamplingOptions
+from ..sampling import RealtimeSamplingOptions, check_options, check_seed
 from .batching import BatchFamily, StreamJob
 from .realtime import MAX_FRAMES, RealtimeModel, TurnSampler, check_rows
 
@@ -51,6 +51,7 @@ class RealtimeBatch(BatchFamily):
         """`RealtimeModel.iter_frames(rows, text_ids, ...)` as a batch job → its frames [rvq]
         (the EOS frame not among them); rows, text ids and budget are checked here, so a bad
         job fails on its own before it joins. The cache takes its prompt and whole budget."""
+        options, seed = check_options(options, RealtimeSamplingOptions), check_seed(seed)
         rows = check_rows(rows, self.model.config)
         turn = TurnSampler(self.model.config, options, np.random.default_rng(seed), text_ids,
                            max_frames)
