@@ -331,7 +331,7 @@ def test_f6c_each_family_declares_its_budget_and_it_is_bounded_before_any_work(l
             tts.session(max_frames=budget.limit + 1)
 
 
-# --- issue 33 (§3): seed and options are the base's checks, alike on every family and route -----
+# --- issue 33, part 3: seed and options are the base's checks on every family and route -------
 
 
 BAD_CHOICES = pytest.mark.parametrize(
