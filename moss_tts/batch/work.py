@@ -78,7 +78,7 @@ class LineRunner:
 
     def _together(self, tts, ready: list, tasks, outcomes, streams: int) -> None:
         """The ready lines of one model: batched where its family decodes several streams."""
-        if len(ready) == 1 or type(tts).BATCHED is None:
+        if len(ready) == 1 or getattr(type(tts), "BATCHED", None) is None:
             for i, _ in ready:
                 outcomes[i].update(self.run(tasks[i]))
             return
