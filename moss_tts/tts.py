@@ -319,6 +319,19 @@ class CodecTTS(NativeResource):
         return kwargs
 
     # -- several streams per decode step (models/batching.py) --------------------------------
+    def _generated(self, rows, **keywords) -> Iterator:
+        """What the model makes after prompt rows (frames or rows), from the keywords of its
+        one-stream source (`_alone`): this stream's own decode, or, inside
+        `decoding_together`, its job in the shared batch (`BatchFamily.job`, the same
+        keywords), which makes the same items."""
+        if self._batch is None:
+            return self._alone(rows, **keywords)
+        return self._batch.items(self._batch.family.job(rows, **keywords))
+
+    def _alone(self, rows, **keywords) -> Iterator:
+        """The family's one-stream source: its model's `iter_frames` unless it says else."""
+        return self.model.iter_frames(rows, **keywords)
+
     @contextlib.contextmanager
     def decoding_together(self, max_streams: int = MAX_STREAMS):
         """Inside it, every `stream` made takes its frames from one shared BatchDecoder, up to

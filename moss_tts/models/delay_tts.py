@@ -231,10 +231,9 @@ class DelayTTS(Qwen3TTS):
             pending = [f for f in map(assembler.push, staircase) if f is not None]
         else:
             pending = []
-        source = self.model.iter_rows(rows, options=options, seed=seed,
-                                      max_new_rows=max_new_rows) if self._batch is None \
-            else self._batch.items(self._batch.family.job(rows, options, seed, max_new_rows))
-        made = BudgetMeter(source, max_new_rows, lambda row: row[0] == self.config.im_end_token_id)
+        made = BudgetMeter(self._generated(rows, options=options, seed=seed,
+                                           max_new_rows=max_new_rows),
+                           max_new_rows, lambda row: row[0] == self.config.im_end_token_id)
 
         def generated():
             for row in made:
@@ -245,6 +244,10 @@ class DelayTTS(Qwen3TTS):
 
         yield from self._decode(pending, generated(), skip)
         yield from made.cuts()
+
+    def _alone(self, rows, **keywords) -> Iterator[np.ndarray]:
+        """Its model's `iter_rows` (MossTTSLocal's model's too, with its own keywords)."""
+        return self.model.iter_rows(rows, **keywords)
 
     def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:
         """Frames (None: not complete yet) through codec streams, one per audio segment; the

@@ -165,10 +165,8 @@ class LocalV15TTS(Qwen3TTS):
         def frames_of(chunk, prompt, prompt_text, seed):
             rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,
                              **fields)
-            frames = self.model.iter_frames if self._batch is None else \
-                lambda rows, **kw: self._batch.items(self._batch.family.job(rows, **kw))
-            return BudgetMeter(frames(rows, options=options, seed=seed, max_frames=max_frames),
-                               max_frames)
+            return BudgetMeter(self._generated(rows, options=options, seed=seed,
+                                               max_frames=max_frames), max_frames)
 
         # the first chunk's generator is made now: every argument is checked here, before any
         # frame (iter_frames checks before it returns its generator)

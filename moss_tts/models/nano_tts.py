@@ -119,11 +119,11 @@ class NanoTTS(CodecTTS):
         """Frames [n_vq] generated after prompt rows, until the model stops (docs/upstream-notes.md
         §nano-4.1)."""
         self._need_open()
-        kw = self._checked({"options": options, "seed": seed, "max_frames": max_frames},
-                           "max_frames")
-        return self._frames(rows, kw["options"], kw["seed"], kw["max_frames"])
+        return self._alone(rows, **self._checked(
+            {"options": options, "seed": seed, "max_frames": max_frames}, "max_frames"))
 
-    def _frames(self, rows, options, seed, max_frames) -> Iterator[np.ndarray]:
+    def _alone(self, rows, *, options, seed, max_frames) -> Iterator[np.ndarray]:
+        """`iter_frames` on checked keywords, in the generation state kept between utterances."""
         m = self.model
         sampler = FrameSampler(self.config, options, seed, max_frames)
         state = self._take_state(len(rows) + max_frames)
@@ -232,17 +232,14 @@ class NanoTTS(CodecTTS):
         check_mode("voice_clone" if reference is not None else "continuation",
                    has_reference=reference is not None, has_prompt_text=prompt_text is not None,
                    has_prompt_codes=prompt is not None)
-        frames_of = self._frames if self._batch is None else \
-            lambda *job: self._batch.items(self._batch.family.job(*job))
         return self._utterances(codec, chunks, reference, prompt_text, prompt, options, seed,
-                                max_frames, frames_of)
+                                max_frames)
 
     def _utterances(self, codec, chunks, reference, prompt_text, prompt, options, seed,
-                    max_frames, frames_of) -> Iterator[np.ndarray]:
+                    max_frames) -> Iterator[np.ndarray]:
         """Each chunk's audio and the pause after it. Voice-clone chunks are decoded each on
         its own (as upstream); continuation chunks share one codec stream, as each continues
-        the one before it. Frames come from this request's own decode, or from the batch of a
-        `synthesize_many` that made this stream."""
+        the one before it."""
         decoder = None
         try:
             for i, chunk in enumerate(chunks):
@@ -256,7 +253,8 @@ class NanoTTS(CodecTTS):
                                         prompt=prompt)
                 budget = frame_budget(len(self.tokenizer.encode(chunk)), max_frames)
                 frames = []
-                for codes in frames_of(rows, options, None if seed is None else seed + i, budget):
+                for codes in self._generated(rows, options=options, max_frames=budget,
+                                             seed=None if seed is None else seed + i):
                     frames.append(codes)
                     yield decoder.push(codes[:, None])
                 if len(frames) == budget:    # by max_frames, or below it by the text

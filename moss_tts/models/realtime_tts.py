@@ -186,13 +186,8 @@ class RealtimeTTS(Qwen3TTS):
         come from this request's own decode, or from the batch of a `synthesize_many` (or
         `decoding_together`) that made this stream."""
         rows, text_ids = self.plan(text, reference=reference)
-        if self._batch is None:
-            made = self.model.iter_frames(rows, text_ids, options=options, seed=seed,
-                                          max_frames=max_frames)
-        else:
-            made = self._batch.items(self._batch.family.job(rows, text_ids, options, seed,
-                                                            max_frames))
-        frames = BudgetMeter(made, max_frames)
+        frames = BudgetMeter(self._generated(rows, text_ids=text_ids, options=options, seed=seed,
+                                             max_frames=max_frames), max_frames)
         with self._frame_audio() as audio:
             for frame in frames:
                 chunk = audio.push(frame)
