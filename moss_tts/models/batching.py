@@ -68,9 +68,10 @@ class StreamJob:
 
 class BatchFamily:
     """How one family's model decodes several streams in one step; subclassed per family
-    (NanoBatch, DelayBatch, ...), which states its shared state (`make_state`, `sequences`), a
-    stream's own (`start`), how a stream's prompt is appended (`prefill`) and one step for
-    every active stream (`advance`). The BatchDecoder calls these from one thread."""
+    (NanoBatch, DelayBatch, ...), which states its shared state (`make_state`, `sequences`,
+    where the model's own differ), a stream's own (`start`), how a stream's prompt is appended
+    (`prefill`) and one step for every active stream (`advance`). The BatchDecoder calls these
+    from one thread."""
 
     BUDGET_KEYWORD = "max_frames"     # the `start` keyword of a job's budget (its most items)
 
@@ -109,8 +110,9 @@ class BatchFamily:
         return self.model.make_state(rows, streams=streams)
 
     def sequences(self, state):
-        """The state's SharedDecodeSession whose sequence ids the jobs hold (the backbone's)."""
-        raise NotImplementedError
+        """The state's SharedDecodeSession whose sequence ids the jobs hold: its backbone's
+        unless the family says else."""
+        return state.backbone
 
     def open(self, state, job: StreamJob) -> None:
         """Start the job's sequence in the state, room for its `need` rows: set `job.seq`."""
@@ -135,12 +137,22 @@ class BatchFamily:
         stall) belong there, to its own request (a step runs in any stream's pull)."""
 
 
+class HiddenWork:
+    """A stream's own part of a job in a HiddenStateFamily: its prompt rows, its sampler (what
+    it draws with, and says when it ends) and the backbone hidden its next frame starts from."""
+
+    __slots__ = ("rows", "sampler", "h")
+
+    def __init__(self, rows: np.ndarray, sampler=None):
+        self.rows, self.sampler, self.h = rows, sampler, None
+
+
 class HiddenStateFamily(BatchFamily):
     """A family whose stream's next frame starts from the backbone's hidden state of its last
     row (`job.work.h`, left by `prefill` and by each step): Nano, Local, Local v1.5, Realtime.
-    A step draws one item for every stream from the hiddens (`draw`), records each (`accept`),
-    then feeds those of the streams that go on through one backbone step (`step_hidden`), which
-    gives their next hiddens."""
+    Its jobs' work is a HiddenWork. A step draws one item for every stream from the hiddens
+    (`draw`), records each (`accept`), then feeds those of the streams that go on through one
+    backbone step (`step_hidden`), which gives their next hiddens."""
 
     def draw(self, state, jobs: list[StreamJob], hidden: np.ndarray) -> list:
         """Each job's next item (frame or row) from its hidden (`hidden` [jobs, H]), one graph

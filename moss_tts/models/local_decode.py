@@ -9,24 +9,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..sampling import LocalSamplingOptions
-from ..nn.session import SharedDecodeSession
-from .batching import HiddenStateFamily, StreamJob
+from .batching import HiddenStateFamily, HiddenWork, StreamJob
 from .delay import check_rows
 from .local import (MAX_NEW_FRAMES, GenerationState, LocalModel, RowChooser, check_n_vq,
                     row_feed)
 
 
-class RowWork:
-    """A Local stream's own part of a batch job: its prompt rows, how many codebooks it
-    generates (n_vq_for_inference), its chooser (made when its prompt is checked, on joining),
-    and the backbone hidden its next row starts from."""
+class RowWork(HiddenWork):
+    """A Local stream's HiddenWork, with how many codebooks it generates (n_vq_for_inference)
+    and its chooser's keywords: the chooser is made when its prompt is checked, on joining."""
 
-    __slots__ = ("rows", "n_vq", "choices", "sampler", "h")
+    __slots__ = ("n_vq", "choices")
 
     def __init__(self, rows: np.ndarray, n_vq: int, choices: tuple):
-        self.rows, self.n_vq, self.choices = rows, n_vq, choices   # (options, seed, budget)
-        self.sampler: RowChooser | None = None
-        self.h = None
+        super().__init__(rows)
+        self.n_vq, self.choices = n_vq, choices   # (options, seed, budget)
 
 
 class LocalBatch(HiddenStateFamily):
@@ -46,9 +43,6 @@ class LocalBatch(HiddenStateFamily):
         (its chooser is made when the prompt joins: it reads the prompt's codes)."""
         n = check_n_vq(n_vq_for_inference, self.model.config)
         return RowWork(rows, n, (options, seed, max_new_frames))
-
-    def sequences(self, state: GenerationState) -> SharedDecodeSession:
-        return state.backbone
 
     def prefill(self, state: GenerationState, job: StreamJob, start: int, stop: int) -> None:
         work = job.work

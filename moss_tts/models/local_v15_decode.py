@@ -10,19 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..sampling import LocalV15SamplingOptions
-from ..nn.session import SharedDecodeSession
-from .batching import HiddenStateFamily, StreamJob
+from .batching import HiddenStateFamily, HiddenWork, StreamJob
 from .local_v15 import MAX_FRAMES, FrameChooser, GenerationState, LocalV15Model
-
-
-class FrameWork:
-    """A v1.5 stream's own part of a batch job: its prompt rows, its chooser, and the backbone
-    hidden its next frame starts from."""
-
-    __slots__ = ("rows", "sampler", "h")
-
-    def __init__(self, rows: np.ndarray, sampler: FrameChooser):
-        self.rows, self.sampler, self.h = rows, sampler, None
 
 
 class LocalV15Batch(HiddenStateFamily):
@@ -34,13 +23,10 @@ class LocalV15Batch(HiddenStateFamily):
 
     def start(self, rows: np.ndarray, *,
               options: LocalV15SamplingOptions = LocalV15SamplingOptions(),
-              seed: int | None = None, max_frames: int = MAX_FRAMES) -> FrameWork:
+              seed: int | None = None, max_frames: int = MAX_FRAMES) -> HiddenWork:
         """A stream of prompt rows → its frames [n_vq], as `LocalV15Model.iter_frames` makes
         them (the prompt is checked when it joins)."""
-        return FrameWork(rows, FrameChooser(self.model.config, options, seed, max_frames))
-
-    def sequences(self, state: GenerationState) -> SharedDecodeSession:
-        return state.backbone
+        return HiddenWork(rows, FrameChooser(self.model.config, options, seed, max_frames))
 
     def prefill(self, state: GenerationState, job: StreamJob, start: int, stop: int) -> None:
         work = job.work

@@ -13,7 +13,7 @@ import numpy as np
 from ..sampling import (SamplingOptions, check_finite, choose_rows_each, decide_continue,
                         sample_audio_code)
 from ..nn.session import SharedDecodeSession
-from .batching import HiddenStateFamily, StreamJob
+from .batching import HiddenStateFamily, HiddenWork, StreamJob
 from .nano import GenerationState, NanoModel
 
 logger = logging.getLogger(__name__)
@@ -87,16 +87,6 @@ def choose_codes(samplers: list[FrameSampler]):
     return choose
 
 
-class FrameWork:
-    """A Nano stream's own part of a batch job: its prompt rows, its sampler, and the global
-    hidden its next frame starts from."""
-
-    __slots__ = ("rows", "sampler", "h")
-
-    def __init__(self, rows: np.ndarray, sampler: FrameSampler):
-        self.rows, self.sampler, self.h = rows, sampler, None
-
-
 class NanoBatch(HiddenStateFamily):
     """NanoModel's streams decoded together: a step is one frame for every stream (one depth
     graph per local position over all of them) and one global step over those that go on."""
@@ -104,10 +94,10 @@ class NanoBatch(HiddenStateFamily):
     model: NanoModel
 
     def start(self, rows: np.ndarray, *, options: SamplingOptions = SamplingOptions(),
-              seed: int | None = None, max_frames: int) -> FrameWork:
+              seed: int | None = None, max_frames: int) -> HiddenWork:
         """A stream of prompt rows → its frames [n_vq], as `NanoTTS.iter_frames` makes them
         (its budget has no default: its text sets it, nano_tts.frame_budget)."""
-        return FrameWork(rows, FrameSampler(self.model.config, options, seed, max_frames))
+        return HiddenWork(rows, FrameSampler(self.model.config, options, seed, max_frames))
 
     def sequences(self, state: GenerationState) -> SharedDecodeSession:
         return state.global_
