@@ -17,7 +17,6 @@ from typing import Callable
 
 from bench.nano import SENTENCE, make_checkpoint
 from bench.nano import gguf_path as nano_gguf
-from moss_tts.sampling import DelaySamplingOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAME_S = 0.080      # every family's codec makes one frame per 80 ms (12.5 Hz)
@@ -106,9 +105,7 @@ def _nano_frames(tts, seed: int, n: int):
 
 
 def _nano_job(tts, family, seed: int, n: int):
-    from moss_tts.sampling import SamplingOptions
-
-    return family.job(_nano_rows(tts), SamplingOptions(), seed, n)
+    return family.job(_nano_rows(tts), seed=seed, max_frames=n)
 
 
 NANO = Family(
@@ -290,7 +287,7 @@ def _realtime_frames(tts, seed: int, n: int):
 
 def _realtime_job(tts, family, seed: int, n: int):
     rows, text_ids = tts.plan(SENTENCE)
-    return family.job(rows, text_ids, seed=seed, max_frames=n)
+    return family.job(rows, text_ids=text_ids, seed=seed, max_frames=n)
 
 
 REALTIME = Family(
@@ -365,8 +362,8 @@ DELAY = Family(
     weight_bytes=_delay_bytes,
     frames=lambda tts, seed, n: tts.model.iter_rows(_sentence_rows(tts), seed=seed,
                                                     max_new_rows=n),
-    job=lambda tts, family, seed, n: family.job(_sentence_rows(tts), DelaySamplingOptions(),
-                                                seed, n))
+    job=lambda tts, family, seed, n: family.job(_sentence_rows(tts), seed=seed,
+                                                max_new_rows=n))
 
 FAMILIES = {f.name: f for f in (NANO, DELAY, LOCAL, LOCAL_V15, REALTIME)}
 

@@ -15,11 +15,11 @@ naming the switch, never greedy by another name.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
 
-from .errors import InputError, ModelFileError
+from .errors import InputError, ModelFileError, whole_number
 
 
 @dataclass(frozen=True)
@@ -264,6 +264,28 @@ class SoundEffectSamplingOptions(DelaySamplingOptions):
     audio_top_p: float = 0.6
     audio_top_k: int = 50
     audio_repetition_penalty: float = 1.2
+
+
+def check_options(options, family: type):
+    """`options` when it is an instance of `family` (a family's options class) or of the
+    class whose knobs `family` only re-defaults (a published checkpoint's options are its
+    family's knobs with its card's defaults, so the family's own are taken too); else one
+    InputError naming the class to build."""
+    names = {f.name for f in fields(family)}
+    taken = family
+    for base in family.__mro__[1:]:
+        if is_dataclass(base) and {f.name for f in fields(base)} == names:
+            taken = base
+    if isinstance(options, taken):
+        return options
+    name = family.__name__
+    hint = f" — build one with {name}(**options)" if isinstance(options, dict) else ""
+    raise InputError(f"options must be a {name}, got {type(options).__name__}{hint}")
+
+
+def check_seed(seed) -> int | None:
+    """None (a fresh random seed) or a whole number ≥ 0, as numpy's generators take."""
+    return None if seed is None else whole_number(seed, "seed", 0)
 
 
 # -- row-wise filters: scores [..., V] → the same shape, each row on its own --------------------

@@ -24,6 +24,7 @@ from .knobs import bounded_text, checked_keywords, shown
 from .models.batching import MAX_STREAMS, BatchDecoder, round_robin
 from .reference import (Reference, as_reference, codec_info, codec_problem, pcm_as_float,
                         unwrapped)
+from .sampling import check_options, check_seed
 from .voices import load_voice
 
 __all__ = ["TTS", "CodecTTS", "Reference", "FrameBudget", "BudgetCut", "BudgetMeter",
@@ -127,9 +128,10 @@ def family_stream(stream):
     before anything runs, the object is open, the keywords are the family's, the text and the
     text prompt fields are clean Unicode, the keywords are within the knob table's bounds
     (knobs.checked_keywords: the bounds every front end applies), `reference=` / `prompt=`
-    take every form and fit this model's codec, and the budget is within its limit; then the
-    audio chunks pass through, a `BudgetWarning` is emitted once if any chunk was cut, and no
-    audio at all is an InputError."""
+    take every form and fit this model's codec, `options=` is the family's options class
+    (`check_options`; `seed=` is a knob, checked with the others), and the budget is within
+    its limit; then the audio chunks pass through, a `BudgetWarning` is emitted once if any
+    chunk was cut, and no audio at all is an InputError."""
     signature = inspect.signature(stream)
 
     @functools.wraps(stream)
@@ -144,6 +146,8 @@ def family_stream(stream):
         for field in ("reference", "prompt"):
             if field in kw:
                 kw[field] = self._reference(kw[field], field)
+        if "options" in kw:
+            kw["options"] = check_options(kw["options"], self.OPTIONS)
         budget = self.BUDGET
         kw[budget.keyword] = budget.check(kw.get(budget.keyword, budget.default))
         return self._delivered(stream(self, text, **kw), kw[budget.keyword], REQUEST.get())
@@ -187,6 +191,9 @@ class CodecTTS(NativeResource):
     # its models/batching.py BatchFamily: several streams per decode step (`decoding_together`,
     # `synthesize_many`, serve --max-streams, batch --streams); None: one stream at a time
     BATCHED: type | None = None
+    # a live mode (`session`: text deltas in as a language model writes them, audio out as it
+    # is made): serve's /v1/audio/live, `tts --live`; False: whole texts only
+    LIVE = False
     # `stream` keywords every whole-audio output takes unless its caller gives them
     # (`synthesize`, `synthesize_many`, a whole file from `tts` or the server): a family whose
     # stream paces its codec pushes by the clock (upstream's adaptive ladder) fixes them here,
@@ -299,14 +306,32 @@ class CodecTTS(NativeResource):
             fields["tokens"] = whole_number(fields["tokens"], "tokens", 1, most)
         return fields
 
-    def _bounded(self, kwargs: dict, keyword: str) -> dict:
-        """A research call's budget (`keyword`: the model's own name for it) within the
-        family's limit, checked before the model reserves its cache for it."""
+    def _checked(self, kwargs: dict, keyword: str) -> dict:
+        """A research call's keywords checked as `stream`'s are, before the model reserves
+        its cache: its budget (`keyword`: the model's own name for it) within the family's
+        limit, its options of the family's class, its seed a whole number ≥ 0."""
         if keyword in kwargs:
             kwargs[keyword] = whole_number(kwargs[keyword], keyword, 1, self.BUDGET.limit)
+        if "options" in kwargs:
+            kwargs["options"] = check_options(kwargs["options"], self.OPTIONS)
+        if "seed" in kwargs:
+            kwargs["seed"] = check_seed(kwargs["seed"])
         return kwargs
 
     # -- several streams per decode step (models/batching.py) --------------------------------
+    def _generated(self, rows, **keywords) -> Iterator:
+        """What the model makes after prompt rows (frames or rows), from the keywords of its
+        one-stream source (`_alone`): this stream's own decode, or, inside
+        `decoding_together`, its job in the shared batch (`BatchFamily.job`, the same
+        keywords), which makes the same items."""
+        if self._batch is None:
+            return self._alone(rows, **keywords)
+        return self._batch.items(self._batch.family.job(rows, **keywords))
+
+    def _alone(self, rows, **keywords) -> Iterator:
+        """The family's one-stream source: its model's `iter_frames` unless it says else."""
+        return self.model.iter_frames(rows, **keywords)
+
     @contextlib.contextmanager
     def decoding_together(self, max_streams: int = MAX_STREAMS):
         """Inside it, every `stream` made takes its frames from one shared BatchDecoder, up to

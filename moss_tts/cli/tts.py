@@ -386,7 +386,7 @@ def _list_item_type(knob):
 
 def check_live(args, cls) -> None:
     """--live needs a family with live sessions, and stdin for its text."""
-    if not callable(getattr(cls, "session", None)):
+    if not cls.LIVE:
         raise InputError(f"--live needs a MOSS-TTS-Realtime model; {args.model} is a "
                          f"{cls.NAME} one: leave out --live")
     if args.text is not None or args.text_file is not None:

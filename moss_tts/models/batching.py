@@ -1,21 +1,27 @@
 """Several streams in one decode step (issue 25, design §3): a scheduler shared by every family
-that decodes streams together. A family says how (a `BatchFamily`: its shared state, how a
-stream's prompt is appended to it, and one step for all the active streams); the
-`BatchDecoder` here decides who runs: streams join between steps (their prompt appended in
-chunks of `prefill_rows`, so a long prompt does not stall the others for its whole length),
-each step carries one row per active stream, and a stream that ends leaves at once, its cache
-slots free for the next. Each stream samples with its own generator, options and budget, so
-what it makes is what it makes decoded alone."""
+that decodes streams together. A family says how (a `BatchFamily`: its shared state, a
+stream's own, how a stream's prompt is appended, and one step for all the active streams), as
+vLLM's `SchedulerInterface` states what every scheduler offers; the jobs and their checks are
+the base's, and the `BatchDecoder` here decides who runs: streams join between steps (their
+prompt appended in chunks of `prefill_rows`, so a long prompt does not stall the others for
+its whole length), each step carries one row per active stream, and a stream that ends leaves
+at once, its cache slots free for the next. Each stream samples with its own generator,
+options and budget, so what it makes is what it makes decoded alone."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import numbers
 from collections import deque
 from collections.abc import Iterator
 
-from ..errors import InputError
+import numpy as np
+
+from ..errors import InputError, whole_number
 from ..ggml.backend import NativeResource
 from ..nn.session import PREFILL_ROWS as SESSION_PREFILL_ROWS
+from ..sampling import check_options, check_seed
 
 # Streams per batch unless asked otherwise: on two cores 4 streams make 2.8-2.9× one stream's
 # audio per second in Nano f32, 2.1-2.3× in q8_0 (bench/streams.py, docs/performance.md)
@@ -42,9 +48,9 @@ def room(need: int) -> int:
 
 
 class StreamJob:
-    """One stream in a batch: the family's per-stream `work` (prompt, sampler, what its next
-    step needs), its prompt's length in rows, the most cache rows it may take, and the items
-    (frames or rows) made so far."""
+    """One stream in a batch (made by `BatchFamily.job`): the family's per-stream `work`
+    (prompt, sampler, what its next step needs), its prompt's length in rows, the most cache
+    rows it may take, and the items (frames or rows) made so far."""
 
     __slots__ = ("work", "prompt_rows", "need", "items", "done", "seq", "filled")
 
@@ -62,10 +68,41 @@ class StreamJob:
 
 class BatchFamily:
     """How one family's model decodes several streams in one step; subclassed per family
-    (NanoBatch, DelayBatch, ...). The BatchDecoder calls these from one thread."""
+    (NanoBatch, DelayBatch, ...), which states its shared state (`make_state`, `sequences`,
+    where the model's own differ), a stream's own (`start`), how a stream's prompt is appended
+    (`prefill`) and one step for every active stream (`advance`). The BatchDecoder calls these
+    from one thread."""
+
+    BUDGET_KEYWORD = "max_frames"     # the `start` keyword of a job's budget (its most items)
 
     def __init__(self, model):
         self.model = model
+
+    def job(self, rows, **keywords) -> StreamJob:
+        """A stream of prompt rows → a job whose items are those the family's one-stream
+        source makes from the same keywords (`DelayModel.iter_rows(rows, **keywords)`, ...;
+        `start` names them, with that source's defaults). Its options (of its default's class,
+        `sampling.check_options`), seed and budget are checked here, so a bad job fails when
+        it is made, on its own; its rows when its prompt joins (`prefill`: a bad prompt fails
+        its own job only), or here where `start` reads them. The shared state's cache takes
+        its prompt and its whole budget."""
+        call = inspect.signature(self.start).bind(np.asarray(rows), **keywords)
+        call.apply_defaults()
+        kw = call.arguments
+        kw["options"] = check_options(kw["options"],
+                                      type(call.signature.parameters["options"].default))
+        kw["seed"] = check_seed(kw["seed"])
+        name = self.BUDGET_KEYWORD
+        if isinstance(kw[name], numbers.Real) and kw[name] < 1:   # as the samplers word it
+            raise InputError(f"{name} must be at least 1, got {kw[name]}")
+        budget = kw[name] = whole_number(kw[name], name, 1)
+        length = len(kw["rows"]) if kw["rows"].ndim else 0   # a shapeless prompt fails on joining
+        return StreamJob(self.start(**kw), length, length + budget)
+
+    def start(self, rows: np.ndarray, *, options, seed: int | None, **keywords):
+        """A stream's own part of its job (`StreamJob.work`: its prompt rows, its sampler,
+        what its next step starts from), from the job's checked keywords."""
+        raise NotImplementedError
 
     def make_state(self, rows: int, streams: int) -> NativeResource:
         """A shared state (caches, graphs) of `rows` rows in all for up to `streams` streams,
@@ -73,8 +110,9 @@ class BatchFamily:
         return self.model.make_state(rows, streams=streams)
 
     def sequences(self, state):
-        """The state's SharedDecodeSession whose sequence ids the jobs hold (the backbone's)."""
-        raise NotImplementedError
+        """The state's SharedDecodeSession whose sequence ids the jobs hold: its backbone's
+        unless the family says else."""
+        return state.backbone
 
     def open(self, state, job: StreamJob) -> None:
         """Start the job's sequence in the state, room for its `need` rows: set `job.seq`."""
@@ -99,12 +137,56 @@ class BatchFamily:
         stall) belong there, to its own request (a step runs in any stream's pull)."""
 
 
+class HiddenWork:
+    """A stream's own part of a job in a HiddenStateFamily: its prompt rows, its sampler (what
+    it draws with, and says when it ends) and the backbone hidden its next frame starts from."""
+
+    __slots__ = ("rows", "sampler", "h")
+
+    def __init__(self, rows: np.ndarray, sampler=None):
+        self.rows, self.sampler, self.h = rows, sampler, None
+
+
+class HiddenStateFamily(BatchFamily):
+    """A family whose stream's next frame starts from the backbone's hidden state of its last
+    row (`job.work.h`, left by `prefill` and by each step): Nano, Local, Local v1.5, Realtime.
+    Its jobs' work is a HiddenWork. A step draws one item for every stream from the hiddens
+    (`draw`), records each (`accept`), then feeds those of the streams that go on through one
+    backbone step (`step_hidden`), which gives their next hiddens."""
+
+    def draw(self, state, jobs: list[StreamJob], hidden: np.ndarray) -> list:
+        """Each job's next item (frame or row) from its hidden (`hidden` [jobs, H]), one graph
+        per position over all of them; None where the model ended a stream without one."""
+        raise NotImplementedError
+
+    def accept(self, job: StreamJob, item) -> bool:
+        """Record the item a job drew; → whether the job goes on (its sampler's say: the
+        model's end, a stall, its budget)."""
+        if item is None:
+            return False
+        job.items.append(item)
+        return job.work.sampler.accept(item)
+
+    def step_hidden(self, state, jobs: list[StreamJob]) -> list[np.ndarray]:
+        """The item each job made last through the backbone, one step → each one's next hidden."""
+        raise NotImplementedError
+
+    def advance(self, state, jobs: list[StreamJob]) -> list[bool]:
+        made = self.draw(state, jobs, np.stack([job.work.h for job in jobs]))
+        going = [self.accept(job, item) for job, item in zip(jobs, made)]
+        on = [job for job, go in zip(jobs, going) if go]
+        if on:
+            for job, h in zip(on, self.step_hidden(state, on)):
+                job.work.h = h
+        return going
+
+
 class BatchDecoder(NativeResource):
     """Decodes the jobs of one family's model together, up to `max_streams` at a time, on one
     shared state (grown, when idle, for a job that does not fit).
 
     >>> with BatchDecoder(NanoBatch(tts.model)) as batch:                 # doctest: +SKIP
-    ...     frames = batch.run([batch.family.job(rows, SamplingOptions(), 1, 200), ...])
+    ...     frames = batch.run([batch.family.job(rows, seed=1, max_frames=200), ...])
     """
 
     def __init__(self, family: BatchFamily, *, max_streams: int = MAX_STREAMS,

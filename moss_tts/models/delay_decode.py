@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
 from ..nn.session import SharedDecodeSession
 from ..sampling import DelaySamplingOptions
 from .batching import BatchFamily, StreamJob
-from .delay import (FEW_TEXT_IDS, DelayConfig, DelayModel, RowSampler, check_rows, row_feed,
-                    row_logits)
+from .delay import (FEW_TEXT_IDS, MAX_NEW_ROWS, DelayConfig, DelayModel, RowSampler, check_rows,
+                    row_feed, row_logits)
 
 
 def shared_text_ids(per_stream: list, cfg: DelayConfig) -> np.ndarray | None:
@@ -50,19 +49,15 @@ class DelayBatch(BatchFamily):
     over all of them (backbone and heads)."""
 
     model: DelayModel
+    BUDGET_KEYWORD = "max_new_rows"
 
-    def job(self, rows, options: DelaySamplingOptions, seed: int | None,
-            max_new_rows: int) -> StreamJob:
-        """A stream of prompt rows [S, 1 + n_vq] → its generated rows (as `iter_rows` yields
-        them); the cache takes its prompt and a whole budget of rows. The rows are checked
-        when the prompt is appended (a bad one fails its own job only)."""
-        if max_new_rows < 1:
-            raise InputError(f"max_new_rows must be at least 1, got {max_new_rows}")
-        rows = np.asarray(rows)
+    def start(self, rows: np.ndarray, *, options: DelaySamplingOptions = DelaySamplingOptions(),
+              seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS) -> RowWork:
+        """A stream of prompt rows [S, 1 + n_vq] → its generated rows, as `iter_rows` yields
+        them (its sampler is made when the prompt joins: it reads the prompt's rows)."""
         if rows.ndim != 2:
             check_rows(rows, self.model.config)      # a shapeless prompt has no length
-        return StreamJob(RowWork(rows, options, seed, max_new_rows), len(rows),
-                         len(rows) + max_new_rows)
+        return RowWork(rows, options, seed, max_new_rows)
 
     def make_state(self, rows: int, streams: int) -> SharedDecodeSession:
         return self.model.make_session(rows, shared=True)

@@ -227,10 +227,9 @@ class VoiceDesignTTS(DelayTTS):
         if instruction is None or not instruction.strip():
             raise InputError("instruction is required: MOSS-VoiceGenerator makes the voice from "
                              "a description of it (e.g. 'a calm, low female voice')")
-        return DelayTTS.stream.__wrapped__(
-            self, text, options=options, seed=seed, max_new_rows=max_new_rows,
-            normalize=normalize, instruction=instruction, language=language, tokens=tokens,
-            seconds=seconds)
+        return self._stream(text, options=options, seed=seed, max_new_rows=max_new_rows,
+                            normalize=normalize, instruction=instruction, language=language,
+                            tokens=tokens, seconds=seconds)
 
 
 class SoundEffectTTS(DelayTTS):

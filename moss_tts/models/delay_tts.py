@@ -180,14 +180,13 @@ class DelayTTS(Qwen3TTS):
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_rows)."""
         self._need_open()
-        return self.model.generate(rows, **self._bounded(kwargs, "max_new_rows"))
+        return self.model.generate(rows, **self._checked(kwargs, "max_new_rows"))
 
-    @family_stream
-    def stream(self, text: str, *, reference: Reference | None = None,
-               prompt: Reference | None = None, prompt_text: str | None = None,
-               options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
-               max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
-               **fields) -> Iterator[np.ndarray]:
+    def _stream(self, text: str, *, reference: Reference | None = None,
+                prompt: Reference | None = None, prompt_text: str | None = None,
+                options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
+                max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
+                **fields) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
         segment (upstream decodes each segment on its own, §family-2.8): the next starts a new codec
         stream. A continuation's prompt frames go through the codec first (their audio is
@@ -204,6 +203,11 @@ class DelayTTS(Qwen3TTS):
         chunks = split_long_text(text, self.tokenizer, fields=fields)
         return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
                      prompt=prompt, prompt_text=prompt_text, seed=seed)
+
+    # `_stream` under the family contract; a published checkpoint that speaks as Delay does
+    # with keywords of its own (VoiceDesignTTS) checks them in its own contract, then calls
+    # `_stream`
+    stream = family_stream(_stream)
 
     def _utterance(self, text: str, *, reference, prompt, prompt_text, options, seed,
                    max_new_rows: int, normalize: bool, frames: list,
@@ -228,10 +232,9 @@ class DelayTTS(Qwen3TTS):
             pending = [f for f in map(assembler.push, staircase) if f is not None]
         else:
             pending = []
-        source = self.model.iter_rows(rows, options=options, seed=seed,
-                                      max_new_rows=max_new_rows) if self._batch is None \
-            else self._batch.items(self._batch.family.job(rows, options, seed, max_new_rows))
-        made = BudgetMeter(source, max_new_rows, lambda row: row[0] == self.config.im_end_token_id)
+        made = BudgetMeter(self._generated(rows, options=options, seed=seed,
+                                           max_new_rows=max_new_rows),
+                           max_new_rows, lambda row: row[0] == self.config.im_end_token_id)
 
         def generated():
             for row in made:
@@ -242,6 +245,10 @@ class DelayTTS(Qwen3TTS):
 
         yield from self._decode(pending, generated(), skip)
         yield from made.cuts()
+
+    def _alone(self, rows, **keywords) -> Iterator[np.ndarray]:
+        """Its model's `iter_rows` (MossTTSLocal's model's too, with its own keywords)."""
+        return self.model.iter_rows(rows, **keywords)
 
     def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:
         """Frames (None: not complete yet) through codec streams, one per audio segment; the

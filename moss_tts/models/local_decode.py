@@ -8,29 +8,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
 from ..sampling import LocalSamplingOptions
-from ..nn.session import SharedDecodeSession
-from .batching import BatchFamily, StreamJob
+from .batching import HiddenStateFamily, HiddenWork, StreamJob
 from .local import (MAX_NEW_FRAMES, GenerationState, LocalModel, RowChooser, check_n_vq,
                     row_feed)
 from .rows import check_rows
 
 
-class RowWork:
-    """A Local stream's own part of a batch job: its prompt rows, how many codebooks it
-    generates (n_vq_for_inference), its chooser (made when its prompt is checked, on joining),
-    and the backbone hidden its next row starts from."""
+class RowWork(HiddenWork):
+    """A Local stream's HiddenWork, with how many codebooks it generates (n_vq_for_inference)
+    and its chooser's keywords: the chooser is made when its prompt is checked, on joining."""
 
-    __slots__ = ("rows", "n_vq", "choices", "chooser", "h")
+    __slots__ = ("n_vq", "choices")
 
     def __init__(self, rows: np.ndarray, n_vq: int, choices: tuple):
-        self.rows, self.n_vq, self.choices = rows, n_vq, choices   # (options, seed, budget)
-        self.chooser: RowChooser | None = None
-        self.h = None
+        super().__init__(rows)
+        self.n_vq, self.choices = n_vq, choices   # (options, seed, budget)
 
 
-class LocalBatch(BatchFamily):
+class LocalBatch(HiddenStateFamily):
     """LocalModel's streams decoded together: a step is one row for every stream (one depth
     graph per position over the streams that reach it) and one backbone step over those that
     go on. n_vq_for_inference is a variant of the backbone's graph (the rows embed that many
@@ -38,50 +34,38 @@ class LocalBatch(BatchFamily):
     per n among them."""
 
     model: LocalModel
+    BUDGET_KEYWORD = "max_new_frames"
 
-    def job(self, rows, *, options: LocalSamplingOptions = LocalSamplingOptions(),
-            seed: int | None = None, max_new_frames: int = MAX_NEW_FRAMES,
-            n_vq_for_inference: int | None = None) -> StreamJob:
+    def start(self, rows: np.ndarray, *, options: LocalSamplingOptions = LocalSamplingOptions(),
+              seed: int | None = None, max_new_frames: int = MAX_NEW_FRAMES,
+              n_vq_for_inference: int | None = None) -> RowWork:
         """A stream of prompt rows → its rows [1 + n_vq], as `LocalModel.iter_rows` makes them
-        (the same keywords); the prompt is checked when it joins. The cache takes its prompt
-        and a whole budget of rows."""
+        (its chooser is made when the prompt joins: it reads the prompt's codes)."""
         n = check_n_vq(n_vq_for_inference, self.model.config)
-        if max_new_frames < 1:
-            raise InputError(f"max_new_frames must be at least 1, got {max_new_frames}")
-        rows = np.asarray(rows)
-        length = len(rows) if rows.ndim else 0    # a malformed prompt fails when it joins
-        return StreamJob(RowWork(rows, n, (options, seed, max_new_frames)), length,
-                         length + max_new_frames)
-
-    def sequences(self, state: GenerationState) -> SharedDecodeSession:
-        return state.backbone
+        return RowWork(rows, n, (options, seed, max_new_frames))
 
     def prefill(self, state: GenerationState, job: StreamJob, start: int, stop: int) -> None:
         work = job.work
         if start == 0:   # the whole prompt, before any of it is appended
             work.rows = check_rows(work.rows, self.model.config)
-            work.chooser = RowChooser(self.model.config, work.rows, *work.choices)
+            work.sampler = RowChooser(self.model.config, work.rows, *work.choices)
         rows = work.rows[start:stop]
         outs = state.backbone.prefill_sequence(job.seq, row_feed(rows, work.n_vq), len(rows),
                                                variant=(work.n_vq, True))
         work.h = outs[-1]["hidden"][0]
 
-    def advance(self, state: GenerationState, jobs: list[StreamJob]) -> list[bool]:
+    def draw(self, state: GenerationState, jobs: list[StreamJob], hidden: np.ndarray) -> list:
         works = [job.work for job in jobs]
-        made = self.model.batch_rows(state, np.stack([w.h for w in works]),
-                                     [w.n_vq for w in works],
-                                     lambda i, c, logits: works[i].chooser.choose(c, logits))
-        going = []
-        for job, row in zip(jobs, made):
-            job.items.append(row)
-            going.append(job.work.chooser.accept(row))
-        on = [job for job, g in zip(jobs, going) if g]
-        for n in sorted({job.work.n_vq for job in on}):   # one backbone graph per variant
-            group = [job for job in on if job.work.n_vq == n]
-            rows = np.stack([job.items[-1] for job in group])
-            hidden = state.backbone.step([job.seq for job in group], row_feed(rows, n),
-                                         variant=(n, False))["hidden"]
-            for job, h in zip(group, hidden):
-                job.work.h = h
-        return going
+        return self.model.batch_rows(state, hidden, [w.n_vq for w in works],
+                                     lambda i, c, logits: works[i].sampler.choose(c, logits))
 
+    def step_hidden(self, state: GenerationState, jobs: list[StreamJob]) -> list[np.ndarray]:
+        hidden = [None] * len(jobs)
+        for n in sorted({job.work.n_vq for job in jobs}):   # one backbone graph per variant
+            group = [i for i, job in enumerate(jobs) if job.work.n_vq == n]
+            rows = np.stack([jobs[i].items[-1] for i in group])
+            out = state.backbone.step([jobs[i].seq for i in group], row_feed(rows, n),
+                                      variant=(n, False))["hidden"]
+            for i, h in zip(group, out):
+                hidden[i] = h
+        return hidden

@@ -94,7 +94,7 @@ class LocalTTS(DelayTTS):
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_new_frames,
         n_vq_for_inference)."""
         self._need_open()
-        return self.model.generate(rows, **self._bounded(kwargs, "max_new_frames"))
+        return self.model.generate(rows, **self._checked(kwargs, "max_new_frames"))
 
     @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,
@@ -135,12 +135,8 @@ class LocalTTS(DelayTTS):
     def _rows_audio(self, codec, rows, prompt, n: int, chunk_frames: int, frames: list,
                    **generation) -> Iterator[np.ndarray]:
         """One prompt's audio (what `stream` does for a text of one chunk); every generated
-        row's codes [n_vq] go to `frames` (channels past n are upstream's zeros, P9). The rows
-        come from this request's own decode, or from the batch of a `synthesize_many`."""
-        rows_of = self.model.iter_rows if self._batch is None else \
-            lambda rows, **kw: self._batch.items(self._batch.family.job(rows, **kw))
-        made = BudgetMeter(rows_of(rows, **generation),
-                           generation["max_new_frames"],
+        row's codes [n_vq] go to `frames` (channels past n are upstream's zeros, P9)."""
+        made = BudgetMeter(self._generated(rows, **generation), generation["max_new_frames"],
                            lambda row: row[0] == self.config.audio_end_token_id)
 
         def generated():

@@ -144,7 +144,7 @@ class LocalV15TTS(Qwen3TTS):
     def generate(self, rows, **kwargs) -> np.ndarray:
         """Prompt rows → new rows [N, 1 + n_vq] (options, seed, max_frames)."""
         self._need_open()
-        return self.model.generate(rows, **self._bounded(kwargs, "max_frames"))
+        return self.model.generate(rows, **self._checked(kwargs, "max_frames"))
 
     @family_stream
     def stream(self, text: str, *, reference=None, prompt=None, prompt_text: str | None = None,
@@ -165,10 +165,8 @@ class LocalV15TTS(Qwen3TTS):
         def frames_of(chunk, prompt, prompt_text, seed):
             rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,
                              **fields)
-            frames = self.model.iter_frames if self._batch is None else \
-                lambda rows, **kw: self._batch.items(self._batch.family.job(rows, **kw))
-            return BudgetMeter(frames(rows, options=options, seed=seed, max_frames=max_frames),
-                               max_frames)
+            return BudgetMeter(self._generated(rows, options=options, seed=seed,
+                                               max_frames=max_frames), max_frames)
 
         # the first chunk's generator is made now: every argument is checked here, before any
         # frame (iter_frames checks before it returns its generator)

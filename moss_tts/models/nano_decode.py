@@ -13,7 +13,7 @@ import numpy as np
 from ..sampling import (SamplingOptions, check_finite, choose_rows_each, decide_continue,
                         sample_audio_code)
 from ..nn.session import SharedDecodeSession
-from .batching import BatchFamily, StreamJob
+from .batching import HiddenStateFamily, HiddenWork, StreamJob
 from .nano import GenerationState, NanoModel
 
 logger = logging.getLogger(__name__)
@@ -87,29 +87,17 @@ def choose_codes(samplers: list[FrameSampler]):
     return choose
 
 
-class FrameWork:
-    """A Nano stream's own part of a batch job: its prompt rows, its sampler, and the global
-    hidden its next frame starts from."""
-
-    __slots__ = ("rows", "sampler", "h")
-
-    def __init__(self, rows: np.ndarray, sampler: FrameSampler):
-        self.rows, self.sampler, self.h = rows, sampler, None
-
-
-class NanoBatch(BatchFamily):
+class NanoBatch(HiddenStateFamily):
     """NanoModel's streams decoded together: a step is one frame for every stream (one depth
     graph per local position over all of them) and one global step over those that go on."""
 
     model: NanoModel
 
-    def job(self, rows, options: SamplingOptions, seed: int | None,
-            max_frames: int) -> StreamJob:
-        """A stream of prompt rows → its frames [n_vq]: the cache takes its prompt and a whole
-        budget of frames."""
-        rows = np.asarray(rows)
-        sampler = FrameSampler(self.model.config, options, seed, max_frames)
-        return StreamJob(FrameWork(rows, sampler), len(rows), len(rows) + max_frames)
+    def start(self, rows: np.ndarray, *, options: SamplingOptions = SamplingOptions(),
+              seed: int | None = None, max_frames: int) -> HiddenWork:
+        """A stream of prompt rows → its frames [n_vq], as `NanoTTS.iter_frames` makes them
+        (its budget has no default: its text sets it, nano_tts.frame_budget)."""
+        return HiddenWork(rows, FrameSampler(self.model.config, options, seed, max_frames))
 
     def sequences(self, state: GenerationState) -> SharedDecodeSession:
         return state.global_
@@ -117,21 +105,14 @@ class NanoBatch(BatchFamily):
     def prefill(self, state: GenerationState, job: StreamJob, start: int, stop: int) -> None:
         job.work.h = self.model.prefill_stream(state, job.seq, job.work.rows[start:stop])
 
-    def advance(self, state: GenerationState, jobs: list[StreamJob]) -> list[bool]:
-        m, samplers = self.model, [job.work.sampler for job in jobs]
-        made = m.batch_frames(state, np.stack([job.work.h for job in jobs]),
-                              choose_codes(samplers), lambda i, a, b: samplers[i].decide(a, b))
-        going = []
-        for job, codes in zip(jobs, made):
-            if codes is not None:
-                job.items.append(codes)
-            going.append(codes is not None and job.work.sampler.accept(codes))
-        on = [job for job, g in zip(jobs, going) if g]
-        if on:
-            rows = np.concatenate([m.frame_row(job.items[-1]) for job in on])
-            for job, h in zip(on, m.step_hidden(state, [job.seq for job in on], rows)):
-                job.work.h = h
-        return going
+    def draw(self, state: GenerationState, jobs: list[StreamJob], hidden: np.ndarray) -> list:
+        samplers = [job.work.sampler for job in jobs]
+        return self.model.batch_frames(state, hidden, choose_codes(samplers),
+                                       lambda i, a, b: samplers[i].decide(a, b))
+
+    def step_hidden(self, state: GenerationState, jobs: list[StreamJob]) -> list[np.ndarray]:
+        rows = np.concatenate([self.model.frame_row(job.items[-1]) for job in jobs])
+        return self.model.step_hidden(state, [job.seq for job in jobs], rows)
 
     def report_end(self, job: StreamJob) -> None:
         job.work.sampler.report_end()

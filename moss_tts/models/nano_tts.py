@@ -55,18 +55,6 @@ BUDGET = FrameBudget("max_frames", MAX_FRAMES, frame_budget(MAX_TEXT_TOKENS, mat
                      "frames", per_chunk=True)
 
 
-def check_seed(seed) -> int | None:
-    """None (a fresh random seed) or a whole number ≥ 0, as numpy's generators take."""
-    return None if seed is None else whole_number(seed, "seed", 0)
-
-
-def check_options(options) -> SamplingOptions:
-    if not isinstance(options, SamplingOptions):
-        hint = " — build one with SamplingOptions(**options)" if isinstance(options, dict) else ""
-        raise InputError(f"options must be a SamplingOptions, got {type(options).__name__}{hint}")
-    return options
-
-
 class NanoTTS(CodecTTS):
     """MOSS-TTS-Nano. `NanoTTS.load("nano.gguf", codec="codec-nano.gguf")`, then
     `synthesize(text, reference=(samples, sr))` → (samples float32 [n, 2], 48000). `reference=`
@@ -125,10 +113,11 @@ class NanoTTS(CodecTTS):
         """Frames [n_vq] generated after prompt rows, until the model stops (docs/upstream-notes.md
         §nano-4.1)."""
         self._need_open()
-        options, seed = check_options(options), check_seed(seed)
-        return self._frames(rows, options, seed, self.BUDGET.check(max_frames))
+        return self._alone(rows, **self._checked(
+            {"options": options, "seed": seed, "max_frames": max_frames}, "max_frames"))
 
-    def _frames(self, rows, options, seed, max_frames) -> Iterator[np.ndarray]:
+    def _alone(self, rows, *, options, seed, max_frames) -> Iterator[np.ndarray]:
+        """`iter_frames` on checked keywords, in the generation state kept between utterances."""
         m = self.model
         sampler = FrameSampler(self.config, options, seed, max_frames)
         state = self._take_state(len(rows) + max_frames)
@@ -232,23 +221,19 @@ class NanoTTS(CodecTTS):
         output continues it seamlessly. Arguments are checked before the first chunk is made.
         """
         codec = self._need_codec()
-        options, seed = check_options(options), check_seed(seed)
         chunks, prompt_text = self.split_text(text, prompt_text=prompt_text, normalize=normalize,
                                               max_text_tokens=max_text_tokens)
         check_mode("voice_clone" if reference is not None else "continuation",
                    has_reference=reference is not None, has_prompt_text=prompt_text is not None,
                    has_prompt_codes=prompt is not None)
-        frames_of = self._frames if self._batch is None else \
-            lambda *job: self._batch.items(self._batch.family.job(*job))
         return self._utterances(codec, chunks, reference, prompt_text, prompt, options, seed,
-                                max_frames, frames_of)
+                                max_frames)
 
     def _utterances(self, codec, chunks, reference, prompt_text, prompt, options, seed,
-                    max_frames, frames_of) -> Iterator[np.ndarray]:
+                    max_frames) -> Iterator[np.ndarray]:
         """Each chunk's audio and the pause after it. Voice-clone chunks are decoded each on
         its own (as upstream); continuation chunks share one codec stream, as each continues
-        the one before it. Frames come from this request's own decode, or from the batch of a
-        `synthesize_many` that made this stream."""
+        the one before it."""
         decoder = None
         try:
             for i, chunk in enumerate(chunks):
@@ -262,7 +247,8 @@ class NanoTTS(CodecTTS):
                                         prompt=prompt)
                 budget = frame_budget(len(self.tokenizer.encode(chunk)), max_frames)
                 frames = []
-                for codes in frames_of(rows, options, None if seed is None else seed + i, budget):
+                for codes in self._generated(rows, options=options, max_frames=budget,
+                                             seed=None if seed is None else seed + i):
                     frames.append(codes)
                     yield decoder.push(codes[:, None])
                 if len(frames) == budget:    # by max_frames, or below it by the text

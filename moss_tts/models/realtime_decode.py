@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ggml.backend import released_on_error
-from ..nn.session import SessionsOwner, SharedDecodeSession
+from ..nn.session import SessionsOwner
 from ..sampling import RealtimeSamplingOptions
-from .batching import BatchFamily, StreamJob
+from .batching import HiddenStateFamily, HiddenWork, StreamJob
 from .realtime import MAX_FRAMES, RealtimeModel, TurnSampler, check_rows
 
 
@@ -29,53 +29,41 @@ class BatchState(SessionsOwner):
             self.local = model.make_local(streams=streams)
 
 
-class TurnWork:
-    """A Realtime stream's own part of a batch job: its prompt rows, its turn's sampler, and
-    the backbone hidden its next frame starts from."""
-
-    __slots__ = ("rows", "turn", "h")
-
-    def __init__(self, rows: np.ndarray, turn: TurnSampler):
-        self.rows, self.turn, self.h = rows, turn, None
-
-
-class RealtimeBatch(BatchFamily):
+class RealtimeBatch(HiddenStateFamily):
     """RealtimeModel's offline turns decoded together: a step is one frame for every stream (one
     local graph per position over all of them), then one backbone step over the rows
     [next text id, that frame] of those that go on."""
 
     model: RealtimeModel
 
-    def job(self, rows, text_ids=(), options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
-            seed: int | None = None, max_frames: int = MAX_FRAMES) -> StreamJob:
+    def start(self, rows: np.ndarray, *, text_ids=(),
+              options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
+              seed: int | None = None, max_frames: int = MAX_FRAMES) -> HiddenWork:
         """`RealtimeModel.iter_frames(rows, text_ids, ...)` as a batch job → its frames [rvq]
-        (the EOS frame not among them); rows, text ids and budget are checked here, so a bad
-        job fails on its own before it joins. The cache takes its prompt and whole budget."""
+        (the EOS frame not among them); rows and text ids are checked here, so a bad job
+        fails on its own before it joins."""
         rows = check_rows(rows, self.model.config)
         turn = TurnSampler(self.model.config, options, np.random.default_rng(seed), text_ids,
                            max_frames)
-        return StreamJob(TurnWork(rows, turn), len(rows), len(rows) + max_frames)
+        return HiddenWork(rows, turn)
 
     def make_state(self, rows: int, streams: int) -> BatchState:
         return BatchState(self.model, rows, streams)
 
-    def sequences(self, state: BatchState) -> SharedDecodeSession:
-        return state.backbone
-
     def prefill(self, state: BatchState, job: StreamJob, start: int, stop: int) -> None:
         job.work.h = self.model.prefill_stream(state.backbone, job.seq, job.work.rows[start:stop])
 
-    def advance(self, state: BatchState, jobs: list[StreamJob]) -> list[bool]:
-        m, turns = self.model, [job.work.turn for job in jobs]
-        frames = m.batch_frames(state.local, np.stack([job.work.h for job in jobs]), turns)
-        for job, turn, frame in zip(jobs, turns, frames):
-            turn.frames.append(frame)
-            if not turn.finished:        # the EOS frame ends the turn unreturned, as alone
-                job.items.append(frame)
-        on = [job for job, turn in zip(jobs, turns) if turn.going]
-        if on:
-            rows = np.concatenate([job.work.turn.row(job.work.turn.next_text()) for job in on])
-            for job, h in zip(on, m.step_hidden(state.backbone, [job.seq for job in on], rows)):
-                job.work.h = h
-        return [turn.going for turn in turns]
+    def draw(self, state: BatchState, jobs: list[StreamJob], hidden: np.ndarray) -> list:
+        return self.model.batch_frames(state.local, hidden, [job.work.sampler for job in jobs])
 
+    def accept(self, job: StreamJob, frame: np.ndarray) -> bool:
+        turn = job.work.sampler
+        turn.frames.append(frame)
+        if not turn.finished:        # the EOS frame ends the turn unreturned, as alone
+            job.items.append(frame)
+        return turn.going
+
+    def step_hidden(self, state: BatchState, jobs: list[StreamJob]) -> list[np.ndarray]:
+        turns = [job.work.sampler for job in jobs]
+        rows = np.concatenate([turn.row(turn.next_text()) for turn in turns])
+        return self.model.step_hidden(state.backbone, [job.seq for job in jobs], rows)

@@ -135,6 +135,7 @@ class RealtimeTTS(Qwen3TTS):
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Realtime", RealtimeSamplingOptions
     MODEL, TOKENIZER_KEY = RealtimeModel, TOKENIZER_KEY
     BATCHED = RealtimeBatch    # offline streams only: a live session decodes on its own
+    LIVE = True                # `session`
     # frames of one request (of one turn, live): the model card's 32K-token context (~40 min)
     # holds the prompt and the frames; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_FRAMES, 32768, "frames")
@@ -174,7 +175,7 @@ class RealtimeTTS(Qwen3TTS):
     def generate(self, rows, text_ids=(), **kwargs) -> np.ndarray:
         """Prompt rows and the text ids to come → frames [N, rvq] (options, seed, max_frames)."""
         self._need_open()
-        return self.model.generate(rows, text_ids, **self._bounded(kwargs, "max_frames"))
+        return self.model.generate(rows, text_ids, **self._checked(kwargs, "max_frames"))
 
     @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,
@@ -185,13 +186,8 @@ class RealtimeTTS(Qwen3TTS):
         come from this request's own decode, or from the batch of a `synthesize_many` (or
         `decoding_together`) that made this stream."""
         rows, text_ids = self.plan(text, reference=reference)
-        if self._batch is None:
-            made = self.model.iter_frames(rows, text_ids, options=options, seed=seed,
-                                          max_frames=max_frames)
-        else:
-            made = self._batch.items(self._batch.family.job(rows, text_ids, options, seed,
-                                                            max_frames))
-        frames = BudgetMeter(made, max_frames)
+        frames = BudgetMeter(self._generated(rows, text_ids=text_ids, options=options, seed=seed,
+                                             max_frames=max_frames), max_frames)
         with self._frame_audio() as audio:
             for frame in frames:
                 chunk = audio.push(frame)

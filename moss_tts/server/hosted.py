@@ -60,15 +60,14 @@ class ModelInfo:
 
 def describe(tts) -> ModelInfo:
     """A served TTS's ModelInfo (a HostedModel has its child's). What a family does not
-    declare it lacks: the batched decoder (BATCHED), the live mode (`session`), a codec."""
+    declare it lacks: the batched decoder (BATCHED), the live mode (LIVE), a codec."""
     if isinstance(tts, HostedModel):
         return tts.info
     from ..reference import codec_info
 
     cls, codec = type(tts), getattr(tts, "codec", None)
     return ModelInfo(cls.FAMILY, getattr(cls, "NAME", "") or cls.__name__,
-                     getattr(cls, "BATCHED", None) is not None,
-                     callable(getattr(cls, "session", None)), tts.sample_rate, tts.channels,
+                     cls.BATCHED is not None, cls.LIVE, tts.sample_rate, tts.channels,
                      None if codec is None else codec_info(codec))
 
 

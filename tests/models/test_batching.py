@@ -59,9 +59,9 @@ def test_a_prompt_joining_running_streams_is_appended_in_chunks_between_their_st
     long_rows = rows[2]                                # a prompt of several chunks
     family = Recorded(tts.model)
     with BatchDecoder(family, max_streams=2, prefill_rows=32) as batch:
-        a = named(family, "A", family.job(rows[0], GREEDY, 1, 3))
-        b = named(family, "B", family.job(rows[1], GREEDY, 2, 20))
-        c = named(family, "C", family.job(long_rows, GREEDY, 3, 6))
+        a = named(family, "A", family.job(rows[0], options=GREEDY, seed=1, max_frames=3))
+        b = named(family, "B", family.job(rows[1], options=GREEDY, seed=2, max_frames=20))
+        c = named(family, "C", family.job(long_rows, options=GREEDY, seed=3, max_frames=6))
         batch.run([a, b, c])
     first_step = next(i for i, e in enumerate(family.events) if isinstance(e, list))
     assert family.events[:first_step] == [
@@ -84,7 +84,7 @@ def test_a_job_waits_in_the_queue_for_a_place_and_room(nano_tts):
     rows = tts.prompt_rows(TEXTS[1])
     family = Recorded(tts.model)
     with BatchDecoder(family, max_streams=1) as batch:
-        jobs = [named(family, k, family.job(rows, GREEDY, s, n))
+        jobs = [named(family, k, family.job(rows, options=GREEDY, seed=s, max_frames=n))
                 for k, s, n in (("A", 1, 2), ("B", 2, 3))]
         batch.run(jobs)
     assert family.widths == [["A"]] * 2 + [["B"]] * 3

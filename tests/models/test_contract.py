@@ -329,3 +329,50 @@ def test_f6c_each_family_declares_its_budget_and_it_is_bounded_before_any_work(l
     if family == "realtime":
         with pytest.raises(InputError, match=r"^max_frames must be a whole number in"):
             tts.session(max_frames=budget.limit + 1)
+
+
+# --- issue 33, part 3: seed and options are the base's checks on every family and route -------
+
+
+BAD_CHOICES = pytest.mark.parametrize(
+    "words", [dict(seed=-1), dict(seed="x"), dict(seed=1.5), dict(options={}), dict(options=3)],
+    ids=["seed -1", "seed 'x'", "seed 1.5", "options {}", "options 3"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@BAD_CHOICES
+def test_f7_a_bad_seed_or_options_is_the_same_input_error_on_every_family(loaded, family, words):
+    """Delay, Local and Realtime handed a bad seed to numpy (its ValueError) and bad options
+    to their samplers (an AttributeError): each route now gives Nano's one-line InputError
+    (the options' class named as the family's own) before any work."""
+    def refused(tts, route):
+        rows = np.zeros((3, tts.config.n_vq + 1), np.int64)
+        call = {"stream": lambda: tts.stream(TEXT, **words),
+                "synthesize": lambda: tts.synthesize(TEXT, **words),
+                "generate": lambda: tts.generate(rows, **words)}[route]
+        with pytest.raises(InputError) as e:
+            call()
+        return str(e.value)
+
+    tts, nano = loaded(family), loaded("nano")
+    for route in ("stream", "synthesize", "generate"):
+        got = refused(tts, route)
+        want = refused(nano, route).replace("SamplingOptions", tts.OPTIONS.__name__)
+        assert got == want and "\n" not in got, (route, got)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@BAD_CHOICES
+def test_f7_a_batch_job_refuses_a_bad_seed_or_options_as_generate_does(loaded, family, words):
+    """A job made for a family's BatchFamily with a bad seed or options is refused when it is
+    made, with `generate`'s InputError (Delay's and Local's failed at joining, in numpy or
+    their samplers; Realtime's in numpy when made)."""
+    tts = loaded(family)
+    rows = np.zeros((3, tts.config.n_vq + 1), np.int64)
+    budget = {"delay": "max_new_rows", "local": "max_new_frames"}.get(family, "max_frames")
+    with pytest.raises(InputError) as alone:
+        tts.generate(rows, **words)
+    with pytest.raises(InputError) as batched:
+        tts.BATCHED(tts.model).job(rows, **{"options": tts.OPTIONS(), "seed": None, budget: 4,
+                                           **words})
+    assert str(batched.value) == str(alone.value)

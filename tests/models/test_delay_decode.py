@@ -91,11 +91,17 @@ def as_rows(items, model):
     return np.array(items, dtype=np.int64).reshape(-1, model.config.n_vq + 1)
 
 
+def job_of(family, job):
+    """The batch job of a (rows, options, seed, max_new_rows) tuple."""
+    rows, options, seed, max_new_rows = job
+    return family.job(rows, options=options, seed=seed, max_new_rows=max_new_rows)
+
+
 def run_batch(model, job_list, max_streams, prefill_rows=3):
     """Each job's rows decoded in one BatchDecoder, and its number of steps."""
     with BatchDecoder(DelayBatch(model), max_streams=max_streams,
                       prefill_rows=prefill_rows) as batch:
-        made = batch.run([batch.family.job(*job) for job in job_list])
+        made = batch.run([job_of(batch.family, job) for job in job_list])
         return [as_rows(m, model) for m in made], batch.steps
 
 
@@ -142,9 +148,9 @@ def test_a_prompt_joining_beside_a_decoding_stream_gives_its_first_logits_alone(
                 first[id(job)] = job.work.logits
 
     with BatchDecoder(Recording(model), max_streams=2, prefill_rows=prefill_rows) as batch:
-        batch.submit(batch.family.job(*jobs(GREEDY, seeds=(None, None))[1]))   # 30 rows
+        batch.submit(job_of(batch.family, jobs(GREEDY, seeds=(None, None))[1]))   # 30 rows
         batch.step()
-        late = batch.submit(batch.family.job(rows, GREEDY, None, 4))
+        late = batch.submit(batch.family.job(rows, options=GREEDY, max_new_rows=4))
         while id(late) not in first:
             batch.step()
         assert batch.active[0] is not late, "nobody decoded beside the joining prompt"
@@ -163,7 +169,7 @@ def test_a_stream_joining_after_another_left_equals_it_alone(ending_model):
     a, b, c = jobs(SAMPLED, seeds=(1, 2, 3),
                    prompts=[(5, True, 40), (6, False, 6), (8, False, 20)])
     with BatchDecoder(DelayBatch(model), max_streams=2) as batch:
-        ja, jb, jc = (batch.submit(batch.family.job(*job)) for job in (a, b, c))
+        ja, jb, jc = (batch.submit(job_of(batch.family, job)) for job in (a, b, c))
         joined = None
         while batch.pending:
             batch.step()
@@ -183,10 +189,10 @@ def test_a_long_prompt_appended_in_chunks_while_others_decode_equals_it_alone(en
     long = (rows, SAMPLED, 4, 30)
     assert len(rows) == 45
     with BatchDecoder(DelayBatch(model), max_streams=3, prefill_rows=3) as batch:
-        started = [batch.submit(batch.family.job(*job)) for job in first]
+        started = [batch.submit(job_of(batch.family, job)) for job in first]
         batch.step()
         batch.step()
-        late = batch.submit(batch.family.job(*long))
+        late = batch.submit(job_of(batch.family, long))
         joining_steps = 0
         while batch.pending:
             batch.step()
@@ -235,9 +241,9 @@ def test_a_bad_job_fails_alone_and_the_others_go_on(ending_model):
     bad[0, 0] = 10 ** 6
     with BatchDecoder(DelayBatch(model), max_streams=2) as batch:
         with pytest.raises(InputError, match="max_new_rows must be at least 1"):
-            batch.family.job(good[0], GREEDY, None, 0)
-        kept = batch.submit(batch.family.job(*good))
-        batch.submit(batch.family.job(bad, GREEDY, None, 4))
+            batch.family.job(good[0], options=GREEDY, max_new_rows=0)
+        kept = batch.submit(job_of(batch.family, good))
+        batch.submit(batch.family.job(bad, options=GREEDY, max_new_rows=4))
         with pytest.raises(InputError, match="text ids"):
             batch.step()
         while batch.pending:

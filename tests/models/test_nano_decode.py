@@ -46,9 +46,15 @@ def alone(tts, job):
     return tts.generate(rows, options=options, seed=seed, max_frames=max_frames)
 
 
+def job_of(family, job):
+    """The batch job of a (rows, options, seed, max_frames) tuple."""
+    rows, options, seed, max_frames = job
+    return family.job(rows, options=options, seed=seed, max_frames=max_frames)
+
+
 def run_batch(tts, job_list, max_streams):
     with BatchDecoder(NanoBatch(tts.model), max_streams=max_streams) as batch:
-        made = batch.run([batch.family.job(*job) for job in job_list])
+        made = batch.run([job_of(batch.family, job) for job in job_list])
         n_vq = tts.config.n_vq
         return [np.array(m, dtype=np.int32).reshape(len(m), n_vq) for m in made], batch.steps
 
@@ -157,10 +163,10 @@ def test_bad_batch_arguments_raise_input_error(nano_tts):
         tts.synthesize_many([{"text": TEXT, "max_frames": 0}])
     rows = tts.prompt_rows(TEXT)
     with BatchDecoder(NanoBatch(tts.model), max_streams=2) as batch:
-        good = batch.submit(batch.family.job(rows, GREEDY, None, 4))
+        good = batch.submit(batch.family.job(rows, options=GREEDY, max_frames=4))
         bad = rows.copy()
         bad[0, 0] = 10 ** 6
-        batch.submit(batch.family.job(bad, GREEDY, None, 4))
+        batch.submit(batch.family.job(bad, options=GREEDY, max_frames=4))
         with pytest.raises(InputError, match="text ids"):
             batch.step()
         while batch.pending:  # the good job goes on alone

@@ -52,13 +52,20 @@ def alone(model, j):
     return model.generate(rows, text_ids, options=options, seed=seed, max_frames=max_frames)
 
 
+def job_of(family, j):
+    """The batch job of a (rows, text ids, options, seed, max_frames) tuple."""
+    rows, text_ids, options, seed, max_frames = j
+    return family.job(rows, text_ids=text_ids, options=options, seed=seed,
+                      max_frames=max_frames)
+
+
 def frames_of(made):
     return np.array(made, dtype=np.int64).reshape(len(made), RVQ)
 
 
 def run_batch(model, jobs, max_streams, **kwargs):
     with BatchDecoder(RealtimeBatch(model), max_streams=max_streams, **kwargs) as batch:
-        made = batch.run([batch.family.job(*j) for j in jobs])
+        made = batch.run([job_of(batch.family, j) for j in jobs])
         return [frames_of(m) for m in made], batch.steps
 
 
@@ -104,7 +111,7 @@ def test_a_long_prompt_joining_in_chunks_while_others_decode_equals_alone(realti
     b = job(SAMPLED, 6, 6, 20, prompt=8, n_rows=40)
     want = [alone(model, j) for j in (a, c, b)]
     with BatchDecoder(RealtimeBatch(model), max_streams=2, prefill_rows=3) as batch:
-        jobs = [batch.submit(batch.family.job(*j)) for j in (a, c, b)]
+        jobs = [batch.submit(job_of(batch.family, j)) for j in (a, c, b)]
         beside = 0          # steps in which B's prompt was appended while A decoded
         while batch.pending:
             joining = jobs[2] in batch.joining or jobs[2] in batch.queue
@@ -193,16 +200,16 @@ def test_a_bad_job_fails_alone(realtime_model):
     bad_rows = rows.copy()
     bad_rows[0, 0] = 10 ** 6
     with BatchDecoder(RealtimeBatch(model), max_streams=2) as batch:
-        running = batch.submit(batch.family.job(*good))
+        running = batch.submit(job_of(batch.family, good))
         batch.step()
         with pytest.raises(InputError, match="text ids"):
-            batch.family.job(bad_rows, [311], SAMPLED, 1, 10)
+            batch.family.job(bad_rows, text_ids=[311], options=SAMPLED, seed=1, max_frames=10)
         with pytest.raises(InputError, match="text ids"):
-            batch.family.job(rows, [311, -1], SAMPLED, 1, 10)
+            batch.family.job(rows, text_ids=[311, -1], options=SAMPLED, seed=1, max_frames=10)
         with pytest.raises(InputError, match="max_frames"):
-            batch.family.job(rows, [311], SAMPLED, 1, 0)
+            batch.family.job(rows, text_ids=[311], options=SAMPLED, seed=1, max_frames=0)
         with pytest.raises(InputError, match="shape"):
-            batch.family.job(rows[:, 1:], [311], SAMPLED, 1, 10)
+            batch.family.job(rows[:, 1:], text_ids=[311], options=SAMPLED, seed=1, max_frames=10)
         while batch.pending:
             batch.step()
     assert np.array_equal(frames_of(running.items), alone(model, good))

@@ -144,6 +144,7 @@ class StubTTS:
     voice, _need_codec, _need_open = CodecTTS.voice, CodecTTS._need_codec, CodecTTS._need_open
     _reference, _check_voice_codec = CodecTTS._reference, CodecTTS._check_voice_codec
     WHOLE, whole_keywords = CodecTTS.WHOLE, CodecTTS.whole_keywords     # a whole response's
+    BATCHED, LIVE = CodecTTS.BATCHED, CodecTTS.LIVE     # what a family declares by default
 
     def __init__(self, chunk_frames=32, hold_encode=False):
         self.chunk = np.full((chunk_frames, 2), 0.25, np.float32)

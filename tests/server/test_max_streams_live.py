@@ -36,6 +36,8 @@ class LiveNano(NanoTTS):
     ("speech", "live", "all"); a voice upload holds the worker (`holding` set) until the test
     sets `release`."""
 
+    LIVE = True
+
     def reset(self):
         self.open = {"speech": 0, "live": 0}
         self.most = {"speech": 0, "live": 0, "all": 0}

@@ -163,6 +163,7 @@ class FailingTTS:
     model = "stub"      # open, for the family contract's methods below
     WHOLE, whole_keywords, _need_open = CodecTTS.WHOLE, CodecTTS.whole_keywords, \
         CodecTTS._need_open
+    BATCHED, LIVE = CodecTTS.BATCHED, CodecTTS.LIVE
 
     def stream(self, text, **kwargs):
         for _ in range(2):

@@ -152,6 +152,7 @@ class PasteModel:
     """A live model whose sessions keep what the page sent them."""
 
     sample_rate, channels, OPTIONS, FAMILY = 3200, 1, RealtimeSamplingOptions, RealtimeTTS.FAMILY
+    BATCHED, LIVE = None, True
 
     def __init__(self):
         self.texts: list[str] = []
