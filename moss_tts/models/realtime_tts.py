@@ -1,7 +1,7 @@
 """`RealtimeTTS`: text → 24 kHz speech with MossTTSRealtime and the MOSS-Audio-Tokenizer codec,
 offline (`synthesize`, `stream`; several requests decoded together with `synthesize_many`,
-models/realtime_decode.py) and live (`session`, models/realtime_live.py: text deltas in as an LLM writes them,
-audio out as it is made, the KV cache kept across the turns of a conversation;
+models/realtime_decode.py) and live (`session`, models/realtime_live.py: text deltas in as an
+LLM writes them, audio out as it is made, the KV cache kept across the turns of a conversation;
 docs/upstream-notes.md §family-5.4-5.6, upstream `streaming_mossttsrealtime.py`).
 
 Audio leaves through the codec's exact streaming decoder one frame (80 ms) at a time.
