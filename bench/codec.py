@@ -23,9 +23,10 @@ Also: one graph per stage (time per stage, GFLOP/s), and inside the encoder's fi
 transformer stage the matmuls / attention / GELU / norms as separate graphs (`--worker ops`).
 Report: bench/results/codec_real/report.md (+ log.txt with every worker's JSON).
 
-Longer than the 600-line guide (C2) because it is one self-contained driver: the checkpoint
-generator, the subprocess workers and the report share their data structures; bench/codec48k.py
-and bench/nano.py import its checkpoint helpers; the measuring harness is bench/harness.py.
+Longer than the 600-line guide (C2) because it is one self-contained driver: the subprocess
+workers and the report share their data structures. The random checkpoint's tensor plan is
+bench/codec_checkpoint.py (shared with bench/codec48k.py); the measuring harness and the
+report's shared pieces are bench/harness.py.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import shlex
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -46,21 +46,29 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.codec_checkpoint import INDEX_FILE, V1, checkpoint_plan, write_sharded
 from bench.common import cpu_line, table
 from bench.harness import (
     RETRY_FOREIGN,
     UPSTREAM_ENV,
     Contention,
     add_no_wait,
+    conversion_lines,
     counting,
     fmt,
     gflop_per_call,
     measure_peak,
     median,
     of_peak,
+    other_load,
     peak_line,
     peak_rss_gb,
+    publish,
+    rtf,
+    run_lines,
     run_worker,
+    start_line,
+    timed_convert,
     timed_runs,
     upstream_file,
     upstream_source,
@@ -69,9 +77,6 @@ from bench.parity import codec_parity_lines
 
 WORK = ROOT / "bench" / "results" / "codec_real"
 CKPT = WORK / "checkpoint"
-INDEX_FILE = "model.safetensors.index.json"
-WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
-SHARD_BYTES = 1 << 30          # ≤ 1 GiB of f32 per shard: generation memory stays bounded
 SECONDS = 10.0
 SAMPLE_RATE = 24000
 STREAM_FRAMES = 50
@@ -91,108 +96,15 @@ def real_config(upstream_src: str | None = None) -> dict:
     return json.loads(upstream_file(upstream_source(upstream_src), "config.json"))
 
 
-def checkpoint_plan(config: dict) -> list[tuple[str, tuple, str, int]]:
-    """Every upstream tensor as (name, shape, init, fan_in), in a fixed order. Same layout as
-    fixtures/make_codec.py: v1 attention/MLP names, fused q|k|v, no bias on block linears,
-    block projections only where the dims differ, quantizer 1×1 convs as weight-norm pairs."""
-    plan = []
-    for tower in ("encoder", "decoder"):
-        for i, kw in enumerate(config[f"{tower}_kwargs"]):
-            if kw["module_type"] != "Transformer":
-                continue
-            p, d, ffn = f"{tower}.{i}.", kw["d_model"], kw["dim_feedforward"]
-            if kw["input_dimension"] != d:
-                plan.append((p + "input_proj.weight", (d, kw["input_dimension"]), "dense",
-                             kw["input_dimension"]))
-            for layer in range(kw["num_layers"]):
-                lp = f"{p}transformer.layers.{layer}."
-                for norm in ("norm1", "norm2"):
-                    plan.append((lp + norm + ".weight", (d,), "norm_w", 0))
-                    plan.append((lp + norm + ".bias", (d,), "norm_b", 0))
-                plan.append((lp + "self_attn.in_projs.0.weight", (3 * d, d), "dense", d))
-                plan.append((lp + "self_attn.out_projs.0.weight", (d, d), "dense", d))
-                plan.append((lp + "linear1.weight", (ffn, d), "dense", d))
-                plan.append((lp + "linear2.weight", (d, ffn), "dense", ffn))
-                plan.append((lp + "layer_scale_1.scale", (d,), "scale", 0))
-                plan.append((lp + "layer_scale_2.scale", (d,), "scale", 0))
-            if kw["output_dimension"] != d:
-                plan.append((p + "output_proj.weight", (kw["output_dimension"], d), "dense", d))
-    q = config["quantizer_kwargs"]
-    r, c = q.get("rvq_dim") or q["input_dim"], q["codebook_dim"]
-
-    def wn(name, n_in, n_out):
-        plan.extend([(name + WN_G, (n_out, 1, 1), "wn_g", 0), (name + WN_V, (n_out, n_in, 1), "wn_v", 0),
-                     (name + ".bias", (n_out,), "bias", 0)])
-
-    if q["input_dim"] != r:
-        wn("quantizer.input_proj", q["input_dim"], r)
-    if q.get("output_dim", q["input_dim"]) != r:
-        wn("quantizer.output_proj", r, q.get("output_dim", q["input_dim"]))
-    for i in range(q["num_quantizers"]):
-        p = f"quantizer.quantizers.{i}."
-        if r != c:
-            wn(p + "in_proj", r, c)
-            wn(p + "out_proj", c, r)
-        plan.append((p + "codebook.weight", (q["codebook_size"], c), "normal", 0))
-    return plan
-
-
-def _tensor(seed: int, name: str, shape: tuple, init: str, fan_in: int) -> np.ndarray:
-    """One random tensor, seeded by its name (independent of the sharding), float32 throughout."""
-    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    if init == "dense":
-        a = rng.standard_normal(shape, dtype=np.float32)
-        a *= np.float32(1.0 / math.sqrt(fan_in))
-        return a
-    if init == "norm_w":
-        return (1.0 + 0.1 * rng.uniform(-1.0, 1.0, size=shape)).astype(np.float32)
-    if init == "norm_b":
-        return (0.05 * rng.standard_normal(shape)).astype(np.float32)
-    if init == "scale":       # layer scales (upstream init 0.01; the tiny fixture's range)
-        return rng.uniform(0.1, 0.5, size=shape).astype(np.float32)
-    if init == "wn_g":
-        return rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
-    if init == "bias":
-        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
-    return rng.standard_normal(shape, dtype=np.float32)        # wn_v, normal (codebooks)
-
-
 def make_real_checkpoint(out_dir: Path = CKPT, config: dict | None = None, *, seed: int = 0,
-                         shard_bytes: int = SHARD_BYTES, log=print) -> Path:
-    """Write config.json + sharded safetensors (+ index) of random weights at the real dims,
-    one shard (≤ shard_bytes) in memory at a time. Reused when the index already exists."""
-    from safetensors.numpy import save_file
-
+                         log=print) -> Path:
+    """config.json + sharded safetensors (+ index) of random weights at the real dims, in the
+    v1 key layout (bench/codec_checkpoint.py). Reused when the index already exists."""
     out_dir = Path(out_dir)
     if (out_dir / INDEX_FILE).exists():
         return out_dir
     config = real_config() if config is None else config
-    plan = checkpoint_plan(config)
-    shards, cur, size = [], [], 0
-    for entry in plan:
-        nbytes = 4 * math.prod(entry[1])
-        if cur and size + nbytes > shard_bytes:
-            shards.append(cur)
-            cur, size = [], 0
-        cur.append(entry)
-        size += nbytes
-    shards.append(cur)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    n = len(shards)
-    weight_map, total = {}, 0
-    t0 = time.perf_counter()
-    for k, entries in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
-        part = {name: _tensor(seed, name, shape, init, fan_in) for name, shape, init, fan_in in entries}
-        save_file(part, str(out_dir / fname), metadata={"format": "pt"})
-        total += sum(a.nbytes for a in part.values())
-        weight_map.update({name: fname for name in part})
-        del part
-        log(f"  shard {k + 1}/{n} written ({total / 1e9:.2f} GB, {time.perf_counter() - t0:.0f} s)")
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return out_dir
+    return write_sharded(out_dir, config, checkpoint_plan(config, V1), seed=seed, log=log)
 
 
 def gguf_path(outtype: str) -> Path:
@@ -227,10 +139,7 @@ def make_inputs(seconds: float = SECONDS, n_q: int = 32, codebook_size: int = 10
 def worker_convert(args) -> dict:
     from converters.codec import convert
 
-    t0 = time.perf_counter()
-    out = convert(str(CKPT), gguf_path(args.type), outtype=args.type)
-    return {"seconds": time.perf_counter() - t0, "bytes": out.stat().st_size,
-            "peak_rss_gb": peak_rss_gb()}
+    return timed_convert(convert, CKPT, gguf_path(args.type), args.type)
 
 
 def _load(args):
@@ -249,7 +158,7 @@ def _runner_memory(codec, tower: str) -> dict:
             "kv_cache_mib": sum(c.nbytes for c in r.state.caches.values()) / 2**20}
 
 
-def _summary(load_s, totals, chunks, foreign, codec, tower) -> dict:
+def run_summary(load_s, totals, chunks, foreign, codec, tower) -> dict:
     warm = totals[1:] or totals
     wchunks = chunks[1:] or chunks
     return {"load_s": load_s, "cold_s": totals[0], "warm_s": warm, "median_s": median(warm),
@@ -269,7 +178,7 @@ def worker_encode(args) -> dict:
             lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
     if args.save:
         np.save(WORK / f"codes_ggml_{args.type}.npy", codes)
-    return _summary(load_s, totals, chunks, foreign, codec, "encoder") | {
+    return run_summary(load_s, totals, chunks, foreign, codec, "encoder") | {
         "gflop": gflop_per_call(work, len(totals))}
 
 
@@ -281,7 +190,7 @@ def worker_decode(args) -> dict:
                                                      args.runs)
     if args.save:
         np.save(WORK / f"audio_ggml_{args.type}.npy", audio[:, 0])
-    return _summary(load_s, totals, chunks, foreign, codec, "decoder") | {
+    return run_summary(load_s, totals, chunks, foreign, codec, "decoder") | {
         "gflop": gflop_per_call(work, len(totals))}
 
 
@@ -679,8 +588,7 @@ def drive(args) -> int:
     if args.chunk is None:  # the package's default for this codec (100 Hz stages → 10 s)
         args.chunk = float(codec_module.CHUNK_SECONDS_RANGE[1])
     d = Driver(args)
-    d.say(f"=== bench/codec.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-          f"{' '.join(shlex.quote(a) for a in sys.argv)}")
+    d.say(start_line("bench/codec.py"))
     types = [t for t in args.types.split(",") if t]
     chunks = [float(c) for c in args.chunks.split(",") if c]
     sweep_types = [t for t in args.sweep_types.split(",") if t in types]
@@ -773,8 +681,7 @@ def drive(args) -> int:
     measure_peak(d, args.threads)   # again: the best of the probes is the peak
     report = render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_gb, d,
                     time.perf_counter() - t_start, ops_res)
-    d.say(report)
-    (WORK / "report.md").write_text(report + "\n")
+    publish(d, report, WORK / "report.md")
     return 0
 
 
@@ -798,15 +705,13 @@ def _row(what, e, dd, stream="", weight=None, work=None, peak=None):
     the GFLOP/s column divides by this row's times (default: this row's own)."""
     return {"what": what, "encode s": fmt(e.get("median_s")), "decode s": fmt(dd.get("median_s")),
             "GFLOP/s enc / dec (% of peak)": enc_dec_rates(work or (e, dd), (e, dd), peak),
-            "RTF enc/dec": f"{fmt(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
-                           f"{fmt(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
+            "RTF enc/dec": rtf(SECONDS, e, dd),
             "peak RSS GB enc/dec": f"{fmt(e.get('peak_rss_gb'))}/{fmt(dd.get('peak_rss_gb'))}",
             "weight GB": fmt(weight if weight is not None else e.get("weight_gb")),
             "stream ms/frame 2t/1t": stream,
             "cold enc/dec s": f"{fmt(e.get('cold_s'))}/{fmt(dd.get('cold_s'))}",
             "load s": fmt(e.get("load_s")),
-            "other load %": f"{fmt(100 * e.get('foreign', math.nan), '{:.0f}')}/"
-                            f"{fmt(100 * dd.get('foreign', math.nan), '{:.0f}')}"}
+            "other load %": other_load(e, dd)}
 
 
 def _git_state() -> str:
@@ -910,7 +815,7 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
                     r = sweep.get((t, c, what), {})
                     v = r.get("median_s")
                     row[f"{c:g} s"] = (f"{fmt(v)} ({fmt(r.get('peak_rss_gb'), '{:.1f}')}) "
-                                       f"[{fmt(100 * r.get('foreign', math.nan), '{:.0f}')}]")
+                                       f"[{other_load(r)}]")
                     if v is not None and (best is None or v < best[1]):
                         best = (c, v)
                 row["fastest"] = f"{best[0]:g}" if best else ""
@@ -946,7 +851,7 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
             for k in ("stage", "stage_no_attention", "matmuls", "attention", "gelu_erf",
                       "gelu_tanh_table", "norms"):
                 row[k] = fmt(r.get(k), "{:.1f}")
-            row["other load %"] = fmt(100 * r.get("foreign", math.nan), "{:.0f}")
+            row["other load %"] = other_load(r)
             orows.append(row)
         L.append(table(orows, list(orows[0]) if orows else []))
         L.append("  (matmuls: the four weight matmuls per layer only; attention: RoPE + KV write + flash "
@@ -956,15 +861,8 @@ def render(args, types, chunks, sweep_types, res, up, sweep, stages, conv, ckpt_
         L.append("### parity with upstream (same random weights and inputs)")
         L.extend(codec_parity_lines(WORK, types))
         L.append("")
-    if conv:
-        L.append("### conversion (this run)")
-        for t, r in conv.items():
-            L.append(f"- {t}: {fmt(r.get('seconds'), '{:.0f}')} s, {fmt(r.get('bytes', 0) / 1e9)} GB, "
-                     f"peak RSS {fmt(r.get('peak_rss_gb'))} GB")
-        L.append("")
-    L.append(f"total bench time {total_s / 60:.1f} min")
-    L.append("### commands (cwd: the repository root)")
-    L.extend(f"    {c}" for c in d.commands)
+    L.extend(conversion_lines(conv))
+    L.extend(run_lines(total_s, d.commands))
     return "\n".join(L)
 
 

@@ -41,17 +41,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.codec import _summary, _tensor, enc_dec_rates, work_line
+from bench.codec import enc_dec_rates, run_summary, work_line
+from bench.codec_checkpoint import INDEX_FILE, NANO_V2, write_sharded
+from bench.codec_checkpoint import checkpoint_plan as plan_of
 from bench.common import table
-from bench.harness import (NANO_CODEC, Contention, Driver, add_no_wait, fmt, median, peak_rss_gb,
-                           perf_top, report_footer, timed_runs, counting, gflop_per_call,
-                           measure_peak)
+from bench.harness import (NANO_CODEC, Contention, Driver, add_no_wait, counting,
+                           fmt, gflop_per_call, measure_peak, median, other_load, peak_rss_gb,
+                           perf_top, publish, report_footer, rtf, start_line, timed_convert,
+                           timed_runs)
 from bench.parity import codec_parity_lines
 
 WORK = ROOT / "bench" / "results" / "codec48k"
-INDEX_FILE = "model.safetensors.index.json"
-WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
-SHARD_BYTES = 1 << 30
 SECONDS = 10.0
 SAMPLE_RATE = 48000
 STREAM_FRAMES = 160          # 12.8 s: past the longest window (10 s at the 50 Hz decoder stage)
@@ -138,40 +138,7 @@ def checkpoint_plan(config: dict) -> list[tuple[str, tuple, str, int]]:
     """Every tensor of the Nano/v2 layout as (name, shape, init, fan_in), in a fixed order (the
     names and shapes fixtures/make_codec.py's make_tiny_*_state writes; checked on the tiny v2
     config by `check_plan`)."""
-    plan = []
-    for tower in ("encoder", "decoder"):
-        for i, kw in enumerate(config[f"{tower}_kwargs"]):
-            if kw["module_type"] != "Transformer":
-                continue
-            p, d, ffn, din = f"{tower}.{i}.", kw["d_model"], kw["dim_feedforward"], kw["input_dimension"]
-            plan.append((p + "input_proj.weight", (d, din), "dense", din))
-            for layer in range(kw["num_layers"]):
-                lp = f"{p}transformer.layers.{layer}."
-                for norm in ("norm1", "norm2"):
-                    plan.append((lp + norm + ".weight", (d,), "norm_w", 0))
-                    plan.append((lp + norm + ".bias", (d,), "norm_b", 0))
-                plan.append((lp + "self_attn.in_proj.weight", (3 * d, d), "dense", d))
-                plan.append((lp + "self_attn.out_proj.weight", (d, d), "dense", d))
-                plan.append((lp + "ffn.0.weight", (ffn, d), "dense", d))
-                plan.append((lp + "ffn.2.weight", (d, ffn), "dense", ffn))
-                plan.append((lp + "layer_scale_1.scale", (d,), "scale", 0))
-                plan.append((lp + "layer_scale_2.scale", (d,), "scale", 0))
-            plan.append((p + "output_proj.weight", (kw["output_dimension"], d), "dense", d))
-    q = config["quantizer_kwargs"]
-    r, c = q["rvq_dim"], q["codebook_dim"]
-
-    def wn(name, n_in, n_out):
-        plan.extend([(name + WN_G, (n_out, 1, 1), "wn_g", 0), (name + WN_V, (n_out, n_in, 1), "wn_v", 0),
-                     (name + ".bias", (n_out,), "bias", 0)])
-
-    wn("quantizer.input_proj", q["input_dim"], r)
-    wn("quantizer.output_proj", r, q["output_dim"])
-    for i in range(q["num_quantizers"]):
-        p = f"quantizer.quantizers.{i}."
-        wn(p + "in_proj", r, c)
-        wn(p + "out_proj", c, r)
-        plan.append((p + "codebook.weight", (q["codebook_size"], c), "normal", 0))
-    return plan
+    return plan_of(config, NANO_V2)
 
 
 def check_plan() -> None:
@@ -213,7 +180,7 @@ def ensure_gguf(variant: str, outtype: str, *, log=print) -> Path:
 
 def make_checkpoint(variant: str, *, seed: int = 0, log=print) -> Path:
     """config.json + safetensors at the real dims. Nano: fixtures' make_tiny_nano_state on the
-    real config (22 M params, one file). v2: tensor by tensor (bench/codec.py's seeded init) into
+    real config (22 M params, one file). v2: tensor by tensor (bench/codec_checkpoint.py) into
     ≤ 1 GiB shards + index, one shard in memory at a time. Reused when present."""
     from safetensors.numpy import save_file
 
@@ -238,28 +205,7 @@ def make_checkpoint(variant: str, *, seed: int = 0, log=print) -> Path:
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
         log(f"  nano checkpoint: {n_params / 1e6:.1f} M params ({time.perf_counter() - t0:.0f} s)")
         return out
-    shards, cur, size = [], [], 0
-    for entry in plan:
-        nbytes = 4 * math.prod(entry[1])
-        if cur and size + nbytes > SHARD_BYTES:
-            shards.append(cur)
-            cur, size = [], 0
-        cur.append(entry)
-        size += nbytes
-    shards.append(cur)
-    weight_map, total = {}, 0
-    for k, entries in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        part = {n: _tensor(seed, n, s, init, fan) for n, s, init, fan in entries}
-        save_file(part, str(out / fname), metadata={"format": "pt"})
-        total += sum(a.nbytes for a in part.values())
-        weight_map.update({n: fname for n in part})
-        del part
-        log(f"  v2 shard {k + 1}/{len(shards)} ({total / 1e9:.2f} GB, {time.perf_counter() - t0:.0f} s)")
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
-                                              "weight_map": weight_map}, indent=2) + "\n")
-    return out
+    return write_sharded(out, config, plan, seed=seed, log=log)
 
 
 def make_inputs(n_q: int, seconds: float = SECONDS) -> dict:
@@ -302,10 +248,8 @@ def _load(args):
 def worker_convert(args) -> dict:
     from converters.codec import convert
 
-    t0 = time.perf_counter()
-    out = convert(str(ckpt_dir(args.variant)), gguf_path(args.variant, args.type), outtype=args.type)
-    return {"seconds": time.perf_counter() - t0, "bytes": out.stat().st_size,
-            "peak_rss_gb": peak_rss_gb()}
+    return timed_convert(convert, ckpt_dir(args.variant), gguf_path(args.variant, args.type),
+                         args.type)
 
 
 def instrument() -> dict:
@@ -364,7 +308,7 @@ def worker_encode(args) -> dict:
             acc, lambda p: codec.encode(audio, SAMPLE_RATE, progress=p), args.runs)
     if args.save:
         np.save(WORK / f"{args.variant}_codes_ggml_{args.type}.npy", codes)
-    out = _summary(load_s, totals, chunks, foreign, codec, "encoder")
+    out = run_summary(load_s, totals, chunks, foreign, codec, "encoder")
     out["frames"] = int(codes.shape[1])
     out["split_ms"] = split
     out["gflop"] = gflop_per_call(work, len(totals))
@@ -380,7 +324,7 @@ def worker_decode(args) -> dict:
             acc, lambda p: codec.decode(codes, progress=p), args.runs)
     if args.save:
         np.save(WORK / f"{args.variant}_audio_ggml_{args.type}.npy", audio)
-    out = _summary(load_s, totals, chunks, foreign, codec, "decoder")
+    out = run_summary(load_s, totals, chunks, foreign, codec, "decoder")
     out["split_ms"] = split
     out["gflop"] = gflop_per_call(work, len(totals))
     out["samples"] = list(audio.shape)
@@ -551,8 +495,7 @@ def drive(args) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     d = Driver(args, WORK / "log.txt", script=Path(__file__))
     default_chunk = NANO_DEFAULT_CHUNK
-    d.say(f"=== bench/codec48k.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-          f"{' '.join(shlex.quote(a) for a in sys.argv)}")
+    d.say(start_line("bench/codec48k.py"))
     variants = [v for v in args.variants.split(",") if v]
     types = {"nano": [t for t in args.types.split(",") if t],
              "v2": [t for t in args.v2_types.split(",") if t]}
@@ -632,8 +575,7 @@ def drive(args) -> int:
     measure_peak(d, args.threads)   # again: the best of the probes is the peak
     report = render(args, variants, types, res, conv, ckpt_gb, d, default_chunk,
                     time.perf_counter() - t_start)
-    d.say(report)
-    (WORK / "report.md").write_text(report + "\n")
+    publish(d, report, WORK / "report.md")
     return 0
 
 
@@ -688,8 +630,7 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
             rows.append({
                 "Nano": t, "encode s": fmt(e.get("median_s")) + (_mark(e.get("median_s"), NANO_GOALS["encode_s"])),
                 "decode s": fmt(dd.get("median_s")) + _mark(dd.get("median_s"), NANO_GOALS["decode_s"]),
-                "RTF enc/dec": f"{fmt(e.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
-                               f"{fmt(dd.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
+                "RTF enc/dec": rtf(SECONDS, e, dd),
                 "stream ms/frame: first 10 s mean / full window": f"{fmt(s.get('mean_10s_ms'), '{:.1f}')}"
                     + _mark(s.get("mean_10s_ms"), NANO_GOALS["stream_ms"]) + " / "
                     + fmt(s.get("full_window_ms"), "{:.1f}") + _mark(s.get("full_window_ms"), NANO_GOALS["stream_ms"]),
@@ -700,7 +641,7 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                 "cold enc/dec s": f"{fmt(e.get('cold_s'))}/{fmt(dd.get('cold_s'))}",
                 "GFLOP/s enc / dec (% of peak)": enc_dec_rates((e, dd), (e, dd),
                                                                getattr(d, "peak", None)),
-                "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}") for r in (e, dd, s)),
+                "other load % e/d/s": other_load(e, dd, s),
             })
         sk = "stream ms/frame: first 10 s mean / full window"
         ue, ud = (res.get(("nano", "upstream", w)) for w in ("encode", "decode"))
@@ -709,16 +650,14 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
             rows.append({
                 "Nano": "upstream torch f32, one pass", "encode s": fmt(ue.get("median_s")),
                 "decode s": fmt(ud.get("median_s")),
-                "RTF enc/dec": f"{fmt(ue.get('median_s', math.nan) / SECONDS, '{:.3f}')}/"
-                               f"{fmt(ud.get('median_s', math.nan) / SECONDS, '{:.3f}')}",
+                "RTF enc/dec": rtf(SECONDS, ue, ud),
                 "peak RSS GB enc/dec/stream": f"{fmt(ue.get('peak_rss_gb'))}/{fmt(ud.get('peak_rss_gb'))}/-",
                 "cold enc/dec s": f"{fmt(ue.get('cold_s'))}/{fmt(ud.get('cold_s'))}",
                 # the same math: our f32 graphs' work over upstream's time
                 "GFLOP/s enc / dec (% of peak)": enc_dec_rates(
                     (res.get(("nano", "f32", "encode"), {}), res.get(("nano", "f32", "decode"), {})),
                     (ue, ud), getattr(d, "peak", None)),
-                "other load % e/d/s": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}")
-                                               for r in (ue, ud)) + "/-"})
+                "other load % e/d/s": other_load(ue, ud) + "/-"})
         rows.append({"Nano": "upstream f32, issue text (other machine)",
                      "encode s": f"{NANO_ISSUE['encode_s']}", "decode s": f"{NANO_ISSUE['decode_s']}",
                      sk: f"{NANO_ISSUE['stream_ms']}"})
@@ -796,13 +735,13 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
         for t in types["v2"]:
             dd, e = res.get(("v2", t, "decode"), {}), res.get(("v2", t, "encode"), {})
             rows.append({"v2": t, "decode s": fmt(dd.get("median_s")),
-                         "RTF": fmt(dd.get("median_s", math.nan) / SECONDS, "{:.3f}"),
+                         "RTF": rtf(SECONDS, dd),
                          "warm runs s": " ".join(f"{x:.2f}" for x in dd.get("warm_s", [])),
                          "cold s": fmt(dd.get("cold_s")), "load s": fmt(dd.get("load_s")),
                          "peak RSS GB": fmt(dd.get("peak_rss_gb")), "weight GB": fmt(dd.get("weight_gb")),
                          "KV MiB": fmt(dd.get("kv_cache_mib"), "{:.0f}"),
                          "encode s": fmt(e.get("median_s")),
-                         "other load %": fmt(100 * dd.get("foreign", math.nan), "{:.0f}")})
+                         "other load %": other_load(dd)})
         L.append(f"### MOSS-Audio-Tokenizer-v2 ({ckpt_gb.get('v2', 0):.2f} GB f32 checkpoint), decode of 10 s")
         L.append(table(rows, list(rows[0])))
         for t in types["v2"]:
@@ -815,13 +754,7 @@ def render(args, variants, types, res, conv, ckpt_gb, d, default_chunk, total_s)
                 L.append(f"- v2 f16 decode chunk_seconds={k[3]:g}: {fmt(r.get('median_s'))} s, peak "
                          f"{fmt(r.get('peak_rss_gb'))} GB, KV {fmt(r.get('kv_cache_mib'), '{:.0f}')} MiB")
         L.append("")
-    if conv:
-        L.append("### conversion (this run)")
-        for (v, t), r in conv.items():
-            L.append(f"- {v} {t}: {fmt(r.get('seconds'), '{:.0f}')} s, {fmt(r.get('bytes', 0) / 1e9)} GB, "
-                     f"peak RSS {fmt(r.get('peak_rss_gb'))} GB")
-        L.append("")
-    L.extend(report_footer(d, total_s))
+    L.extend(report_footer(d, total_s, conv))
     return "\n".join(L)
 
 

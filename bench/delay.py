@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import table  # noqa: E402
 from bench.delay_weights import (CHECKPOINTS, TEXT_TABLE, config, weight_bytes,  # noqa: E402
                                  weights_dir)
-from bench.harness import (ROOT, Contention, Driver, add_no_wait, fmt,  # noqa: E402
-                           measure_types, median, peak_rss_gb, perf_top, prefill_times,
-                           PREFILL_RATE)
+from bench.harness import (ROOT, Contention, Driver, add_no_wait, end_report, fmt,  # noqa: E402
+                           measure_types, median, other_load, peak_rss_gb, perf_top,
+                           prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from moss_tts.ggml import I32, Graph, get_backend, ops  # noqa: E402
 from moss_tts.models.delay import TEXT_HEAD as TEXT  # noqa: E402
@@ -403,7 +403,7 @@ def report(results: list[dict]) -> str:
               "backbone GB/s": fmt(r.get("backbone_gbs"), "{:.1f}"),
               "heads GB/s": fmt(r.get("heads_gbs"), "{:.1f}"),
               "peak RSS GB": fmt(r.get("peak_rss_gb")), "budget GB": fmt(r["budget_gb"]),
-              "others' CPU %": fmt(100 * r.get("foreign", float("nan")), "{:.0f}"),
+              "others' CPU %": other_load(r),
               PREFILL_RATE: r.get(PREFILL_RATE, ""),
               "threads": r.get("threads", "")} for r in results if "error" not in r]
     split_cols = ["type", "side", "backbone", "heads", "sampling", "python", "step", "prefill",
@@ -491,8 +491,7 @@ def main(argv=None) -> int:
     driver.say(f"{dims_line(args)}\n\n{report(results)}")
     if args.profile:
         driver.say(profile(args))
-    driver.say("command: " + " ".join([sys.executable, *sys.argv]))
-    print(json.dumps(results))
+    end_report(driver, results)
     return 0
 
 

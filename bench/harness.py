@@ -309,17 +309,80 @@ def perf_top(cmd: list[str], data: Path, n: int = 14) -> list[str]:
     return out
 
 
-def report_footer(d: "Driver", total_s: float) -> list[str]:
-    """The report's last lines: the CPU, the other load seen, the bench time, every command run."""
+# --- the report: the pieces every driver's report shares ------------------------------------------
+
+
+def the_command() -> str:
+    """This driver's own command line, as run."""
+    return " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+
+
+def start_line(script: str) -> str:
+    """The log's first line of a run: the driver, when, and its arguments."""
+    return f"=== {script} {time.strftime('%Y-%m-%d %H:%M:%S')}: " + \
+        " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def other_load(*results: dict) -> str:
+    """The "other load %" of one or more results, '/'-joined: the CPU share other processes took
+    while each was measured (Contention)."""
+    return "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}") for r in results)
+
+
+def rtf(seconds: float, *results: dict) -> str:
+    """Real-time factors, '/'-joined: each result's warm median over the audio's seconds."""
+    return "/".join(fmt(r.get("median_s", math.nan) / seconds, "{:.3f}") for r in results)
+
+
+def timed_convert(convert, checkpoint: Path, out: Path, outtype: str) -> dict:
+    """A convert worker's result, as conversion_lines reports it: `convert` of the checkpoint
+    to `out` timed, the file's bytes, the process's peak RSS."""
+    t0 = time.perf_counter()
+    path = convert(str(checkpoint), out, outtype=outtype)
+    return {"seconds": time.perf_counter() - t0, "bytes": path.stat().st_size,
+            "peak_rss_gb": peak_rss_gb()}
+
+
+def conversion_lines(conv: dict) -> list[str]:
+    """The conversions this run made: what (a type, or a (variant, type) pair) → the convert
+    worker's result."""
+    if not conv:
+        return []
+    return ["### conversion (this run)",
+            *(f"- {' '.join(what) if isinstance(what, tuple) else what}: "
+              f"{fmt(r.get('seconds'), '{:.1f}')} s, {fmt(r.get('bytes', 0) / 1e9)} GB, peak RSS "
+              f"{fmt(r.get('peak_rss_gb'))} GB" for what, r in conv.items()), ""]
+
+
+def run_lines(total_s: float, commands: list[str]) -> list[str]:
+    """The bench's time and every command it ran."""
+    return [f"total bench time {total_s / 60:.1f} min", "### commands (cwd: the repository root)",
+            *(f"    {c}" for c in commands)]
+
+
+def report_footer(d: "Driver", total_s: float, conv: dict | None = None) -> list[str]:
+    """The report's last lines: the conversions this run made (`conv`), the CPU, the other load
+    seen, the bench time, every command run."""
     from bench.common import cpu_line
 
-    return [f"CPU: {cpu_line()}", peak_line(getattr(d, "peak", None)),
+    return [*conversion_lines(conv or {}), f"CPU: {cpu_line()}", peak_line(getattr(d, "peak", None)),
             f"other load: waited {d.quiet.waited_s:.0f} s in total for a quiet machine; seen: "
             + ("; ".join(d.quiet.seen) if d.quiet.seen else "nothing"),
-            f"total bench time {total_s / 60:.1f} min",
-            "### commands (cwd: the repository root)",
-            f"    {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}",
-            *(f"    {c}" for c in d.commands)]
+            *run_lines(total_s, [the_command(), *d.commands])]
+
+
+def publish(d, report: str, path: Path) -> None:
+    """The finished report: said (the log keeps it) and written to `path`."""
+    d.say(report)
+    path.write_text(report + "\n")
+
+
+def end_report(d, results: list[dict] | None = None) -> None:
+    """A model bench's last words: the command that ran it; then `results`, when given, as JSON
+    on stdout (its last line, for a caller)."""
+    d.say(f"command: {the_command()}")
+    if results is not None:
+        print(json.dumps(results))
 
 
 def add_no_wait(ap) -> None:

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.delay_weights import PooledRows  # noqa: E402
-from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
-                           peak_rss_gb, prefill_times, PREFILL_RATE)
+from bench.harness import (ROOT, Driver, add_no_wait, end_report, fmt, measure_types,  # noqa: E402
+                           median, peak_rss_gb, prefill_times, PREFILL_RATE)
 from bench.matmul import ReadProbe  # noqa: E402
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.local import local_group, tensor_types  # noqa: E402
@@ -304,8 +304,7 @@ def main(argv=None) -> int:
         return 0
     driver, results = measure_types(args, __file__, "local-bench.log", measure_type)
     driver.say(report(results))
-    driver.say("command: " + " ".join([sys.executable, *sys.argv]))
-    print(json.dumps(results))
+    end_report(driver, results)
     return 0
 
 

@@ -49,8 +49,9 @@ sys.path.insert(0, str(ROOT))
 from bench.codec48k import ensure_gguf as ensure_codec_gguf
 from bench.codec48k import gguf_path as codec_gguf_path
 from bench.common import table
-from bench.harness import (NANO_TTS, Contention, Driver, add_no_wait, counting, gflop_per_call,
-                           measure_peak, of_peak, peak_rss_gb, perf_top, report_footer)
+from bench.harness import (NANO_TTS, Contention, Driver, add_no_wait, counting,
+                           gflop_per_call, measure_peak, of_peak, other_load, peak_rss_gb,
+                           perf_top, publish, report_footer, start_line, timed_convert)
 from bench.parity import rel_diff
 from bench.upstream_nano import HIDDEN_FILE as UPSTREAM_HIDDEN
 from bench.upstream_nano import ROWS_FILE as UPSTREAM_ROWS
@@ -532,10 +533,7 @@ def worker_loop(args) -> dict:
 def worker_convert(args) -> dict:
     from converters.nano import convert
 
-    t0 = time.perf_counter()
-    out = convert(str(CKPT), gguf_path(args.type), outtype=args.type)
-    return {"seconds": time.perf_counter() - t0, "bytes": out.stat().st_size,
-            "peak_rss_gb": peak_rss_gb()}
+    return timed_convert(convert, CKPT, gguf_path(args.type), args.type)
 
 
 WORKERS = {"frames": worker_frames, "loop": worker_loop, "prefill": worker_prefill,
@@ -580,8 +578,7 @@ def main(argv=None):
 def drive(args) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     d = Driver(args, WORK / "log.txt", script=Path(__file__))
-    d.say(f"=== bench/nano.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-          f"{' '.join(shlex.quote(a) for a in sys.argv)}")
+    d.say(start_line("bench/nano.py"))
     t_start = time.perf_counter()
     types = [t for t in args.types.split(",") if t]
     make_checkpoint(log=d.say)
@@ -630,8 +627,7 @@ def drive(args) -> int:
               f"{r.get('text', r)}")
     measure_peak(d, args.threads)   # again: the best of the probes is the peak
     report = render(args, types, res, conv, d, time.perf_counter() - t_start)
-    d.say(report)
-    (WORK / "report.md").write_text(report + "\n")
+    publish(d, report, WORK / "report.md")
     return 0
 
 
@@ -723,7 +719,7 @@ def render(args, types, res, conv, d, total_s) -> str:
                                                    (" OK" if fa <= GOALS["first_audio_ms"] else " MISS"))
                                + f" [cold {fmt(a.get('cold', {}).get('wall'), '{:.0f}')}]"),
             "peak RSS GB": fmt(f.get("peak_rss_gb"), "{:.2f}"),
-            "other load % f/p/a": "/".join(fmt(100 * r.get("foreign", math.nan), "{:.0f}") for r in (f, p, a)),
+            "other load % f/p/a": other_load(f, p, a),
         })
     L.append(table(rows, list(rows[0])))
     L.append("(global step / depth: wall incl. host work, (ggml compute); heads x16: the 16 audio head "
@@ -815,14 +811,8 @@ def render(args, types, res, conv, d, total_s) -> str:
         L.append(f"### cProfile of the steady frame loop ({types[0]}, {prof['frames']} frames, "
                  f"{prof['profiled_ms_frame']:.1f} ms/frame under the profiler)")
         L.extend("    " + line for line in prof["text"].splitlines() if line.strip())
-    if conv:
-        L.append("")
-        L.append("### conversion (this run)")
-        for t, r in conv.items():
-            L.append(f"- {t}: {r.get('seconds', 0):.1f} s, {r.get('bytes', 0) / 1e6:.0f} MB, peak RSS "
-                     f"{r.get('peak_rss_gb', 0):.2f} GB")
     L.append("")
-    L.extend(report_footer(d, total_s))
+    L.extend(report_footer(d, total_s, conv))
     return "\n".join(L)
 
 

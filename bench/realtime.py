@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import table  # noqa: E402
 from bench.delay_weights import PooledRows  # noqa: E402
-from bench.harness import (ROOT, Driver, add_no_wait, fmt, measure_types, median,  # noqa: E402
-                           peak_rss_gb, prefill_times, prefill_work, of_peak, PREFILL_RATE)
+from bench.harness import (ROOT, Driver, add_no_wait, end_report, fmt, measure_types,  # noqa: E402
+                           median, peak_rss_gb, prefill_times, prefill_work, of_peak, PREFILL_RATE)
 from converters.gguf_io import write_gguf  # noqa: E402
 from converters.realtime import tensor_types  # noqa: E402
 from fixtures.make_delay import make_tokenizer_json  # noqa: E402
@@ -336,8 +336,7 @@ def main(argv=None) -> int:
             driver.say(f"upstream prefill {peer['peer_prefill_ms']:.0f} ms = " + (of_peak(
                 prefill_work(results), peer["peer_prefill_ms"] / 1e3, driver.peak) or "?")
                 + " GFLOP/s (% of peak) on our graphs' work for the same prompt")
-    driver.say("command: " + " ".join([sys.executable, *sys.argv]))
-    print(json.dumps(results))
+    end_report(driver, results)
     return 0
 
 

@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_line, table  # noqa: E402
-from bench.harness import Contention, Driver, add_no_wait, peak_rss_gb, report_footer  # noqa: E402
+from bench.harness import (Contention, Driver, add_no_wait, peak_rss_gb,  # noqa: E402
+                           report_footer, start_line)
 from bench.nano import WORK  # noqa: E402
 from bench.streams_families import FAMILIES, FRAME_S, quiet_budget_warnings  # noqa: E402
 from moss_tts.models.batching import PREFILL_ROWS  # noqa: E402
@@ -424,8 +425,7 @@ def report(d: Driver, args, fam, keys, best, first) -> None:
 def drive(args) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     d = Driver(args, WORK / "streams_log.txt", script=Path(__file__))
-    d.say(f"=== bench/streams.py {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-          f"{' '.join(shlex.quote(a) for a in sys.argv)}")
+    d.say(start_line("bench/streams.py"))
     d.say(f"CPU: {cpu_line()}")
     t_start = time.perf_counter()
     for name in args.family.split(","):

@@ -8,6 +8,23 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture(scope="session")
+def tiny_codec(tmp_path_factory):
+    """variant ("v1": 24 kHz-style mono, "v2" or "nano": 48 kHz-style stereo), seed → the GGUF
+    of that tiny codec (fixtures/make_codec.py through the real converter, style C30), made once
+    a session and shared: read it, never write it (a test that needs its own copies it)."""
+    from fixtures.make_codec import make_tiny_codec_gguf
+
+    made = {}
+
+    def gguf(variant: str = "v1", *, seed: int = 0):
+        if (variant, seed) not in made:
+            made[variant, seed] = make_tiny_codec_gguf(
+                tmp_path_factory.mktemp(f"tiny_codec_{variant}_{seed}"), variant, seed=seed)
+        return made[variant, seed]
+    return gguf
+
+
 # a device backend (`cuda`, `rpc://HOST:PORT`) for the op tables and the device model tests
 # (tests/ggml/test_ops.py, tests/models/test_device_backend.py); bench/gpu_check.sh sets it
 TEST_BACKEND_ENV = "MOSS_TTS_TEST_BACKEND"

@@ -213,12 +213,9 @@ def test_a_sample_rate_must_be_a_positive_whole_number(rate):
     assert as_sample_rate(16000.0) == 16000 and as_sample_rate(np.int64(8000)) == 8000
 
 
-def test_codec_encode_refuses_a_fractional_rate_instead_of_truncating_it(tmp_path):
-    from converters.codec import convert
-    from fixtures.make_codec import make_tiny_v1_checkpoint
+def test_codec_encode_refuses_a_fractional_rate_instead_of_truncating_it(tiny_codec):
     from moss_tts.codec import Codec
 
-    gguf = convert(make_tiny_v1_checkpoint(tmp_path / "c", seed=0), tmp_path / "c.gguf")
-    with Codec.load(gguf, threads=1) as codec:
+    with Codec.load(tiny_codec(), threads=1) as codec:
         with pytest.raises(InputError, match="16000.5"):
             codec.encode(np.zeros(16000, np.float32), 16000.5)

@@ -36,6 +36,21 @@ def test_harness_helpers():
     assert bad == {"error": "boom"} and said and said[0].startswith("FAILED (1): bad")
 
 
+def test_report_pieces_the_drivers_share():
+    from bench import harness
+
+    done, busy = {"median_s": 2.5, "foreign": 0.123}, {"foreign": float("nan")}
+    assert harness.other_load(done, busy, {}) == "12//"
+    assert harness.rtf(10.0, done, {}) == "0.250/"
+    assert harness.conversion_lines({}) == []
+    lines = harness.conversion_lines({"f16": {"seconds": 3.04, "bytes": 1.5e9, "peak_rss_gb": 2.0},
+                                      ("v2", "q8_0"): {"seconds": 60.0, "bytes": 2.3e9,
+                                                       "peak_rss_gb": 1.25}})
+    assert lines == ["### conversion (this run)", "- f16: 3.0 s, 1.50 GB, peak RSS 2.00 GB",
+                     "- v2 q8_0: 60.0 s, 2.30 GB, peak RSS 1.25 GB", ""]
+    assert harness.start_line("bench/x.py").startswith("=== bench/x.py ")
+
+
 def test_attention_bench_runs(capsys):
     from bench import attention
 
@@ -116,6 +131,25 @@ def test_codec48k_builds_a_missing_gguf_for_other_drivers(tmp_path, monkeypatch)
     mtime = path.stat().st_mtime_ns
     assert codec48k.ensure_gguf("nano", "f32", log=lambda msg: None) == path   # reused
     assert path.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("variant", ["v1", "nano", "v2"])
+def test_codec_checkpoint_plan_is_the_fixtures_layout_and_shards_read_back(variant, tmp_path):
+    """The real-dims codec benches' one tensor plan (bench/codec_checkpoint.py) has the names and
+    shapes fixtures/make_codec.py writes for each layout, and its sharded checkpoint reads back
+    whole, one tensor per plan entry, at least two shards."""
+    from bench import codec_checkpoint as cc
+    from fixtures import make_codec
+
+    config = {"v1": make_codec.tiny_v1_config, "nano": make_codec.tiny_nano_config,
+              "v2": make_codec.tiny_v2_config}[variant]()
+    plan = cc.checkpoint_plan(config, cc.V1 if variant == "v1" else cc.NANO_V2)
+    want = {n: a.shape for n, a in getattr(make_codec, f"make_tiny_{variant}_state")(config).items()}
+    assert {n: s for n, s, _, _ in plan} == want
+    out = cc.write_sharded(tmp_path / "ckpt", config, plan, shard_bytes=1 << 16, log=lambda m: None)
+    state = make_codec.load_state(out)
+    assert {n: a.shape for n, a in state.items()} == want and make_codec.load_config(out) == config
+    assert len(list(out.glob("model-*.safetensors"))) >= 2
 
 
 def test_fma_peak_follows_the_vector_width_clock_and_cores(monkeypatch):

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.codec import convert
 from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.torch_zip import write_torch_zip
 
@@ -250,9 +249,8 @@ def weight_edits(gguf_path: Path, suffix: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def codec_gguf(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzz_codec")
-    return convert(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
+def codec_gguf(tiny_codec):
+    return tiny_codec()
 
 
 def write_cases(tmp: Path, cases: dict[str, bytes], suffix: str) -> list[Path]:

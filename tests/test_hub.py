@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.delay import convert as convert_delay
 from moss_tts.models.registry import family_of_config
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import make_tiny_delay_checkpoint
 from moss_tts.errors import ConfigError
 
@@ -23,11 +21,11 @@ ROWS = 16
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("hub")
     delay = make_tiny_delay_checkpoint(d / "delay", seed=0, gen_bias=4.0)
-    codec_dir = make_tiny_v1_checkpoint(d / "v1", seed=0)
-    return d, delay, codec_dir, convert_codec(codec_dir, d / "v1.gguf")
+    codec = tiny_codec()
+    return d, delay, codec.parent / "hf", codec    # the checkpoint beside its GGUF
 
 
 def put_in_hf_cache(hf_home, repo_id: str, checkpoint) -> None:

@@ -270,13 +270,15 @@ def say(args, message: str) -> None:
         print(message, file=sys.stderr)
 
 
-def utf8(data: bytes, source: str) -> str:
-    """Input text as UTF-8, or one line naming `source` and the first bad byte."""
+def utf8(data: bytes, source: str, *, offset: int = 0) -> str:
+    """Input text as UTF-8, or one line naming `source` and the first bad byte (`offset`: where
+    `data` begins in `source`, for a source read a piece at a time)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"{source}: not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}"
-                         "); convert it, e.g. iconv -t UTF-8") from None
+        bad = data[e.start:e.start + 1]
+        raise InputError(f"{source}: not UTF-8 text (byte {offset + e.start}: {bad!r}); "
+                         "convert it, e.g. iconv -t UTF-8") from None
 
 
 # --- model and codec flags ----------------------------------------------------------------------

@@ -396,20 +396,24 @@ def check_live(args, cls) -> None:
 
 def stdin_deltas(fd: int) -> Iterator[str]:
     """The text on `fd` as it arrives: each read returns what is there without waiting for more,
-    decoded as UTF-8 across read boundaries."""
+    decoded as UTF-8 across read boundaries. Only a count of the bytes read is kept (a pipe from
+    a language model may never end), which with the decoder's unfinished character is enough to
+    name a bad byte by its offset in the whole input."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    seen = b""      # for the error message: where the bad byte is
+    read = 0
     while data := os.read(fd, READ_BYTES):
-        seen += data
+        pending = decoder.getstate()[0]     # an unfinished character's first bytes, read before
         try:
             text = decoder.decode(data)
         except UnicodeDecodeError:
-            utf8(seen, "stdin")
+            utf8(pending + data, "stdin", offset=read - len(pending))
             raise
+        read += len(data)
         if text:
             yield text
+    pending = decoder.getstate()[0]
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        utf8(seen, "stdin")
+        utf8(pending, "stdin", offset=read - len(pending))
         raise

@@ -1,7 +1,7 @@
 """The ggml binding: the only package that imports ctypes (style C7)."""
 
-from .backend import (Allocator, Backend, Buffer, allocator_for, default_threads, devices,
-                      get_backend)
+from .backend import Allocator, Backend, Buffer, default_threads, devices, get_backend
+from .sched import allocator_for
 from .graph import Graph, Tensor
 from .types import BF16, F16, F32, I32, I64, GGMLType
 from . import repack

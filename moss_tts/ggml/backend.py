@@ -270,15 +270,6 @@ def get_backend(backend: "Backend | str | None" = None, threads: int | None = No
         return _default[key]
 
 
-def allocator_for(backend: Backend):
-    """A persistent allocator for graphs on `backend`: the CPU's own, or for any other backend
-    ggml's scheduler over it and the CPU, so an op it lacks runs on the CPU (sched.py)."""
-    if backend.is_cpu:
-        return Allocator(backend)
-    from .sched import Scheduler
-    return Scheduler(backend, lacks=backend.lacks)
-
-
 class Allocator(NativeResource):
     """A persistent `ggml_gallocr`: reused by every graph run on it, growing to the largest."""
 

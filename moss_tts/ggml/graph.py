@@ -10,19 +10,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import BackendError, InputError, ShapeError
 from . import lib as _lib
-from .backend import Allocator, Backend, NativeResource, allocator_for, get_backend
+from .backend import Allocator, Backend, NativeResource, get_backend
 from .repack import check_graph
+from .sched import Scheduler, allocator_for
 from .types import F32, GGMLType, numpy_dtype
 from . import work as _work
-
-if TYPE_CHECKING:
-    from .sched import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_fl
 from pathlib import Path
 
 from ..errors import BackendError
+from .log import ggml_abort_callback_t, ggml_log_callback, route_ggml_abort, route_ggml_log
 
 LIB_DIR_ENV = "MOSS_TTS_GGML_LIB_DIR"
 DEFAULT_LIB_DIR = Path(__file__).resolve().parent / "_lib"
@@ -75,11 +76,6 @@ class ggml_type_traits(Structure):
         ("from_float_ref", c_void_p),
     ]
 
-
-# typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);
-ggml_log_callback = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
-# typedef void (*ggml_abort_callback_t)(const char * error_message);
-ggml_abort_callback_t = ctypes.CFUNCTYPE(None, c_char_p)
 
 _P = c_void_p  # every opaque pointer (context, tensor, graph, backend, buffer, ...)
 _T = c_void_p  # struct ggml_tensor *
@@ -488,7 +484,6 @@ def _load() -> Lib:
                 f"cannot load ggml library {path} ({e}); tried {', '.join(tried)} — {BUILD_HINT}") from None
     lib = Lib(directory, manifest, handles)
     _check_tensor_layout(lib)
-    from .log import route_ggml_log, route_ggml_abort
     route_ggml_log(lib)
     route_ggml_abort(lib)
     return lib

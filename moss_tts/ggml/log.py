@@ -16,13 +16,20 @@ status.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import sys
 from collections.abc import Callable
-
-from .lib import ggml_abort_callback_t, ggml_log_callback
+from ctypes import c_char_p, c_int, c_void_p
 
 logger = logging.getLogger("moss_tts.ggml")
+
+# The callback types live here, beside their handlers, so that lib.py (which routes ggml's log
+# here as it loads) imports this module and not the other way round.
+# typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);
+ggml_log_callback = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+# typedef void (*ggml_abort_callback_t)(const char * error_message);
+ggml_abort_callback_t = ctypes.CFUNCTYPE(None, c_char_p)
 
 # enum ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line)
 _WARN, _ERROR, _CONT = 3, 4, 5

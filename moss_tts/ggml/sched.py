@@ -11,7 +11,7 @@ import weakref
 
 from ..errors import BackendError
 from . import lib as _lib
-from .backend import Backend, NativeResource, get_backend
+from .backend import Allocator, Backend, NativeResource, get_backend
 
 logger = logging.getLogger(__name__)
 
@@ -144,3 +144,11 @@ class Scheduler(NativeResource):
 
     def close(self) -> None:
         self._free()
+
+
+def allocator_for(backend: Backend) -> "Allocator | Scheduler":
+    """A persistent allocator for graphs on `backend`: the CPU's own, or for any other backend
+    ggml's scheduler over it and the CPU, so an op it lacks runs on the CPU."""
+    if backend.is_cpu:
+        return Allocator(backend)
+    return Scheduler(backend, lacks=backend.lacks)

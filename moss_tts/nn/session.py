@@ -11,7 +11,8 @@ from collections.abc import Callable, Hashable
 import numpy as np
 
 from ..errors import ContextFull, InputError
-from ..ggml.backend import Backend, NativeResource, allocator_for
+from ..ggml.backend import Backend, NativeResource
+from ..ggml.sched import allocator_for
 from ..ggml.graph import Graph
 from ..ggml.types import F32, GGMLType
 from .kv_cache import CacheView, KVCache, Window

@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.nano import convert as convert_nano
-from fixtures.make_codec import make_tiny_nano_checkpoint
 from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from moss_tts.voices import add_voice
@@ -29,11 +27,11 @@ def own_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def batch_models(tmp_path_factory):
+def batch_models(tmp_path_factory, tiny_codec):
     """Two tiny Nano GGUFs (seeds 0 and 1) and the tiny stereo codec GGUF."""
     d = tmp_path_factory.mktemp("batch_models")
     spm = make_tiny_spm()
-    out = {"codec": convert_codec(make_tiny_nano_checkpoint(d / "codec", seed=1), d / "codec.gguf")}
+    out = {"codec": tiny_codec("nano", seed=1)}
     for seed in (0, 1):
         ckpt = make_tiny_nano_tts_checkpoint(d / f"tts{seed}", seed=seed, tokenizer_model_bytes=spm,
                                              audio_tokenizer_sample_rate=SR, stop_bias=-50)

@@ -149,21 +149,18 @@ def test_an_unwritable_output_stops_the_run_with_one_error_and_no_record(tmp_pat
     assert records(tmp_path) == [] and no_partials(tmp_path)
 
 
-def test_a_delay_model_runs_its_lines_with_its_own_options(tmp_path):
+def test_a_delay_model_runs_its_lines_with_its_own_options(tmp_path, tiny_codec):
     """The family comes from the model GGUF (as `tts`): a MossTTSDelay line gets DelayTTS's
     synthesis with the line's seed, its sampling over Delay's defaults and its row cap; a
     Nano-only option on a Delay line fails that line alone."""
-    from converters.codec import convert as convert_codec
     from converters.delay import convert as convert_delay
-    from fixtures.make_codec import make_tiny_v1_checkpoint
     from fixtures.make_delay import make_tiny_delay_checkpoint
     from moss_tts.models.delay_tts import DelayTTS
     from moss_tts.sampling import DelaySamplingOptions
 
     delay = convert_delay(str(make_tiny_delay_checkpoint(tmp_path / "hf", seed=0, gen_bias=4.0)),
                           tmp_path / "delay.gguf")
-    codec = convert_codec(str(make_tiny_v1_checkpoint(tmp_path / "v1", seed=0)),
-                          tmp_path / "codec.gguf")
+    codec = tiny_codec()
     rows = [{"id": "sampled", "text": "Hello there.", "seed": 3, "max_new_rows": 24,
              "top_k": 5},
             {"id": "greedy", "text": "Hello there.", "greedy": True, "max_new_rows": 24},
@@ -185,14 +182,10 @@ def test_a_delay_model_runs_its_lines_with_its_own_options(tmp_path):
 
 
 def test_a_codec_that_does_not_fit_the_model_stops_the_run_before_any_line(batch_models,
-                                                                          tmp_path):
+                                                                          tmp_path, tiny_codec):
     """issue 22 #9: a model/codec mismatch failed every line one by one; now one error names
     both flags and nothing is recorded (not even the line with bad input)."""
-    from converters.codec import convert as convert_codec
-    from fixtures.make_codec import make_tiny_v1_checkpoint
-
-    other = convert_codec(str(make_tiny_v1_checkpoint(tmp_path / "v1", seed=0)),
-                          tmp_path / "v1.gguf")
+    other = tiny_codec()     # named v1.gguf
     manifest = write_jsonl(tmp_path / "m.jsonl", speech_rows(3) + [{"id": "bad", "text": ""}])
     out = tmp_path / "out"
     with pytest.raises(InputError, match=r"^--model \S+nano0\.gguf with --codec \S+v1\.gguf: "

@@ -10,18 +10,15 @@ from moss_tts.batch import run_batch
 from .conftest import read, records, write_jsonl
 
 
-def test_a_local_v15_model_runs_its_lines_with_its_own_options(tmp_path):
-    from converters.codec import convert as convert_codec
+def test_a_local_v15_model_runs_its_lines_with_its_own_options(tmp_path, tiny_codec):
     from converters.local_v15 import convert
-    from fixtures.make_codec import make_tiny_v2_checkpoint
     from fixtures.make_local_v15 import make_tiny_local_v15_checkpoint
     from moss_tts.models.local_v15_tts import LocalV15TTS
     from moss_tts.sampling import LocalV15SamplingOptions
 
     model = convert(str(make_tiny_local_v15_checkpoint(tmp_path / "hf", continue_bias=6.0)),
                     tmp_path / "local-v15.gguf")
-    codec = convert_codec(str(make_tiny_v2_checkpoint(tmp_path / "v2", seed=0)),
-                          tmp_path / "codec.gguf")
+    codec = tiny_codec("v2")
     rows = [{"id": "sampled", "text": "Hello there.", "seed": 3, "max_frames": 6, "top_k": 5},
             {"id": "greedy", "text": "Hello there.", "greedy": True, "max_frames": 6},
             {"id": "delay-option", "text": "Hello there.", "max_new_rows": 10}]

@@ -309,24 +309,20 @@ def test_streams_help_names_the_families_the_registry_says_decode_together(capsy
 
 
 @pytest.fixture(scope="module")
-def qwen3_models(tmp_path_factory):
+def qwen3_models(tmp_path_factory, tiny_codec):
     """family → (model GGUF, codec GGUF): the tiny Local and Local v1.5 models that speak past
     the lines' budgets, with the codecs they decode through."""
-    from converters.codec import convert as convert_codec
     from converters.local import convert as convert_local
     from converters.local_v15 import convert as convert_v15
-    from fixtures.make_codec import make_tiny_v1_checkpoint, make_tiny_v2_checkpoint
     from fixtures.make_local import make_tiny_local_checkpoint
     from fixtures.make_local_v15 import make_tiny_local_v15_checkpoint
 
     d = tmp_path_factory.mktemp("qwen3_streams")
-    v1 = convert_codec(str(make_tiny_v1_checkpoint(d / "v1", seed=0)), d / "v1.gguf")
-    v2 = convert_codec(str(make_tiny_v2_checkpoint(d / "v2", seed=0)), d / "v2.gguf")
     local = convert_local(str(make_tiny_local_checkpoint(d / "local", seed=1, speech=True)),
                           d / "local.gguf")
     v15 = convert_v15(str(make_tiny_local_v15_checkpoint(d / "v15", continue_bias=6.0)),
                       d / "v15.gguf")
-    return {"local": (local, v1), "local_v15": (v15, v2)}
+    return {"local": (local, tiny_codec()), "local_v15": (v15, tiny_codec("v2"))}
 
 
 @pytest.mark.parametrize("family", ["local", "local_v15"])

@@ -28,11 +28,8 @@ def one_line_error(r, code=1) -> str:
 
 
 @pytest.fixture(scope="module")
-def codec_gguf(tmp_path_factory):
-    from converters.codec import convert
-
-    d = tmp_path_factory.mktemp("errors")
-    return convert(make_tiny_v1_checkpoint(d / "ckpt", seed=3), d / "codec.gguf")
+def codec_gguf(tiny_codec):
+    return tiny_codec("v1", seed=3)
 
 
 @pytest.fixture(scope="module")

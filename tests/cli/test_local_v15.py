@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.local_v15 import convert
-from fixtures.make_codec import make_tiny_v2_checkpoint
 from fixtures.make_local_v15 import SAMPLE_RATE, make_tiny_local_v15_checkpoint
 from moss_tts.cli import main
 from moss_tts.models.local_v15_tts import LocalV15TTS
@@ -23,11 +21,11 @@ TEXT = "Hello there."
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("cli_local_v15")
     ckpt = make_tiny_local_v15_checkpoint(d / "hf", continue_bias=6.0)
     return (convert(str(ckpt), d / "m.gguf", strict=True),
-            convert_codec(make_tiny_v2_checkpoint(d / "v2", seed=0), d / "v2.gguf"))
+            tiny_codec("v2"))
 
 
 def cli(*args):

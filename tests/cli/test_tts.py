@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
-from fixtures.make_codec import make_tiny_nano_checkpoint, make_tiny_v1_checkpoint
 from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
 
@@ -16,13 +14,12 @@ SR = 1600  # the tiny Nano codec's rate
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("tts")
     tts_dir = make_tiny_nano_tts_checkpoint(d / "tts", seed=0, tokenizer_model_bytes=make_tiny_spm(),
                                             audio_tokenizer_sample_rate=SR, stop_bias=-50)
-    codec = convert_codec(make_tiny_nano_checkpoint(d / "codec", seed=1), d / "codec.gguf")
-    mono = convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=1), d / "v1.gguf")
-    return {"dir": d, "tts_dir": tts_dir, "codec": codec, "mono_codec": mono}
+    return {"dir": d, "tts_dir": tts_dir, "codec": tiny_codec("nano", seed=1),
+            "mono_codec": tiny_codec("v1", seed=1)}
 
 
 def cli(*args, env=None, stdin=None):

@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.delay import convert as convert_delay
 from converters.nano import convert as convert_nano
-from fixtures.make_codec import make_tiny_nano_checkpoint, make_tiny_v1_checkpoint
 from fixtures.make_delay import SAMPLE_RATE as DELAY_SR, make_tiny_delay_checkpoint
 from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
@@ -26,17 +24,17 @@ TEXT = "Hello there."
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("tts_families")
     nano = make_tiny_nano_tts_checkpoint(d / "nano", seed=0, tokenizer_model_bytes=make_tiny_spm(),
                                          audio_tokenizer_sample_rate=NANO_SR, stop_bias=-50)
     return {
         "nano": convert_nano(str(nano), d / "nano.gguf"),
-        "nano_codec": convert_codec(make_tiny_nano_checkpoint(d / "nc", seed=1), d / "nc.gguf"),
+        "nano_codec": tiny_codec("nano", seed=1),
         # gen_bias 4 makes the tiny Delay model start audio at once (tests/models/test_delay_tts)
         "delay": convert_delay(str(make_tiny_delay_checkpoint(d / "delay", seed=0, gen_bias=4.0)),
                                d / "delay.gguf", strict=True),
-        "delay_codec": convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf"),
+        "delay_codec": tiny_codec(),
     }
 
 

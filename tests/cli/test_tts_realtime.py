@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.realtime import convert as convert_realtime
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_realtime import SAMPLE_RATE, make_tiny_realtime_checkpoint
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.sampling import RealtimeSamplingOptions
@@ -21,11 +19,11 @@ TEXT = "Hello there, quick brown foxes jump."
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("tts_realtime")
     ckpt = make_tiny_realtime_checkpoint(d / "rt", seed=0, steer=True)
     return (convert_realtime(str(ckpt), d / "rt.gguf", strict=True),
-            convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf"))
+            tiny_codec())
 
 
 def cli(models, *extra):

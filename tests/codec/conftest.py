@@ -1,6 +1,6 @@
-"""The tiny v1 codec, converted once per session through the real converter and loaded through the
-real loader (style C30), the clips the codec tests share, and `run_isolated` for checks that may
-crash the process."""
+"""The tiny v1 codec (the session's `tiny_codec()`, tests/conftest.py) loaded through the real
+loader (style C30), its checkpoint for the numpy reference, the clips the codec tests share, and
+`run_isolated` for checks that may crash the process."""
 
 import os
 import signal
@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.codec import convert
-from fixtures.make_codec import load_config, load_state, make_tiny_v1_checkpoint
+from fixtures.make_codec import load_config, load_state
 from moss_tts.codec import Codec
 
 CLIP_SECONDS = 3.0  # 150 code frames: longer than the 0.5 s window of every stage
@@ -23,13 +22,14 @@ THREADS = 1
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
-    return make_tiny_v1_checkpoint(tmp_path_factory.mktemp("tiny_codec") / "hf", seed=0)
+def codec_gguf(tiny_codec):
+    return tiny_codec()
 
 
 @pytest.fixture(scope="session")
-def codec_gguf(tiny_checkpoint, tmp_path_factory):
-    return convert(str(tiny_checkpoint), tmp_path_factory.mktemp("tiny_codec_gguf") / "codec.gguf")
+def tiny_checkpoint(codec_gguf):
+    """The checkpoint the GGUF was converted from (beside it: fixtures.make_codec)."""
+    return codec_gguf.parent / "hf"
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
-from converters.codec import convert
 from fixtures.compare import assert_close, assert_differs
-from fixtures.make_codec import (load_config, load_state, make_tiny_nano_checkpoint,
-                                 make_tiny_v2_checkpoint)
+from fixtures.make_codec import load_config, load_state
 from fixtures.reference import codec as ref
 from moss_tts.audio import resample
 from moss_tts.codec import Codec
@@ -29,7 +27,7 @@ from .conftest import CLIP_SECONDS, THREADS, make_clip, run_isolated
 from .test_codec import NEAR_TIE, assert_codes_match
 from .test_streaming import irregular, push_all
 
-MAKERS = {"nano": make_tiny_nano_checkpoint, "v2": make_tiny_v2_checkpoint}
+VARIANTS = ("nano", "v2")
 N_FRAMES = 150  # CLIP_SECONDS (3 s) at 50 Hz: past the window of every stage of both towers
 # f32 graph vs float64 reference through the decoder transformer stages (dot products of ≤ 64
 # terms); the output peaks near 18, so f32 rounding (6e-8 relative) accumulates to a few 1e-6.
@@ -42,14 +40,13 @@ CHUNK_ATOL = 1e-5
 CHUNKINGS = {"one_frame": "1", "irregular": "1,3,7,2,11,5,104"}
 
 
-@pytest.fixture(scope="session", params=sorted(MAKERS))
-def stereo(request, tmp_path_factory):
-    """Per variant: the tiny checkpoint converted once (strict) and loaded through the real
-    loader, plus the reference's (state, config.json)."""
+@pytest.fixture(scope="session", params=VARIANTS)
+def stereo(request, tiny_codec):
+    """Per variant: the tiny checkpoint converted once (strict: tiny_codec) and loaded through
+    the real loader, plus the reference's (state, config.json)."""
     name = request.param
-    ckpt = MAKERS[name](tmp_path_factory.mktemp(f"tiny_{name}") / "hf", seed=0)
-    gguf = convert(str(ckpt), tmp_path_factory.mktemp(f"tiny_{name}_gguf") / "codec.gguf",
-                   strict=True)
+    gguf = tiny_codec(name)
+    ckpt = gguf.parent / "hf"     # the checkpoint beside its GGUF (fixtures.make_codec)
     codec = Codec.load(gguf, threads=THREADS)
     # the largest graphs first, as the shared v1 codec does (conftest.codec)
     codec.decode(np.zeros((codec.n_quantizers, codec.chunk_frames), np.int32))

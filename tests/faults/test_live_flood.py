@@ -18,8 +18,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from moss_tts.errors import BudgetWarning, InputError
-from moss_tts.models import realtime_tts
-from moss_tts.models.realtime_tts import MAX_BUFFER, SESSION_ROWS, RealtimeTTS, TextSegmenter
+from moss_tts.models import realtime_live
+from moss_tts.models.realtime_live import MAX_BUFFER, SESSION_ROWS, TextSegmenter
+from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.server import create_app
 from moss_tts.server.live import SLICE_CHARS
 from tests.server.helpers import Served, client_of, tiny_realtime_files
@@ -53,8 +54,8 @@ class CountingPattern:
 @pytest.fixture
 def scanned(monkeypatch):
     """The characters the segmenter hands SEGMENT_END, counted from here on."""
-    counter = CountingPattern(realtime_tts.SEGMENT_END)
-    monkeypatch.setattr(realtime_tts, "SEGMENT_END", counter)
+    counter = CountingPattern(realtime_live.SEGMENT_END)
+    monkeypatch.setattr(realtime_live, "SEGMENT_END", counter)
     return counter
 
 

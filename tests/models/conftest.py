@@ -6,9 +6,7 @@ the tiny 1600 Hz stereo codec (fixtures.make_codec) that matches them."""
 import numpy as np
 import pytest
 
-from converters.codec import convert as convert_codec
 from converters.nano import convert as convert_nano
-from fixtures.make_codec import make_tiny_nano_checkpoint
 from fixtures.make_nano import load_config, load_state, make_tiny_nano_tts_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from fixtures.reference import nano as ref
@@ -75,9 +73,8 @@ def nano_model(nano_files):
 
 
 @pytest.fixture(scope="session")
-def codec_gguf(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nano_codec")
-    return convert_codec(str(make_tiny_nano_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
+def codec_gguf(tiny_codec):
+    return tiny_codec("nano")
 
 
 @pytest.fixture(scope="session")
@@ -186,11 +183,13 @@ def realtime_model(realtime_files):
 
 
 @pytest.fixture(scope="session")
-def v1_codec_gguf(tmp_path_factory):
-    from fixtures.make_codec import make_tiny_v1_checkpoint
+def v1_codec_gguf(tiny_codec):
+    return tiny_codec()
 
-    root = tmp_path_factory.mktemp("v1_codec_realtime")
-    return convert_codec(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
+
+@pytest.fixture(scope="session")
+def v2_codec_gguf(tiny_codec):
+    return tiny_codec("v2")
 
 
 @pytest.fixture(scope="session")

@@ -26,14 +26,13 @@ from moss_tts.nn import kv_cache as kv_cache_module
 from moss_tts.nn import session as session_module
 
 from .conftest import THREADS
-from .test_contract import v2_codec  # noqa: F401 (the tiny 48 kHz stereo codec fixture)
 
 FAMILIES = ["nano", "delay", "ttsd", "voicegen", "sfx", "local", "local-v15", "realtime"]
 
 
 @pytest.fixture(scope="module")
 def files(nano_files, codec_gguf, delay_files, published_files, v1_codec_gguf, local_files,
-          local_v15_files, realtime_files, v2_codec):  # noqa: F811
+          local_v15_files, realtime_files, v2_codec_gguf):
     """family → (model GGUF, codec GGUF) of a tiny model that speaks past the budgets below."""
     return {"nano": (nano_files(0, -50.0)[1], codec_gguf),
             "delay": (delay_files(4.0)[3], v1_codec_gguf),
@@ -41,7 +40,7 @@ def files(nano_files, codec_gguf, delay_files, published_files, v1_codec_gguf, l
             "voicegen": (published_files("voicegen")[2], v1_codec_gguf),
             "sfx": (published_files("sfx")[2], v1_codec_gguf),
             "local": (local_files(1, speech=True)[3], v1_codec_gguf),
-            "local-v15": (local_v15_files(6.0)[3], v2_codec),
+            "local-v15": (local_v15_files(6.0)[3], v2_codec_gguf),
             "realtime": (realtime_files(True)[2], v1_codec_gguf)}
 
 

@@ -10,8 +10,6 @@ import warnings
 import numpy as np
 import pytest
 
-from converters.codec import convert as convert_codec
-from fixtures.make_codec import make_tiny_v2_checkpoint
 from moss_tts.batch.work import LineRunner
 from moss_tts.codec import Codec
 from moss_tts.errors import BudgetWarning, InputError
@@ -37,20 +35,14 @@ TAKES_PROMPT = ("nano", "delay", "local", "local-v15")     # continuation prompt
 
 
 @pytest.fixture(scope="module")
-def v2_codec(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v2_codec_contract")
-    return convert_codec(str(make_tiny_v2_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
-
-
-@pytest.fixture(scope="module")
 def files(nano_files, codec_gguf, delay_files, v1_codec_gguf, local_files, local_v15_files,
-          realtime_files, v2_codec):
+          realtime_files, v2_codec_gguf):
     """family → (model GGUF, codec GGUF) of a tiny model that speaks past SMALL (Realtime's
     speaks a frame per text token, then stops)."""
     return {"nano": (nano_files(0, -50.0)[1], codec_gguf),
             "delay": (delay_files(4.0)[3], v1_codec_gguf),
             "local": (local_files(1, speech=True)[3], v1_codec_gguf),
-            "local-v15": (local_v15_files(6.0)[3], v2_codec),
+            "local-v15": (local_v15_files(6.0)[3], v2_codec_gguf),
             "realtime": (realtime_files(True)[2], v1_codec_gguf)}
 
 
@@ -262,14 +254,14 @@ def test_f5_a_closed_codec_refuses_every_public_method_alike(codec_gguf):
 # --- finding 6: no audio is an error; one budget warning per call; budgets bounded --------------
 
 
-def test_f6a_no_audio_is_an_error_saying_why(loaded, files, nano_tts, local_v15_files, v2_codec):
+def test_f6a_no_audio_is_an_error_saying_why(loaded, files, nano_tts, local_v15_files, v2_codec_gguf):
     with pytest.raises(InputError, match=r"no audio was made: the frame budget "
                                          r"\(max_new_rows=2\) ran out .* raise max_new_rows"):
         loaded("delay").synthesize(TEXT, max_new_rows=2)
     with pytest.raises(InputError, match="no audio was made: the model ended"):
         nano_tts(0, 50.0).synthesize(TEXT, max_text_tokens=5)    # no pauses for silent chunks
     quiet = [nano_tts(0, 50.0),              # its model stops at once
-             LocalV15TTS.load(local_v15_files(-20.0)[3], codec=v2_codec, threads=THREADS)]
+             LocalV15TTS.load(local_v15_files(-20.0)[3], codec=v2_codec_gguf, threads=THREADS)]
     try:
         for tts in quiet:
             with pytest.raises(InputError, match="no audio was made: the model ended the speech "

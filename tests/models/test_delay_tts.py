@@ -5,9 +5,7 @@ into segments, codec.decode each); voice cloning through the codec; bad input.""
 import numpy as np
 import pytest
 
-from converters.codec import convert as convert_codec
 from fixtures.compare import assert_close
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import N_VQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.models.delay_state import audio_segments, de_delay
@@ -23,14 +21,8 @@ GREEDY = DelaySamplingOptions().greedy()
 
 
 @pytest.fixture(scope="module")
-def v1_codec(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v1_codec_delay")
-    return convert_codec(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
-
-
-@pytest.fixture(scope="module")
-def tts(delay_files, v1_codec):
-    t = DelayTTS.load(delay_files(4.0)[3], codec=v1_codec, threads=THREADS)
+def tts(delay_files, v1_codec_gguf):
+    t = DelayTTS.load(delay_files(4.0)[3], codec=v1_codec_gguf, threads=THREADS)
     yield t
     t.close()
 

@@ -14,7 +14,7 @@ from moss_tts.ggml.rpc import is_rpc_name
 from tests.conftest import TEST_BACKEND_ENV
 
 from .conftest import THREADS
-from .test_contract import CLASSES, FAMILIES, clip, files, v2_codec  # noqa: F401
+from .test_contract import CLASSES, FAMILIES, clip, files  # noqa: F401
 from .test_rpc_backend import LACKED, loaded_once, speak
 
 # A GPU's f32 kernels sum in other orders (cuBLAS GEMM tiles, parallel reductions) and its

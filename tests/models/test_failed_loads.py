@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-from converters.codec import convert as convert_codec
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from moss_tts.codec import Codec
 from moss_tts.errors import ModelFileError
 from moss_tts.models.nano_tts import NanoTTS
@@ -26,13 +24,12 @@ def mappings(path) -> int:
 
 
 @pytest.fixture
-def files(tmp_path, nano_files, codec_gguf):
+def files(tmp_path, nano_files, codec_gguf, v1_codec_gguf):
     """Private copies (other tests' session fixtures keep the shared files mapped)."""
     _, nano = nano_files()
-    mono = convert_codec(str(make_tiny_v1_checkpoint(tmp_path / "v1", seed=0)),
-                         tmp_path / "mono.gguf")
     return {"nano": shutil.copy(nano, tmp_path / "nano.gguf"),
-            "stereo": shutil.copy(codec_gguf, tmp_path / "stereo.gguf"), "mono": mono}
+            "stereo": shutil.copy(codec_gguf, tmp_path / "stereo.gguf"),
+            "mono": shutil.copy(v1_codec_gguf, tmp_path / "mono.gguf")}
 
 
 def test_mappings_are_counted_while_a_load_is_open(files):

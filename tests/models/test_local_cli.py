@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import SAMPLE_RATE
 from fixtures.make_local import make_tiny_local_checkpoint
 from moss_tts.cli.serve import load_models
@@ -26,13 +24,12 @@ TEXT = "Hello there."
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, v1_codec_gguf):
     d = tmp_path_factory.mktemp("local_cli")
     ckpt = make_tiny_local_checkpoint(d / "hf", seed=1, speech=True)
     r = cli("convert", "local", "--model", ckpt, "--out", d / "local.gguf", "--strict")
     assert r.returncode == 0, r.stderr
-    codec = convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf")
-    return SimpleNamespace(dir=d, model=d / "local.gguf", codec=codec)
+    return SimpleNamespace(dir=d, model=d / "local.gguf", codec=v1_codec_gguf)
 
 
 def cli(*args):

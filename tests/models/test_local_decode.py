@@ -15,9 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from converters.codec import convert as convert_codec
 from fixtures.compare import assert_close, assert_differs
-from fixtures.make_codec import make_tiny_v2_checkpoint
 from moss_tts.errors import InputError
 from moss_tts.ggml import F32
 from moss_tts.models.batching import BatchDecoder
@@ -187,12 +185,6 @@ def test_local_streams_of_different_n_vq_share_a_batch(local_model):
 
 # -- synthesize_many ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def v2_codec(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v2_codec_local_decode")
-    return convert_codec(str(make_tiny_v2_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
-
-
-@pytest.fixture(scope="module")
 def local_tts(local_files, v1_codec_gguf):
     with LocalTTS.load(local_files(2, speech=True)[3], codec=v1_codec_gguf, threads=THREADS,
                        kv_type=F32) as tts:
@@ -200,8 +192,8 @@ def local_tts(local_files, v1_codec_gguf):
 
 
 @pytest.fixture(scope="module")
-def v15_tts(local_v15_files, v2_codec):
-    with LocalV15TTS.load(local_v15_files(2.0)[3], codec=v2_codec, threads=THREADS,
+def v15_tts(local_v15_files, v2_codec_gguf):
+    with LocalV15TTS.load(local_v15_files(2.0)[3], codec=v2_codec_gguf, threads=THREADS,
                           kv_type=F32) as tts:
         yield tts
 

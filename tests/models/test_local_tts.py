@@ -7,9 +7,7 @@ cloning through the codec; bad input."""
 import numpy as np
 import pytest
 
-from converters.codec import convert as convert_codec
 from fixtures.compare import assert_close
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import SAMPLE_RATE, make_tokenizer_json
 from fixtures.make_local import END, GEN, N_VQ, tiny_config
 from fixtures.reference import delay as delay_ref
@@ -26,14 +24,8 @@ HOP = 64                                  # the tiny v1 codec: samples per frame
 
 
 @pytest.fixture(scope="module")
-def v1_codec(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v1_codec_local")
-    return convert_codec(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
-
-
-@pytest.fixture(scope="module")
-def tts(local_files, v1_codec):
-    t = LocalTTS.load(local_files(1, speech=True)[3], codec=v1_codec, threads=THREADS)
+def tts(local_files, v1_codec_gguf):
+    t = LocalTTS.load(local_files(1, speech=True)[3], codec=v1_codec_gguf, threads=THREADS)
     yield t
     t.close()
 

@@ -6,9 +6,7 @@ the family read from the GGUF; bad input."""
 import numpy as np
 import pytest
 
-from converters.codec import convert as convert_codec
 from fixtures.compare import assert_close
-from fixtures.make_codec import make_tiny_v1_checkpoint, make_tiny_v2_checkpoint
 from fixtures.make_local_v15 import N_VQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.load import load_tts, tts_class
@@ -23,14 +21,8 @@ HOP = 32             # the tiny v2 codec: samples per frame and channel
 
 
 @pytest.fixture(scope="module")
-def v2_codec(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v2_codec_local_v15")
-    return convert_codec(str(make_tiny_v2_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
-
-
-@pytest.fixture(scope="module")
-def tts(local_v15_files, v2_codec):
-    t = LocalV15TTS.load(local_v15_files(6.0)[3], codec=v2_codec, threads=THREADS)
+def tts(local_v15_files, v2_codec_gguf):
+    t = LocalV15TTS.load(local_v15_files(6.0)[3], codec=v2_codec_gguf, threads=THREADS)
     yield t
     t.close()
 
@@ -118,17 +110,16 @@ def test_reference_audio_is_encoded_in_stereo_and_cloned(tts):
     assert audio.shape == (4 * HOP, 2) and not np.array_equal(audio, plain)
 
 
-def test_family_is_read_from_the_gguf(local_v15_files, v2_codec):
+def test_family_is_read_from_the_gguf(local_v15_files, v2_codec_gguf):
     gguf = local_v15_files(6.0)[3]
     assert tts_class(gguf) is LocalV15TTS
-    with load_tts(gguf, codec=v2_codec, threads=THREADS) as t:
+    with load_tts(gguf, codec=v2_codec_gguf, threads=THREADS) as t:
         assert isinstance(t, TTS) and (t.sample_rate, t.channels) == (SAMPLE_RATE, 2)
 
 
-def test_a_mono_codec_is_refused(local_v15_files, tmp_path):
-    v1 = convert_codec(str(make_tiny_v1_checkpoint(tmp_path / "hf", seed=0)), tmp_path / "c.gguf")
+def test_a_mono_codec_is_refused(local_v15_files, v1_codec_gguf):
     with pytest.raises(ModelFileError, match="mismatched codec.*v2"):
-        LocalV15TTS.load(local_v15_files(6.0)[3], codec=v1, threads=THREADS)
+        LocalV15TTS.load(local_v15_files(6.0)[3], codec=v1_codec_gguf, threads=THREADS)
 
 
 @pytest.mark.parametrize("kwargs, match", [

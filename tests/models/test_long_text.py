@@ -114,18 +114,14 @@ BUDGETS = {"delay": {"max_new_rows": 30}, "local": {"max_frames": 10, "chunk_fra
 
 
 @pytest.fixture(scope="module")
-def family_tts(delay_files, local_files, local_v15_files, tmp_path_factory):
+def family_tts(delay_files, local_files, local_v15_files, v1_codec_gguf, v2_codec_gguf):
     """family → its TTS on the tiny checkpoint (the biases of its own TTS tests: each speaks)
     with the tiny codec of its rate."""
-    from fixtures.make_codec import make_tiny_v1_checkpoint, make_tiny_v2_checkpoint
-    from converters.codec import convert as convert_codec
     from moss_tts.models.delay_tts import DelayTTS
     from moss_tts.models.local_tts import LocalTTS
     from moss_tts.models.local_v15_tts import LocalV15TTS
 
-    root = tmp_path_factory.mktemp("long_text_codecs")
-    v1 = convert_codec(str(make_tiny_v1_checkpoint(root / "v1", seed=0)), root / "v1.gguf")
-    v2 = convert_codec(str(make_tiny_v2_checkpoint(root / "v2", seed=0)), root / "v2.gguf")
+    v1, v2 = v1_codec_gguf, v2_codec_gguf
     made = {"delay": DelayTTS.load(delay_files(4.0)[3], codec=v1, threads=1),
             "local": LocalTTS.load(local_files(1, speech=True)[3], codec=v1, threads=1),
             "local_v15": LocalV15TTS.load(local_v15_files(6.0)[3], codec=v2, threads=1)}

@@ -12,9 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from converters.codec import convert as convert_codec
 from fixtures.compare import assert_close, assert_differs
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.reference import nano as ref
 from moss_tts.audio import REFERENCE_MAX_SECONDS
 from moss_tts.errors import BudgetWarning, InputError, ModelFileError
@@ -400,12 +398,6 @@ def test_synthesis_frames_follow_the_budget_and_the_cap(nano_tts):
 
 
 # --- load-time checks and inputs -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def v1_codec_gguf(tmp_path_factory):
-    root = tmp_path_factory.mktemp("v1_codec")
-    return convert_codec(str(make_tiny_v1_checkpoint(root / "hf", seed=0)), root / "codec.gguf")
 
 
 def test_mismatched_codec_raises_model_file_error(nano_files, v1_codec_gguf):

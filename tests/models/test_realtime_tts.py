@@ -1,5 +1,6 @@
-"""RealtimeTTS and its LiveSession (models/realtime_tts.py) with the tiny steered Realtime model
-(it speaks one frame per text token, then stops on EOS) and the tiny 24 kHz-style (v1) codec:
+"""RealtimeTTS and its LiveSession (models/realtime_tts.py, models/realtime_live.py) with the
+tiny steered Realtime model (it speaks one frame per text token, then stops on EOS) and the tiny
+24 kHz-style (v1) codec:
 offline stream == synthesize == the decode of the generated frames; a live session fed one
 token at a time draws the frames offline generation draws over the same text ids (greedy);
 frames paced by the text; multi-turn KV reuse == re-prefill of the whole conversation; the
@@ -13,8 +14,8 @@ from fixtures.make_realtime import CODEBOOK, RVQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.load import tts_class
 from moss_tts.models.realtime import sanitized
-from moss_tts.models.realtime_tts import (MAX_BUFFER, MIN_SEGMENT, SEGMENT_END,
-                                          RealtimeTTS, TextSegmenter)
+from moss_tts.models.realtime_live import MAX_BUFFER, MIN_SEGMENT, SEGMENT_END, TextSegmenter
+from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.sampling import RealtimeSamplingOptions
 
 GREEDY = RealtimeSamplingOptions(do_sample=False)   # the penalty (1.1) stays on, as upstream

@@ -14,7 +14,7 @@ from moss_tts.models.nano_tts import Reference
 from moss_tts.sampling import SamplingOptions
 
 from .conftest import THREADS, seeded_codes
-from .test_contract import CLASSES, FAMILIES, TEXT, clip, files, small, v2_codec  # noqa: F401
+from .test_contract import CLASSES, FAMILIES, TEXT, clip, files, small  # noqa: F401
 
 GREEDY = SamplingOptions(do_sample=False, audio_repetition_penalty=1.0)
 

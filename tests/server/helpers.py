@@ -18,7 +18,7 @@ import soundfile as sf
 from converters.codec import convert as convert_codec
 from converters.nano import convert as convert_nano
 from converters.realtime import convert as convert_realtime
-from fixtures.make_codec import make_tiny_nano_checkpoint, make_tiny_v1_checkpoint
+from fixtures.make_codec import make_tiny_codec_gguf, make_tiny_nano_checkpoint
 from fixtures.make_nano import make_tiny_nano_tts_checkpoint
 from fixtures.make_realtime import make_tiny_realtime_checkpoint
 from fixtures.make_spm import make_tiny_spm
@@ -119,7 +119,7 @@ def tiny_realtime_files(d):
     so that it speaks until its text is spent and then stops (fixtures.make_realtime)."""
     checkpoint = make_tiny_realtime_checkpoint(d / "rt", seed=0, steer=True)
     return (convert_realtime(str(checkpoint), d / "realtime.gguf", strict=True),
-            convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf"))
+            make_tiny_codec_gguf(d / "v1", "v1"))
 
 
 # How long a held stub waits for its test to let it go: only a broken test gets this far.

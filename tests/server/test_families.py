@@ -13,9 +13,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.delay import convert as convert_delay
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_delay import SAMPLE_RATE as DELAY_SR, make_tiny_delay_checkpoint
 from moss_tts.cli.serve import load_models
 from moss_tts.errors import InputError, MossTTSError
@@ -40,14 +38,13 @@ class ShortDelayTTS(DelayTTS):
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("families")
     nano, nano_codec = tiny_model_files(d)
     delay = convert_delay(str(make_tiny_delay_checkpoint(d / "delay", seed=0, gen_bias=4.0)),
                           d / "delay.gguf", strict=True)
-    delay_codec = convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf")
     return SimpleNamespace(dir=d, nano=nano, nano_codec=nano_codec, delay=delay,
-                           delay_codec=delay_codec)
+                           delay_codec=tiny_codec())
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.local_v15 import convert
-from fixtures.make_codec import make_tiny_v2_checkpoint
 from fixtures.make_local_v15 import SAMPLE_RATE, make_tiny_local_v15_checkpoint
 from moss_tts.cli.serve import load_models
 from moss_tts.models.local_v15_tts import LocalV15TTS
@@ -21,11 +19,11 @@ from tests.server.helpers import Served
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("server_local_v15")
     model = convert(str(make_tiny_local_v15_checkpoint(d / "hf", continue_bias=6.0)),
                     d / "local-v15.gguf", strict=True)
-    codec = convert_codec(make_tiny_v2_checkpoint(d / "v2", seed=0), d / "v2.gguf")
+    codec = tiny_codec("v2")
     models = load_models(SimpleNamespace(model=[str(model)], codec=[str(codec)], backend="cpu",
                                          threads=1))
     s = Served(create_app(models, voices_root=d / "voices"))

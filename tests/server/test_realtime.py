@@ -10,9 +10,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from converters.codec import convert as convert_codec
 from converters.realtime import convert as convert_realtime
-from fixtures.make_codec import make_tiny_v1_checkpoint
 from fixtures.make_realtime import SAMPLE_RATE, make_tiny_realtime_checkpoint
 from moss_tts.cli.serve import load_models
 from moss_tts.models.realtime_tts import RealtimeTTS
@@ -24,11 +22,11 @@ TEXT = "Hello there, quick brown foxes jump."
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, tiny_codec):
     d = tmp_path_factory.mktemp("server_realtime")
     model = convert_realtime(str(make_tiny_realtime_checkpoint(d / "rt", seed=0, steer=True)),
                              d / "rt.gguf", strict=True)
-    codec = convert_codec(make_tiny_v1_checkpoint(d / "v1", seed=0), d / "v1.gguf")
+    codec = tiny_codec()
     models = load_models(SimpleNamespace(model=[str(model)], codec=[str(codec)], backend="cpu",
                                          threads=1))
     s = Served(create_app(models, voices_root=d / "voices"))
