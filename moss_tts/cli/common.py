@@ -36,6 +36,14 @@ def _number(text: str, kind):
     return value
 
 
+def count(text: str) -> int:
+    """A count that may be 0 (places in a line)."""
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A count that must be at least 1 (threads, codebooks, queue places)."""
     value = _number(text, int)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (add_runtime_flags, port, positive_float, positive_int, resolve,
+from .common import (add_runtime_flags, count, port, positive_float, positive_int, resolve,
                      resolve_model, say, streams_argument)
 
 
@@ -82,9 +82,9 @@ def add_parser(sub, common) -> None:
                         "the family's, as `tts --help` lists)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=8080)
-    p.add_argument("--queue", type=positive_int, default=4,
+    p.add_argument("--queue", type=count, default=4,
                    help="requests that may wait behind the running one (or --max-streams); more "
-                        "get 503")
+                        "get 503; 0: none wait")
     p.add_argument("--max-streams", type=streams_argument, default=None, metavar="N|auto",
                    help="speech requests to one model decoded together in one batched decode, "
                    "each joining at the next step and leaving when done (streamed ones get "
