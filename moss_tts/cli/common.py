@@ -25,7 +25,8 @@ TINY_MODELS_COMMAND = "python -m fixtures.make_tiny_pair DIR in a checkout"
 # --- argparse type= functions: a bad value is one line naming the flag, before any work --------
 
 
-def _number(text: str, kind):
+def number(text: str, kind):
+    """`text` as an int or a finite float (`kind`), or a message argparse prints."""
     try:
         value = kind(text)
     except ValueError:
@@ -36,31 +37,27 @@ def _number(text: str, kind):
     return value
 
 
-def count(text: str) -> int:
-    """A count that may be 0 (places in a line)."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
-    return value
-
-
 def positive_int(text: str) -> int:
-    """A count that must be at least 1 (threads, codebooks, queue places)."""
-    value = _number(text, int)
+    """A count that must be at least 1 (threads, codebooks, lines)."""
+    value = number(text, int)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
 
 
-def streams_argument(text: str) -> int | None:
-    """--max-streams / --streams: a count of at least 1, or "auto" (None: what pays off for the
-    model's family, server/served.py streams_of)."""
-    return None if text.strip().lower() == "auto" else positive_int(text)
+def auto_or(typed):
+    """`typed`, a `type=`, also taking "auto" (None): --max-streams / --streams, where auto is
+    what pays off for the model's family (models/batching.py stream_places)."""
+    def parse(text: str):
+        return None if text.strip().lower() == "auto" else typed(text)
+
+    parse.__name__ = typed.__name__
+    return parse
 
 
 def positive_float(text: str) -> float:
     """A finite number above 0 (seconds, timeouts)."""
-    value = _number(text, float)
+    value = number(text, float)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
     return value
@@ -74,13 +71,6 @@ def at_most(upper: float):
             raise argparse.ArgumentTypeError(f"{text!r} must be at most {upper:g}")
         return value
     return check
-
-
-def port(text: str) -> int:
-    value = _number(text, int)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
-    return value
 
 
 # --- the output ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ voices under tmp_path."""
 import pytest
 
 from moss_tts.server import create_app
-from tests.server.helpers import Served, StubTTS
+from tests.server.helpers import Served, StubTTS, settings
 
 
 @pytest.fixture
@@ -28,5 +28,5 @@ def served():
 
 @pytest.fixture
 def serve(tmp_path, served):
-    return lambda **kwargs: served(create_app(StubTTS(), voices_root=tmp_path / "voices",
-                                              **kwargs))
+    return lambda **kwargs: served(create_app(StubTTS(), settings(tmp_path / "voices",
+                                              **kwargs)))
