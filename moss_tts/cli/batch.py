@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import time
 
+from .common import add_backend_flag
+
 SHOWN_FAILURES = 5   # failed lines listed in the summary; results.jsonl has them all
 
 
@@ -104,9 +106,8 @@ def add_parser(sub, common) -> None:
                    help="lines each worker decodes together in one batched model, one row per "
                    f"line in each step (each line's audio is what it is alone), with {takers}; "
                    "default 1")
-    p.add_argument("--backend", default="cpu",
-                   help="ggml backend each worker opens: cpu (default), cuda, vulkan, metal, or "
-                   "rpc://HOST:PORT (one worker: an RPC server serves one client at a time)")
+    add_backend_flag(p, who=" each worker opens",
+                     rpc="one worker: an RPC server serves one client at a time")
     p.add_argument("--format", choices=["wav", "flac"], default="wav", help="audio file format")
     p.add_argument("--retries", type=int, default=2, help="extra attempts for a line that fails "
                    "in a way another try may not repeat (out of memory, I/O, a dead worker); a "

@@ -179,12 +179,18 @@ def _discard_stdout() -> None:
 
 
 def add_runtime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cpu",
-                   help="ggml backend: cpu (default), cuda, vulkan, metal, or rpc://HOST:PORT "
-                        "(a ggml RPC server: python -m moss_tts.ggml.rpc HOST:PORT)")
+    add_backend_flag(p)
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default and maximum: the usable cores)")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+
+
+def add_backend_flag(p: argparse.ArgumentParser, *, who: str = "",
+                     rpc: str = "a ggml RPC server: python -m moss_tts.ggml.rpc HOST:PORT") -> None:
+    """--backend, declared once for every command that opens one (check_backend checks it);
+    `who` opens it and `rpc` is what to know of an RPC server, where a command differs."""
+    p.add_argument("--backend", default="cpu", help=f"ggml backend{who}: cpu (default), cuda, "
+                   f"vulkan, metal, or rpc://HOST:PORT ({rpc})")
 
 
 def check_backend(args) -> None:
