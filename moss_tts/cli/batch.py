@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import add_backend_flag
+from .common import add_backend_flag, auto_or
 
 SHOWN_FAILURES = 5   # failed lines listed in the summary; results.jsonl has them all
 
@@ -81,8 +81,9 @@ def _batch(args) -> int:
 
 def add_parser(sub, common) -> None:
     """Register `batch` on the CLI's subparsers (`common`: the flags every command takes)."""
-    from ..models.registry import DEFAULT, FAMILIES
     from ..batch.ray_runner import CONNECT_TIMEOUT_S
+    from ..models.batching import MAX_STREAMS
+    from ..models.registry import DEFAULT, FAMILIES
 
     batched = [f.short for f in FAMILIES if f.batched]
     takers = "a model of any family" if len(batched) == len(FAMILIES) else \
@@ -102,10 +103,11 @@ def add_parser(sub, common) -> None:
                    "Ray actors (default: cluster CPUs / threads)")
     p.add_argument("--threads", type=int, default=None, help="ggml threads per worker (default: "
                    "cores / workers; 1 per Ray actor)")
-    p.add_argument("--streams", type=int, default=1, metavar="N",
+    p.add_argument("--streams", type=auto_or(int), default=1, metavar="N|auto",
                    help="lines each worker decodes together in one batched model, one row per "
                    f"line in each step (each line's audio is what it is alone), with {takers}; "
-                   "default 1")
+                   f"default 1; auto: {MAX_STREAMS} where every model the lines use has a "
+                   "batched decoder, else 1 (serve --max-streams auto, for the run)")
     add_backend_flag(p, who=" each worker opens",
                      rpc="one worker: an RPC server serves one client at a time")
     p.add_argument("--format", choices=["wav", "flac"], default="wav", help="audio file format")
