@@ -79,8 +79,11 @@ def _batch(args) -> int:
     return 1 if summary.failed else 0
 
 
-def add_parser(sub, common) -> None:
-    """Register `batch` on the CLI's subparsers (`common`: the flags every command takes)."""
+def commands() -> dict[str, str]:
+    return {"batch": "synthesize a JSONL/CSV manifest into a directory, resumably"}
+
+
+def add_flags(p, command: str, common) -> None:
     from ..batch.ray_runner import CONNECT_TIMEOUT_S
     from ..models.batching import MAX_STREAMS
     from ..models.registry import DEFAULT, FAMILIES
@@ -89,8 +92,6 @@ def add_parser(sub, common) -> None:
     takers = "a model of any family" if len(batched) == len(FAMILIES) else \
         f"{', '.join(batched)} models only"
 
-    p = sub.add_parser("batch", help="synthesize a JSONL/CSV manifest into a directory, resumably",
-                       parents=[common])
     p.add_argument("manifest", help=".jsonl or .csv: id, text, optional voice, reference, seed, "
                    "model and sampling options per line")
     p.add_argument("--out", "-o", required=True, help="output directory (<id>.wav + results.jsonl)")

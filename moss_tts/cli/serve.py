@@ -69,11 +69,13 @@ def room_for_connections(n: int) -> None:
                          f"open {most} (ulimit -n): give at most {most - SPARE_FILES}") from None
 
 
-def add_parser(sub, common) -> None:
+def commands() -> dict[str, str]:
+    return {"serve": "OpenAI-style speech API (POST /v1/audio/speech)"}
+
+
+def add_flags(p, command: str, common) -> None:
     from ..models.registry import DEFAULT
 
-    p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
-                       parents=[common])
     p.add_argument("--model", action="append", default=None,
                    help="a model GGUF of any family, published MOSS-TTS-GGUF directory or Nano "
                         f"repo id; repeatable: a request's 'model' picks one, the first serves "

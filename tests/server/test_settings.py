@@ -13,7 +13,7 @@ from moss_tts.server.settings import ServerSettings, flag_fields, flag_of
 def serve_parser():
     from moss_tts.cli import build_parser
 
-    sub = next(a for a in build_parser()._subparsers._group_actions)
+    sub = next(a for a in build_parser(["serve"])._subparsers._group_actions)
     return sub.choices["serve"]
 
 
