@@ -182,7 +182,7 @@ def refused(ws, bound: str) -> None:
 
 @pytest.fixture
 def serve(tmp_path, files):
-    """`serve(model_class, **create_app keywords)` → a running server over its own load of the
+    """`serve(model_class, **settings)` → a running server over its own load of the
     tiny model; stopped (before the model closes) at teardown."""
     running = []
 

@@ -1,6 +1,6 @@
 """What the server tests share: `served(app, limits, sndbuf=...)` runs an app on a loopback
-port and stops it after the test; `serve(**create_app keywords)` does so for a StubTTS with its
-voices under tmp_path."""
+port and stops it after the test; `serve(**settings)` does so for a StubTTS with its voices
+under tmp_path (helpers.py settings: ServerSettings fields)."""
 
 import pytest
 
