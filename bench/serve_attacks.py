@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moss_tts.server import create_app
-from moss_tts.server.connections import Limits
+from moss_tts.server.settings import ServerSettings
 from tests.faults.test_server_faults import Trickle, answer_of, body_head, read_to_end, until
-from tests.server.helpers import Served, call
+from tests.server.helpers import Served, call, settings
 
 ATTACKS = ("stall", "bomb", "flood", "reask", "fields", "backend")
 SAFETY_S = 120       # seconds: only a broken server makes an attack wait this long
@@ -159,8 +159,8 @@ def held_body(port: int, trickle_every: float | None) -> tuple[float, str]:
 
 
 def stall(args, tts, voices, tmp) -> Held:
-    server = Served(create_app(tts, voices_root=voices, body_timeout=args.body_timeout),
-                    Limits(max_connections=args.max_connections))
+    server = Served(create_app(tts, settings(voices, body_timeout=args.body_timeout)),
+                    ServerSettings(max_connections=args.max_connections))
     kinds = [None if i % 2 == 0 else args.trickle_every for i in range(args.stalled)]
     got = [None] * len(kinds)
 
@@ -237,7 +237,7 @@ def bomb(args, tts, voices, tmp) -> Held:
 
     flacs = {"honest": flac_of_silence(int(REFERENCE_MAX_SECONDS * RATE)),
              "bomb": flac_of_silence(args.bomb_samples)}
-    server = Served(create_app(tts, voices_root=voices))
+    server = Served(create_app(tts, settings(voices)))
     for _ in range(2):      # warm: the encoder's graphs and buffers (~100 MiB at first)
         speak(server.url, SHORT | {"reference_audio": b64(flacs["honest"])})
     growth, status = {"honest": 0, "bomb": 0}, {"honest": [], "bomb": []}
@@ -309,7 +309,7 @@ def flood_session(url: str, messages: int, chars: int, first) -> dict:
 
 
 def flood(args, rt, voices) -> Held:
-    server = Served(create_app({REALTIME: rt}, voices_root=voices, max_streams=args.max_streams))
+    server = Served(create_app({REALTIME: rt}, settings(voices, max_streams=args.max_streams)))
     alone = [speak(server.url, BESIDE) for _ in range(3)]
     done, beside = threading.Event(), []
 
@@ -350,7 +350,7 @@ def reask(args, tts, voices, tmp) -> Held:
     """max_streams places, queue 0, and as many clients, each streaming a request and asking
     again the moment it has the end, over one keep-alive connection."""
     streams = args.max_streams
-    server = Served(create_app(tts, voices_root=voices, queue_depth=0, max_streams=streams))
+    server = Served(create_app(tts, settings(voices, queue_depth=0, max_streams=streams)))
     per_client = math.ceil(args.reasks / streams)
     statuses, lat = [], []
 
@@ -442,7 +442,7 @@ def fields(args, tts, voices, tmp) -> Held:
                                                                   codec=files["codec"],
                                                                   threads=args.threads)
               for kind in ("voicegen", "sfx")}
-    server = Served(create_app({"moss-tts-nano": tts, **models}, voices_root=voices))
+    server = Served(create_app({"moss-tts-nano": tts, **models}, settings(voices)))
     answers = []
     with queued_jobs() as jobs:
         for label, name, body, want in capped_fields():

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import cpu_line, table  # noqa: E402
 from bench.serve_attacks import add_arguments, run_attacks  # noqa: E402
-from moss_tts.server.connections import Limits  # noqa: E402
-from tests.server.helpers import (Served, call, tiny_model_files,  # noqa: E402
+from moss_tts.server.settings import ServerSettings  # noqa: E402
+from tests.server.helpers import (Served, call, settings, tiny_model_files,  # noqa: E402
                                   tiny_realtime_files)
 
 BODY = {"model": "tts-1", "input": "Hello there, this is a short request.",
@@ -193,7 +193,7 @@ def held_connections(app, n, limit, header_timeout):
     """`n` sockets that send half a request's headers, on a server capped at `limit`: how many
     got a 503 at once, /health while they are held, how long until the server closed the
     rest, and the log records (and tracebacks) it all made."""
-    server = Served(app, Limits(max_connections=limit, header_timeout=header_timeout))
+    server = Served(app, ServerSettings(max_connections=limit, header_timeout=header_timeout))
     with Logged() as log:
         held = []
         for _ in range(n):
@@ -323,9 +323,9 @@ def run_cases(args, tmp: Path) -> dict:
     model, codec = (args.model, args.codec) if args.model else tiny_model_files(tmp)
     tts = NanoTTS.load(model, codec=codec, threads=args.threads)
     voices = tmp / "voices"
-    server = Served(create_app(tts, voices_root=voices, queue_depth=args.queue,
-                               write_timeout=args.write_timeout, max_streams=args.max_streams),
-                    Limits(write_timeout=args.write_timeout))
+    server = Served(create_app(tts, settings(voices, queue_depth=args.queue,
+                               write_timeout=args.write_timeout, max_streams=args.max_streams)),
+                    ServerSettings(write_timeout=args.write_timeout))
     body = BODY | {"max_new_frames": args.frames}
     # the frame budget grows with the text: a long text lets max_new_frames take effect
     long_body = BODY | {"input": " ".join([BODY["input"]] * args.long_repeats),
@@ -343,14 +343,14 @@ def run_cases(args, tmp: Path) -> dict:
                                  args.listing_seconds)
     r["nr"] = non_reading_client(server, long_body)  # last on this server: small buffers
     server.stop()
-    r["held"] = held_connections(create_app(tts, voices_root=voices), args.held,
+    r["held"] = held_connections(create_app(tts, settings(voices)), args.held,
                                  args.max_connections, args.header_timeout)
     tts.close()
     rt_model, rt_codec = tiny_realtime_files(tmp)
     rt = RealtimeTTS.load(rt_model, codec=rt_codec, threads=args.threads)
-    r["idle"] = idle_live_sockets(create_app({"moss-tts-realtime": rt}, voices_root=voices,
+    r["idle"] = idle_live_sockets(create_app({"moss-tts-realtime": rt}, settings(voices,
                                              queue_depth=args.live_places - 1,
-                                             live_idle=args.live_idle),
+                                             live_idle=args.live_idle)),
                                   args.live_places, args.live_idle)
     rt.close()
     r["attacks"] = run_attacks(args, tmp, (model, codec), (rt_model, rt_codec))

@@ -158,7 +158,8 @@ def usable_cores() -> int:
 def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
               workers: int | None = None,
               threads: int | None = None, fmt: str = "wav", retries: int = 2,
-              ray: str | None = None, chunk: int = 4, streams: int = 1, backend: str = "cpu",
+              ray: str | None = None, chunk: int = 4, streams: int | None = 1,
+              backend: str = "cpu",
               progress=None, warn=None) -> Summary:
     """Synthesize every line of `manifest` into `out_dir`/<id>.<fmt>, resuming a previous run.
 
@@ -166,7 +167,8 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
     threads); `ray` = "auto", "local" or a cluster address runs Ray actors instead. Each
     worker decodes up to `streams` lines together in one running batch (families with a
     batched decoder, `decoding_together`), the next line joining as soon as one ends, each
-    line's audio as it is alone. Each worker opens
+    line's audio as it is alone; None ("auto"): as many as pay off for the lines' models
+    (check_streams). Each worker opens
     the backend named `backend` itself (`cpu`, `cuda`, `rpc://HOST:PORT`).
     `warn(id, messages)` hears what a line's synthesis warned (results.jsonl keeps it too).
     What would fail every line (--model, --codec, the cluster) stops the run before any line
@@ -186,7 +188,7 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
     except MossTTSError as e:
         raise InputError(f"--codec: {e}") from None
     default_path = models.default_path() if any(not x.model for x in lines) else None
-    check_streams(streams, {models.get(x.model)[0] for x in lines} - {None})
+    streams = check_streams(streams, {models.get(x.model)[0] for x in lines} - {None})
     if ray:
         from .ray_runner import check_address
         check_address(ray)
@@ -223,24 +225,34 @@ def check_backend(backend: str, workers: int | None, ray: str | None) -> None:
                          "run one local worker on it (--workers 1, no --ray)")
 
 
-def check_streams(streams: int, models) -> None:
-    """--streams > 1 needs every model the lines use to decode several streams in one step
-    (Family.batched): one error before any line runs, naming the families that do. A model
+def check_streams(streams: int | None, models) -> int:
+    """--streams as the workers take it. N > 1 needs every model the lines use to decode
+    several streams in one step (Family.batched): one error before any line runs, naming the
+    families that do. None ("auto", as serve's --max-streams): models/batching.py
+    stream_places for the run, more than 1 where every model has a batched decoder. A model
     that does not load is its lines' own error, later."""
     if streams == 1:
-        return
+        return streams
+    from ..models.batching import stream_places
     from ..models.registry import FAMILIES, family_of_model
 
+    lone = []        # (path, row) of each model that decodes one stream at a time
     for path in sorted(models):
         try:
             row = family_of_model(path)
         except (MossTTSError, OSError):
             continue
         if not row.batched:
-            takers = " or ".join(f.name for f in FAMILIES if f.batched)
-            raise InputError(f"--streams {streams}: {row.name} ({path}) decodes one line at a "
-                             f"time; --streams > 1 takes {takers} models only (run more "
-                             "lines at once with --workers)")
+            lone.append((path, row))
+    if streams is None:
+        return stream_places(None, batched=not lone)
+    if lone:
+        path, row = lone[0]
+        takers = " or ".join(f.name for f in FAMILIES if f.batched)
+        raise InputError(f"--streams {streams}: {row.name} ({path}) decodes one line at a "
+                         f"time; --streams > 1 takes {takers} models only (run more "
+                         "lines at once with --workers)")
+    return streams
 
 
 class _ModelFiles:

@@ -1,6 +1,8 @@
 """`python -m moss_tts <command>`: argument parsing and dispatch only (design §6). Each command
-group is its own module (tts, codec, voice, serve, convert, info, batch) with an
-`add_parser(sub, common)`; common.py holds what they share.
+group is its own module (tts, codec, voice, serve, convert, info, batch) with `commands()`
+(each command's one-line help) and `add_flags(p, command, common)`; common.py holds what
+they share. Only the command run gets its flags built, so `--version` and `--help` load no
+model family.
 
 Errors from the library (MossTTSError) print as one line with exit code 1; `--debug` shows
 the traceback. So does a fatal ggml error (a remote backend lost mid-call), which no Python
@@ -42,7 +44,11 @@ def _common_flags() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: every command listed with its one-line help, and the flags of
+    the command `argv` names built, its first word that is no option (the top-level options
+    take no value); with None, every command's."""
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     common = _common_flags()
     p = _Parser(prog="python -m moss_tts",
                 description="MOSS-TTS family on stock ggml, from Python.")
@@ -50,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for group in COMMAND_GROUPS:
-        group.add_parser(sub, common)
+        for command, helptext in group.commands().items():
+            cp = sub.add_parser(command, help=helptext, parents=[common])
+            if chosen in (None, command):
+                group.add_flags(cp, command, common)
     return p
 
 
@@ -89,12 +98,13 @@ def _on_ggml_abort(debug: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..ggml.log import on_abort
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)      # --version and --help end here, before ggml loads
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from ..ggml.log import on_abort
+
     on_abort(_on_ggml_abort(args.debug))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

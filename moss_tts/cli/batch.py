@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import time
 
+from .common import add_backend_flag, auto_or
+
 SHOWN_FAILURES = 5   # failed lines listed in the summary; results.jsonl has them all
 
 
@@ -77,17 +79,19 @@ def _batch(args) -> int:
     return 1 if summary.failed else 0
 
 
-def add_parser(sub, common) -> None:
-    """Register `batch` on the CLI's subparsers (`common`: the flags every command takes)."""
-    from ..models.registry import DEFAULT, FAMILIES
+def commands() -> dict[str, str]:
+    return {"batch": "synthesize a JSONL/CSV manifest into a directory, resumably"}
+
+
+def add_flags(p, command: str, common) -> None:
     from ..batch.ray_runner import CONNECT_TIMEOUT_S
+    from ..models.batching import MAX_STREAMS
+    from ..models.registry import DEFAULT, FAMILIES
 
     batched = [f.short for f in FAMILIES if f.batched]
     takers = "a model of any family" if len(batched) == len(FAMILIES) else \
         f"{', '.join(batched)} models only"
 
-    p = sub.add_parser("batch", help="synthesize a JSONL/CSV manifest into a directory, resumably",
-                       parents=[common])
     p.add_argument("manifest", help=".jsonl or .csv: id, text, optional voice, reference, seed, "
                    "model and sampling options per line")
     p.add_argument("--out", "-o", required=True, help="output directory (<id>.wav + results.jsonl)")
@@ -100,13 +104,13 @@ def add_parser(sub, common) -> None:
                    "Ray actors (default: cluster CPUs / threads)")
     p.add_argument("--threads", type=int, default=None, help="ggml threads per worker (default: "
                    "cores / workers; 1 per Ray actor)")
-    p.add_argument("--streams", type=int, default=1, metavar="N",
+    p.add_argument("--streams", type=auto_or(int), default=1, metavar="N|auto",
                    help="lines each worker decodes together in one batched model, one row per "
                    f"line in each step (each line's audio is what it is alone), with {takers}; "
-                   "default 1")
-    p.add_argument("--backend", default="cpu",
-                   help="ggml backend each worker opens: cpu (default), cuda, vulkan, metal, or "
-                   "rpc://HOST:PORT (one worker: an RPC server serves one client at a time)")
+                   f"default 1; auto: {MAX_STREAMS} where every model the lines use has a "
+                   "batched decoder, else 1 (serve --max-streams auto, for the run)")
+    add_backend_flag(p, who=" each worker opens",
+                     rpc="one worker: an RPC server serves one client at a time")
     p.add_argument("--format", choices=["wav", "flac"], default="wav", help="audio file format")
     p.add_argument("--retries", type=int, default=2, help="extra attempts for a line that fails "
                    "in a way another try may not repeat (out of memory, I/O, a dead worker); a "

@@ -111,29 +111,36 @@ def _reconstruct(args) -> int:
     return 0
 
 
-def add_parser(sub, common) -> None:
-    for name, func, helptext, src, dst in (
-            ("encode", _encode, "audio file → codes (.npy, int32 [n_quantizers, frames])",
-             "audio file (WAV/FLAC)", "codes .npy, or - for the .npy bytes on stdout"),
-            ("decode", _decode, "codes (.npy) → audio file", "codes .npy",
-             "WAV or FLAC file, or - for a WAV on stdout"),
-            ("reconstruct", _reconstruct, "audio → codes → audio through a codec",
-             "audio file (WAV/FLAC)", "WAV or FLAC file, or - for a WAV on stdout")):
-        p = sub.add_parser(name, help=helptext, parents=[common])
-        p.add_argument("input", help=src)
-        p.add_argument("--codec", required=True,
-                       help="codec GGUF, checkpoint directory or Hugging Face repo id")
-        p.add_argument("--out", "-o", required=True, help=dst)
-        p.add_argument("--n-quantizers", type=positive_int, default=None,
-                       help="use only the first K codebooks (default: all)")
-        p.add_argument("--chunk-seconds", type=at_most(MAX_CHUNK_SECONDS), default=None,
-                       help="audio per graph run; results are identical for any value. Memory "
-                            "grows with it, its masks with its square: the 24 kHz codec's decoder "
-                            "caches and masks take 0.35 GB at 10 s, 1.4 GB at 60 s (the tiny "
-                            "test codec: 0.1 and 1.5 GB). At most "
-                            f"{MAX_CHUNK_POSITIONS} positions of the codec's fastest stage: 60 s "
-                            "on the 24 kHz codec, 15 s on Nano's (default: the fastest, 2-10 s)")
-        if name != "encode":
-            add_sample_format(p)
-        add_runtime_flags(p)
-        p.set_defaults(func=func)
+# command → (what it runs, its one-line help, its input, its output)
+COMMANDS = {
+    "encode": (_encode, "audio file → codes (.npy, int32 [n_quantizers, frames])",
+               "audio file (WAV/FLAC)", "codes .npy, or - for the .npy bytes on stdout"),
+    "decode": (_decode, "codes (.npy) → audio file", "codes .npy",
+               "WAV or FLAC file, or - for a WAV on stdout"),
+    "reconstruct": (_reconstruct, "audio → codes → audio through a codec",
+                    "audio file (WAV/FLAC)", "WAV or FLAC file, or - for a WAV on stdout")}
+
+
+def commands() -> dict[str, str]:
+    return {name: helptext for name, (_, helptext, _, _) in COMMANDS.items()}
+
+
+def add_flags(p, command: str, common) -> None:
+    func, _, src, dst = COMMANDS[command]
+    p.add_argument("input", help=src)
+    p.add_argument("--codec", required=True,
+                   help="codec GGUF, checkpoint directory or Hugging Face repo id")
+    p.add_argument("--out", "-o", required=True, help=dst)
+    p.add_argument("--n-quantizers", type=positive_int, default=None,
+                   help="use only the first K codebooks (default: all)")
+    p.add_argument("--chunk-seconds", type=at_most(MAX_CHUNK_SECONDS), default=None,
+                   help="audio per graph run; results are identical for any value. Memory "
+                        "grows with it, its masks with its square: the 24 kHz codec's decoder "
+                        "caches and masks take 0.35 GB at 10 s, 1.4 GB at 60 s (the tiny "
+                        "test codec: 0.1 and 1.5 GB). At most "
+                        f"{MAX_CHUNK_POSITIONS} positions of the codec's fastest stage: 60 s "
+                        "on the 24 kHz codec, 15 s on Nano's (default: the fastest, 2-10 s)")
+    if command != "encode":
+        add_sample_format(p)
+    add_runtime_flags(p)
+    p.set_defaults(func=func)

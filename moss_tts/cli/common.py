@@ -25,7 +25,8 @@ TINY_MODELS_COMMAND = "python -m fixtures.make_tiny_pair DIR in a checkout"
 # --- argparse type= functions: a bad value is one line naming the flag, before any work --------
 
 
-def _number(text: str, kind):
+def number(text: str, kind):
+    """`text` as an int or a finite float (`kind`), or a message argparse prints."""
     try:
         value = kind(text)
     except ValueError:
@@ -37,22 +38,26 @@ def _number(text: str, kind):
 
 
 def positive_int(text: str) -> int:
-    """A count that must be at least 1 (threads, codebooks, queue places)."""
-    value = _number(text, int)
+    """A count that must be at least 1 (threads, codebooks, lines)."""
+    value = number(text, int)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
 
 
-def streams_argument(text: str) -> int | None:
-    """--max-streams / --streams: a count of at least 1, or "auto" (None: what pays off for the
-    model's family, server/served.py streams_of)."""
-    return None if text.strip().lower() == "auto" else positive_int(text)
+def auto_or(typed):
+    """`typed`, a `type=`, also taking "auto" (None): --max-streams / --streams, where auto is
+    what pays off for the model's family (models/batching.py stream_places)."""
+    def parse(text: str):
+        return None if text.strip().lower() == "auto" else typed(text)
+
+    parse.__name__ = typed.__name__
+    return parse
 
 
 def positive_float(text: str) -> float:
     """A finite number above 0 (seconds, timeouts)."""
-    value = _number(text, float)
+    value = number(text, float)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
     return value
@@ -66,13 +71,6 @@ def at_most(upper: float):
             raise argparse.ArgumentTypeError(f"{text!r} must be at most {upper:g}")
         return value
     return check
-
-
-def port(text: str) -> int:
-    value = _number(text, int)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
-    return value
 
 
 # --- the output ---------------------------------------------------------------------------------
@@ -181,12 +179,18 @@ def _discard_stdout() -> None:
 
 
 def add_runtime_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cpu",
-                   help="ggml backend: cpu (default), cuda, vulkan, metal, or rpc://HOST:PORT "
-                        "(a ggml RPC server: python -m moss_tts.ggml.rpc HOST:PORT)")
+    add_backend_flag(p)
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default and maximum: the usable cores)")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+
+
+def add_backend_flag(p: argparse.ArgumentParser, *, who: str = "",
+                     rpc: str = "a ggml RPC server: python -m moss_tts.ggml.rpc HOST:PORT") -> None:
+    """--backend, declared once for every command that opens one (check_backend checks it);
+    `who` opens it and `rpc` is what to know of an RPC server, where a command differs."""
+    p.add_argument("--backend", default="cpu", help=f"ggml backend{who}: cpu (default), cuda, "
+                   f"vulkan, metal, or rpc://HOST:PORT ({rpc})")
 
 
 def check_backend(args) -> None:

@@ -21,20 +21,23 @@ def _convert(args) -> int:
     return 0
 
 
-def add_parser(sub, common) -> None:
+def commands() -> dict[str, str]:
+    return {"convert": "Hugging Face checkpoint → GGUF"}
+
+
+def add_flags(p, command: str, common) -> None:
     from converters.registry import convert_flag_help
 
     from ..models.registry import CONVERTIBLE
 
-    c = sub.add_parser("convert", help="Hugging Face checkpoint → GGUF", parents=[common])
-    c.add_argument("family", choices=list(CONVERTIBLE),
+    p.add_argument("family", choices=list(CONVERTIBLE),
                    help="; ".join(f"{k}: {f.name}" for k, f in CONVERTIBLE.items()))
-    c.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
-    c.add_argument("--out", "-o", required=True, help="output .gguf")
-    c.add_argument("--outtype", default="f32",
+    p.add_argument("--model", required=True, help="checkpoint directory or Hugging Face repo id")
+    p.add_argument("--out", "-o", required=True, help="output .gguf")
+    p.add_argument("--outtype", default="f32",
                    help="matmul weight type: f32 (default), f16, bf16, q8_0, q4_K, ...")
     for key, text in convert_flag_help().items():
-        c.add_argument("--" + key.replace("_", "-"), help=text)
-    c.add_argument("--strict", action="store_true", help="fail on any checkpoint tensor not used")
-    c.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    c.set_defaults(func=_convert)
+        p.add_argument("--" + key.replace("_", "-"), help=text)
+    p.add_argument("--strict", action="store_true", help="fail on any checkpoint tensor not used")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=_convert)

@@ -112,13 +112,16 @@ def _print_info(f, meta: dict, tensors: list, full: bool) -> None:
         print(f"  ... {len(tensors) - len(shown)} more (--full lists all)")
 
 
-def add_parser(sub, common) -> None:
-    d = sub.add_parser("doctor", help="report the ggml build, backends, threads and CPU features",
-                       parents=[common])
-    d.set_defaults(func=_doctor)
-    i = sub.add_parser("info", help="show a GGUF file's kind, metadata and tensor table",
-                       parents=[common])
-    i.add_argument("file", help="a .gguf file")
-    i.add_argument("--json", action="store_true", help="machine-readable output, never abbreviated")
-    i.add_argument("--full", action="store_true", help="do not abbreviate long values")
-    i.set_defaults(func=_info)
+def commands() -> dict[str, str]:
+    return {"doctor": "report the ggml build, backends, threads and CPU features",
+            "info": "show a GGUF file's kind, metadata and tensor table"}
+
+
+def add_flags(p, command: str, common) -> None:
+    if command == "doctor":
+        p.set_defaults(func=_doctor)
+        return
+    p.add_argument("file", help="a .gguf file")
+    p.add_argument("--json", action="store_true", help="machine-readable output, never abbreviated")
+    p.add_argument("--full", action="store_true", help="do not abbreviate long values")
+    p.set_defaults(func=_info)

@@ -3,6 +3,7 @@ load."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import logging
 import os
@@ -10,35 +11,39 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (add_runtime_flags, port, positive_float, positive_int, resolve,
-                     resolve_model, say, streams_argument)
+from .common import add_runtime_flags, auto_or, number, resolve, resolve_model, say
 
 
 def _serve(args) -> int:
     import uvicorn
 
+    from ..server.access import LOOPBACK
     from ..server.app import create_app
-    from ..server.connections import Limits, uvicorn_config
+    from ..server.connections import uvicorn_config
 
-    api_key = args.api_key or os.environ.get("MOSS_TTS_API_KEY") or None
-    if args.access_log:
+    settings = settings_of(args)
+    if settings.access_log:
         logging.getLogger("moss_tts.access").setLevel(logging.INFO)
-    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: serving on {args.host} without --api-key: anyone who can reach it "
+    if settings.api_key is None and settings.host not in LOOPBACK:
+        print(f"warning: serving on {settings.host} without --api-key: anyone who can reach it "
               "can use it", file=sys.stderr)
-    room_for_connections(args.max_connections)
+    room_for_connections(settings.max_connections)
     models = load_models(args)
-    app = create_app(models, queue_depth=args.queue, api_key=api_key,
-                     cors_origins=args.cors_origin, allowed_hosts=args.allowed_host,
-                     bind_host=args.host, access_log=args.access_log,
-                     write_timeout=args.write_timeout, max_voices=args.max_voices,
-                     live_idle=args.live_idle, live_context=args.live_context,
-                     max_streams=args.max_streams, body_timeout=args.body_timeout)
-    limits = Limits(args.max_connections, args.header_timeout, args.write_timeout)
-    say(args, f"serving {', '.join(models)} on http://{args.host}:{args.port} (POST "
-               f"/v1/audio/speech{', API key required' if api_key else ''})")
-    uvicorn.Server(uvicorn_config(app, limits, host=args.host, port=args.port)).run()
+    app = create_app(models, settings)
+    say(args, f"serving {', '.join(models)} on http://{settings.host}:{settings.port} (POST "
+               f"/v1/audio/speech{', API key required' if settings.api_key else ''})")
+    uvicorn.Server(uvicorn_config(app, settings, host=settings.host, port=settings.port)).run()
     return 0
+
+
+def settings_of(args):
+    """The server's settings from serve's flags (the API key from $MOSS_TTS_API_KEY without
+    --api-key)."""
+    from ..server.settings import ServerSettings, flag_fields
+
+    given = {f.name: getattr(args, f.name) for f in flag_fields()}
+    return ServerSettings(**given | {"api_key": given["api_key"]
+                                     or os.environ.get("MOSS_TTS_API_KEY") or None})
 
 
 # descriptors the process needs beside its connections: model files, logs, the listener
@@ -64,15 +69,13 @@ def room_for_connections(n: int) -> None:
                          f"open {most} (ulimit -n): give at most {most - SPARE_FILES}") from None
 
 
-def add_parser(sub, common) -> None:
-    from ..models.registry import DEFAULT
-    from ..server.voice_index import MAX_VOICES
-    from ..server.connections import HEADER_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT
-    from ..server.live import LIVE_IDLE
-    from ..server.request import BODY_TIMEOUT, MIN_BODY_RATE
+def commands() -> dict[str, str]:
+    return {"serve": "OpenAI-style speech API (POST /v1/audio/speech)"}
 
-    p = sub.add_parser("serve", help="OpenAI-style speech API (POST /v1/audio/speech)",
-                       parents=[common])
+
+def add_flags(p, command: str, common) -> None:
+    from ..models.registry import DEFAULT
+
     p.add_argument("--model", action="append", default=None,
                    help="a model GGUF of any family, published MOSS-TTS-GGUF directory or Nano "
                         f"repo id; repeatable: a request's 'model' picks one, the first serves "
@@ -80,56 +83,48 @@ def add_parser(sub, common) -> None:
     p.add_argument("--codec", action="append", default=None,
                    help="each --model's codec GGUF or repo id, in the same order (default: "
                         "the family's, as `tts --help` lists)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    p.add_argument("--port", type=port, default=8080)
-    p.add_argument("--queue", type=positive_int, default=4,
-                   help="requests that may wait behind the running one (or --max-streams); more "
-                        "get 503")
-    p.add_argument("--max-streams", type=streams_argument, default=None, metavar="N|auto",
-                   help="speech requests to one model decoded together in one batched decode, "
-                   "each joining at the next step and leaving when done (streamed ones get "
-                   "audio as made); --queue more wait behind them. Default auto: 4 for a family "
-                   "with a batched decoder (under load 4 make 1.8-3.8x one stream's audio per second "
-                   "on two cores, by weight type; a lone request runs up to 5%% slower than "
-                   "with 1: docs/performance.md, Several streams), 1 for another; 1 = one "
-                   "request at a time")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on all but /health and the page "
-                        "(default: $MOSS_TTS_API_KEY, else no key)")
-    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                   help="let pages from ORIGIN (e.g. http://app.example:3000) call the API; "
-                        "repeatable. Other origins are refused (403)")
-    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                   help="also answer to Host NAME (besides 127.0.0.1, localhost, [::1] and "
-                        "--host); repeatable, '*' allows any")
-    p.add_argument("--access-log", action="store_true", help="log one line per request")
-    p.add_argument("--write-timeout", type=positive_float, default=WRITE_TIMEOUT,
-                   metavar="SECONDS", help="cut a client whose socket takes no bytes for this "
-                   "long, for every response: whole, streamed and live (default %(default)g)")
-    p.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
-                   metavar="N", help="open connections (HTTP and live) at most; more get a "
-                   "503 at once (default %(default)s)")
-    p.add_argument("--header-timeout", type=positive_float, default=HEADER_TIMEOUT,
-                   metavar="SECONDS", help="close a connection that sends no complete request "
-                   "headers for this long after it opens or after its last response "
-                   "(default %(default)g)")
-    p.add_argument("--body-timeout", type=positive_float, default=BODY_TIMEOUT,
-                   metavar="SECONDS", help="answer 408 and close a connection whose request "
-                   f"body has not arrived this long after its headers, plus 1 s per "
-                   f"{MIN_BODY_RATE} bytes it sent (default %(default)g)")
-    p.add_argument("--live-idle", type=positive_float, default=LIVE_IDLE, metavar="SECONDS",
-                   help="close a live connection that sends nothing for this long while "
-                   "nothing is spoken, freeing its place in the line (default %(default)g)")
-    p.add_argument("--live-context", type=positive_int, default=None, metavar="ROWS",
-                   help="backbone rows of a live conversation (its turns' text and audio); "
-                   "short of room, a new turn drops the oldest turns, the system and voice "
-                   "blocks kept (default: the model's own size, which the live 'started' "
-                   "event states)")
-    p.add_argument("--max-voices", type=positive_int, default=MAX_VOICES, metavar="N",
-                   help="voices the voices directory may hold before POST /v1/audio/voices "
-                        "answers 409 (default %(default)s)")
+    add_settings_flags(p)
     add_runtime_flags(p)
     p.set_defaults(func=_serve)
+
+
+def add_settings_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per server setting that has help (server/settings.py), with the field's
+    default, bounds and help (and the default shown where it is a value): a list setting's
+    flag is repeated, a bool's takes no value."""
+    from ..server.settings import flag_fields, flag_of, kind_of
+
+    for f in flag_fields():
+        kind, meta = kind_of(f.name), f.metadata
+        shown = "" if f.default is None or kind in (bool, tuple) else \
+            f" (default {format(f.default, 'g' if kind is float else '')})"
+        words = dict(dest=f.name, help=(meta["help"] + shown).replace("%", "%%"))
+        if kind is bool:
+            p.add_argument(flag_of(f), action="store_true", **words)
+        elif kind is tuple:
+            p.add_argument(flag_of(f), action="append", default=[], metavar=meta["metavar"],
+                           **words)
+        else:
+            p.add_argument(flag_of(f), type=setting_type(f, kind), default=f.default,
+                           metavar=meta["metavar"], **words)
+
+
+def setting_type(f, kind):
+    """argparse `type=` for a server setting of `kind`: a number within the field's bounds
+    ("auto", where it takes it, is None), or the text; the message without the flag (argparse
+    names it)."""
+    from ..server.settings import within
+
+    def typed(text: str):
+        if kind not in (int, float):
+            return text
+        try:
+            return within(f, number(text, kind), repr(text))
+        except InputError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    typed.__name__ = f.name     # argparse says "invalid <name> value" for other errors
+    return auto_or(typed) if f.metadata["auto"] else typed
 
 
 def hosted_apart(backend: str | None) -> bool:
@@ -146,6 +141,7 @@ def load_models(args) -> dict:
     loaded."""
     from ..models.registry import DEFAULT
     from ..server.hosted import HostedModel, HostSpec
+    from ..server.served import served_name
 
     specs, codecs = args.model or [DEFAULT.default_model], args.codec or []
     if len(codecs) > len(specs):
@@ -155,7 +151,7 @@ def load_models(args) -> dict:
     try:
         for spec, codec in itertools.zip_longest(specs, codecs):
             path, family = resolve_model(spec)
-            name = f"moss-tts-{family.kind}" if f"moss-tts-{family.kind}" not in models \
+            name = served_name(family.kind) if served_name(family.kind) not in models \
                 else Path(spec).stem
             if name in models:
                 raise InputError(f"--model {spec}: the name {name!r} is taken; rename the file")

@@ -295,17 +295,24 @@ def _collect(chunks, tts, bar):
     return np.concatenate(parts) if parts else np.zeros((0, tts.channels), np.float32)
 
 
-def add_parser(sub, common) -> None:
-    from ..models.registry import BY_KIND, DEFAULT, FAMILIES
+# command → the family it is bound to (None: the GGUF's)
+FAMILY_OF = {"tts": None, "tts-nano": "nano"}
+
+
+def commands() -> dict[str, str]:
+    from ..models.registry import BY_KIND, FAMILIES     # the rows only: no family is loaded
 
     names = ", ".join(f.name for f in FAMILIES)
-    for name, family, helptext in (
-            ("tts", None, f"text → speech with any MOSS-TTS model (the family is read from the "
-                          f"GGUF: {names})"),
-            ("tts-nano", "nano", f"text → speech with {BY_KIND['nano'].name}")):
-        p = sub.add_parser(name, help=helptext, parents=[common])
-        _add_tts_flags(p, DEFAULT)
-        p.set_defaults(func=_tts, family=family)
+    return {"tts": f"text → speech with any MOSS-TTS model (the family is read from the GGUF: "
+                   f"{names})",
+            "tts-nano": f"text → speech with {BY_KIND['nano'].name}"}
+
+
+def add_flags(p, command: str, common) -> None:
+    from ..models.registry import DEFAULT
+
+    _add_tts_flags(p, DEFAULT)
+    p.set_defaults(func=_tts, family=FAMILY_OF[command])
 
 
 def _add_tts_flags(p: argparse.ArgumentParser, default) -> None:

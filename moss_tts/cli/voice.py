@@ -139,15 +139,18 @@ def _voice_codec(info: dict) -> str:
     return f"{info['variant']} codec, {info.get('sample_rate', '?')} Hz"
 
 
-def add_parser(sub, common) -> None:
+def commands() -> dict[str, str]:
+    return {"voice": "store, list and remove reference voices"}
+
+
+def add_flags(p, command: str, common) -> None:
     from ..knobs import BY_NAME
     from ..models.registry import DEFAULT
     from ..voices import voices_dir
     from .tts import knob_type
 
-    p = sub.add_parser("voice", help="store, list and remove reference voices", parents=[common],
-                       description=f"Voices are stored in {voices_dir()} ($MOSS_TTS_VOICES, "
-                                   "default $XDG_DATA_HOME/moss-tts/voices).")
+    p.description = (f"Voices are stored in {voices_dir()} ($MOSS_TTS_VOICES, default "
+                     "$XDG_DATA_HOME/moss-tts/voices).")
     vs = p.add_subparsers(dest="voice_command", required=True, metavar="ACTION")
     a = vs.add_parser("add", help="encode a reference (or a voice designed from a description) "
                                   "once and store it under a name", parents=[common])

@@ -334,3 +334,13 @@ def round_robin(streams: list, around=None) -> list[list]:
         for stream in streams:
             stream.close()
     return chunks
+
+
+def stream_places(given: int | None, batched: bool) -> int:
+    """Streams a model decodes together: `given`, or for None ("auto": serve --max-streams,
+    batch --streams) MAX_STREAMS where its family has a batched decoder and 1 where not: a
+    batch of one costs 0-5 % more than the one-stream loop, and under load 4 streams make
+    1.8-3.8x the audio of one (docs/performance.md, "Several streams")."""
+    if given is not None:
+        return given
+    return MAX_STREAMS if batched else 1

@@ -2,5 +2,6 @@
 loaded TTS models. app.py holds the routes and `create_app`; see its docstring for the rest."""
 
 from .app import create_app
+from .settings import ServerSettings
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "ServerSettings"]

@@ -13,7 +13,9 @@ import time
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("moss_tts.access")
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+# the loopback addresses: the Host names they answer to (host_name) are always served, and
+# binding one needs no API key (serve warns of any other without one)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 OPEN_PATHS = ("/health", "/")   # the page is static HTML; its requests carry the key themselves
 
 
@@ -49,6 +51,12 @@ async def send_error(send, status: int, message: str, code: str | None = None,
 def host_name(bind_host: str) -> str:
     """How a bind address appears in a Host header (IPv6 in brackets)."""
     return f"[{bind_host}]" if ":" in bind_host and not bind_host.startswith("[") else bind_host
+
+
+def served_hosts(bind_host: str, allowed_hosts) -> set[str]:
+    """The Host names (lower case) a server bound to `bind_host` answers to: the loopback
+    names, its own, and the `allowed_hosts` extras ('*': any)."""
+    return {h.lower() for h in (*map(host_name, LOOPBACK), host_name(bind_host), *allowed_hosts)}
 
 
 def split_host(value: str) -> tuple[str, int | None]:

@@ -31,16 +31,16 @@ from ..audio import time_stretch
 from ..errors import BackendLost, InputError
 from ..knobs import renamed
 from ..voices import check_name
-from .access import LOOPBACK_NAMES, AccessLog, Gate, host_name, quiet_uvicorn_denials
-from .connections import WRITE_TIMEOUT
+from .access import AccessLog, Gate, quiet_uvicorn_denials, served_hosts
 from .formats import MEDIA_TYPES, PcmLayout, StreamEncoder, encode_audio
-from .live import LIVE_IDLE, live_endpoint
-from .request import (BODY_TIMEOUT, MAX_INPUT_CHARS, RequestError, check_content_type,
-                      decode_upload, parse_speech, parse_voice, read_body)
+from .hosted import describe
+from .live import live_endpoint
+from .request import (MAX_INPUT_CHARS, RequestError, check_content_type, decode_upload,
+                      parse_speech, parse_voice, read_body)
 from .responses import (AudioStream, Guard, busy_response, error_response, failure_response,
                         first_line, no_response, unless_client_leaves)
-from .served import ServedModels
-from .voice_index import MAX_VOICES, VoiceIndex
+from .served import ServedModels, served_name
+from .settings import ServerSettings
 from .warned import pulled_for, request_name, route_warnings
 from .worker import AudioChannel
 
@@ -49,20 +49,14 @@ logger = logging.getLogger(__name__)
 STREAM_BUFFER = 32       # chunks (frames) buffered per streaming client
 
 
-def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
-               voices_root=None, api_key: str | None = None, cors_origins=(),
-               allowed_hosts=(), bind_host: str = "127.0.0.1", access_log: bool = False,
-               write_timeout: float | None = None, max_voices: int = MAX_VOICES,
-               live_idle: float = LIVE_IDLE, live_context: int | None = None,
-               max_streams: int | None = 1, body_timeout: float = BODY_TIMEOUT):
-    """The ASGI app over a loaded TTS (`model_name` names it), or over several: `tts` a dict
-    name → TTS, the first being the default. Only a model's worker thread touches it after
-    this call; a voice upload is encoded by the codec of the model it names (default: the
-    first), and a voice is refused by a model whose codec did not make it, or when
-    `max_voices` are stored. `live_idle` and `live_context` are serve's --live-idle and
-    --live-context (live.py); `max_streams` its --max-streams (worker.py: requests decoded
-    together, for a model with a batched decoder; None: auto, served.py streams_of);
-    `body_timeout` its --body-timeout (request.py read_body)."""
+def create_app(tts, settings: ServerSettings = ServerSettings()):
+    """The ASGI app over loaded TTS models: `tts` a dict name → TTS, the first being the
+    default, or one TTS, served under its family's name (served.py served_name). Only a
+    model's worker thread touches a model after this call; a voice upload is encoded by the
+    codec of the model it names (default: the first), and a voice is refused by a model whose
+    codec did not make it, or when `settings.max_voices` are stored. `settings` are serve's
+    flags (settings.py): the line and stream places of each model (worker.py), the access
+    rules (access.py), the deadlines and the live limits (live.py)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route, WebSocketRoute
@@ -79,16 +73,13 @@ def create_app(tts, *, model_name: str = "moss-tts-nano", queue_depth: int = 4,
     ], lifespan=lifespan, middleware=[Middleware(Guard)],
         exception_handlers={404: no_endpoint, 405: no_endpoint})
     app.router.redirect_slashes = False       # one spelling per endpoint: see no_endpoint
-    app.state.served = ServedModels(tts if isinstance(tts, dict) else {model_name: tts},
-                                    queue_depth, VoiceIndex(voices_root, max_voices),
-                                    write_timeout or WRITE_TIMEOUT, live_idle, live_context,
-                                    max_streams)
-    app.state.body_timeout = body_timeout
-    hosts = {h.lower() for h in (*LOOPBACK_NAMES, host_name(bind_host), *allowed_hosts)}
+    named = tts if isinstance(tts, dict) else {served_name(describe(tts).family): tts}
+    app.state.served = ServedModels(named, settings)
     quiet_uvicorn_denials()
     route_warnings()        # a model's warnings while serving a request: one log line each
-    gated = Guard(Gate(app, hosts=hosts, origins=set(cors_origins), api_key=api_key or None))
-    return AccessLog(gated) if access_log else gated
+    gated = Guard(Gate(app, hosts=served_hosts(settings.host, settings.allowed_hosts),
+                       origins=set(settings.cors_origins), api_key=settings.api_key or None))
+    return AccessLog(gated) if settings.access_log else gated
 
 
 @contextlib.asynccontextmanager
@@ -104,7 +95,7 @@ async def speech(request):
     served = request.app.state.served
     try:
         check_content_type(request.headers)
-        req = parse_speech(await read_body(request, timeout=request.app.state.body_timeout))
+        req = parse_speech(await read_body(request, timeout=served.settings.body_timeout))
         model = served.pick(req.model)
         model.check_available()
         return await (whole(request, served, model, req) if req.stream_format is None
@@ -120,7 +111,7 @@ async def upload_voice(request):
     try:
         check_content_type(request.headers)
         name, audio, model_name = parse_voice(
-            await read_body(request, timeout=request.app.state.body_timeout))
+            await read_body(request, timeout=served.settings.body_timeout))
         check_name(name)
         owner = served.pick(model_name)
         owner.check_available()
@@ -297,7 +288,7 @@ def render_whole(audio, req, served_model):
 
 
 async def streamed(request, served: ServedModels, served_model, req):
-    write_timeout = served.write_timeout
+    write_timeout = served.settings.write_timeout
     channel = AudioChannel(asyncio.get_running_loop(), STREAM_BUFFER, write_timeout)
     words = served_model.stream_keywords(req)
     name = request_name(request, served_model.name)

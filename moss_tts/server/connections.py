@@ -1,6 +1,6 @@
 """How the speech server holds its connections: uvicorn's h11 and WebSocket protocols with the
-limits a server facing hostile clients needs, and the uvicorn.Config that `serve` and the
-tests run (issue 23, holes 3 and 6).
+limits a server facing hostile clients needs (three of its settings, settings.py), and the
+uvicorn.Config that `serve` and the tests run (issue 23, holes 3 and 6).
 
 - A connection cap (`max_connections`): past it a new connection gets a 503 at once and is
   closed, so held sockets cannot reach the process's file limit. (uvicorn's own
@@ -26,24 +26,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 from .access import error_body
+from .settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 256     # open connections (HTTP and WebSocket) before new ones get a 503
-HEADER_TIMEOUT = 10.0     # seconds to send a request's headers
-WRITE_TIMEOUT = 15.0      # seconds a full socket may take no bytes before its client is cut
 LOG_EVERY = 60.0          # seconds between two log lines about one kind of client behaviour
 #                           (Throttled's line says 'a minute')
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_connections: int = MAX_CONNECTIONS
-    header_timeout: float = HEADER_TIMEOUT
-    write_timeout: float = WRITE_TIMEOUT
 
 
 class Throttled:
@@ -79,7 +69,7 @@ class WriteDeadline:
     """Mixin for a uvicorn protocol: while the transport is paused (its buffer over the high
     mark), every `write_timeout` s its buffer must have shrunk, else the client is cut."""
 
-    limits: Limits
+    settings: ServerSettings
     events: Events
     _write_check = None
 
@@ -97,7 +87,7 @@ class WriteDeadline:
         super().connection_lost(exc)
 
     def _arm_write_check(self, size: int) -> None:
-        self._write_check = self.loop.call_later(self.limits.write_timeout,
+        self._write_check = self.loop.call_later(self.settings.write_timeout,
                                                  self._check_progress, size)
 
     def _disarm_write_check(self) -> None:
@@ -111,23 +101,24 @@ class WriteDeadline:
             self._arm_write_check(now)
             return
         self._write_check = None
-        self.events.stalled(self.limits.write_timeout)
+        self.events.stalled(self.settings.write_timeout)
         self.transport.abort()
 
 
-def protocols(limits: Limits):
-    """(http, ws) protocol classes for uvicorn.Config enforcing `limits`."""
+def protocols(settings: ServerSettings):
+    """(http, ws) protocol classes for uvicorn.Config enforcing the three limits of
+    `settings`."""
     from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
     class LiveProtocol(WriteDeadline, WebSocketsSansIOProtocol):
         pass
 
-    http = http_protocol(limits)
-    LiveProtocol.limits, LiveProtocol.events = limits, http.events
+    http = http_protocol(settings)
+    LiveProtocol.settings, LiveProtocol.events = settings, http.events
     return http, LiveProtocol
 
 
-def http_protocol(limits: Limits):
+def http_protocol(settings: ServerSettings):
     """uvicorn's h11 protocol with the connection cap, the header deadline and the write
     deadline."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -138,7 +129,7 @@ def http_protocol(limits: Limits):
         _header_check = _waited_cycle = None
 
         def connection_made(self, transport) -> None:
-            if len(self.connections) >= limits.max_connections:
+            if len(self.connections) >= settings.max_connections:
                 self.events.full(len(self.connections))
                 transport.write(busy_answer())
                 transport.close()
@@ -169,7 +160,7 @@ def http_protocol(limits: Limits):
         def _await_headers(self) -> None:
             self._stop_header_check()
             self._waited_cycle = self.cycle
-            self._header_check = self.loop.call_later(limits.header_timeout, self._no_headers)
+            self._header_check = self.loop.call_later(settings.header_timeout, self._no_headers)
 
         def _stop_header_check(self) -> None:
             if self._header_check is not None:
@@ -179,10 +170,10 @@ def http_protocol(limits: Limits):
         def _no_headers(self) -> None:
             self._header_check = None
             if self.cycle is self._waited_cycle and not self.transport.is_closing():
-                self.events.slow_headers(limits.header_timeout)
+                self.events.slow_headers(settings.header_timeout)
                 self.transport.close()
 
-    HTTPProtocol.limits, HTTPProtocol.events = limits, Events()
+    HTTPProtocol.settings, HTTPProtocol.events = settings, Events()
     return HTTPProtocol
 
 
@@ -194,9 +185,10 @@ def busy_answer() -> bytes:
             % (len(body), body))
 
 
-def uvicorn_config(app, limits: Limits = Limits(), **config):
-    """uvicorn.Config for `app` with the connection limits (other keywords pass through)."""
+def uvicorn_config(app, settings: ServerSettings = ServerSettings(), **config):
+    """uvicorn.Config for `app` with the connection limits of `settings` (other keywords pass
+    through)."""
     import uvicorn
 
-    http, ws = protocols(limits)
+    http, ws = protocols(settings)
     return uvicorn.Config(app, http=http, ws=ws, **{"log_level": "warning"} | config)

@@ -55,7 +55,6 @@ MESSAGE_FIELDS = ("type", "text", "user_text")
 SLICE_CHARS = 32     # text handed to one worker job: a leaving client waits at most one slice
 CLOSE_ERROR, CLOSE_INTERNAL = 1008, 1011      # WebSocket close codes: policy, server failure
 CLOSE_RETRY = 1013     # ... try again later: the model's backend is lost (hosted.py)
-LIVE_IDLE = 60.0     # seconds a live client may send nothing while nothing is spoken
 
 
 @dataclass(frozen=True)
@@ -169,9 +168,9 @@ async def live_endpoint(websocket) -> None:
     await websocket.accept()
     connection = None
     try:
-        raw = await next_text(websocket, served.live_idle)
+        raw = await next_text(websocket, served.settings.live_idle)
         if raw is None:
-            raise idle_error(served.live_idle)
+            raise idle_error(served.settings.live_idle)
         config = parse_config(raw)
         model = served.pick(config.model)
         if not model.live:
@@ -197,7 +196,7 @@ async def live_endpoint(websocket) -> None:
         await websocket.send_json({"type": "started", "model": model.name,
                                    "sample_rate": model.sample_rate, "channels": model.channels,
                                    "format": "pcm_s16le", "context": context})
-        await converse(websocket, connection, model.sample_rate, served.live_idle,
+        await converse(websocket, connection, model.sample_rate, served.settings.live_idle,
                        connection.session.max_turn_chars)
     except WebSocketDisconnect:   # it left, or the write deadline cut it (connections.py)
         logger.info("live client left; its session was closed")

@@ -22,11 +22,10 @@ MAX_INPUT_CHARS = 4096
 MAX_UPLOAD_BYTES = 10 * 2**20        # decoded reference / voice audio
 MAX_BODY_BYTES = 15 * 2**20          # that upload as base64 (×4/3) plus the other fields
 # The body deadline (serve --body-timeout; Apache's mod_reqtimeout `body=20,MinRate=500` in
-# kind): a body must have arrived BODY_TIMEOUT s after the request began, plus 1 s for each
+# kind): a body must have arrived --body-timeout s after the request began, plus 1 s for each
 # MIN_BODY_RATE bytes it has sent, so a client that stalls or trickles (a byte every 2 s) is
 # answered 408 and its connection freed, while a slow link still gets its largest body in
 # (15 MiB at 8 KiB/s: 32 min, the most any body holds a connection)
-BODY_TIMEOUT = 20.0                  # seconds
 MIN_BODY_RATE = 8 * 2**10            # bytes a second: 64 kbit/s, the slowest mobile uplink
 # OpenAI's fields and this server's own; every knob of knobs.KNOBS (seed, sampling, budgets,
 # prompt fields; OpenAI's `instructions` is the instruction knob) is a field too
@@ -64,8 +63,7 @@ def check_content_type(headers) -> None:
         raise RequestError(415, f"Content-Type must be application/json, got {media or 'none'!r}")
 
 
-async def read_body(request, limit: int = MAX_BODY_BYTES,
-                    timeout: float = BODY_TIMEOUT) -> bytes:
+async def read_body(request, *, timeout: float, limit: int = MAX_BODY_BYTES) -> bytes:
     """The body, refused with 413 as soon as it passes `limit` (never read whole first), and
     with 408 once it is late: `timeout` s after this call, plus 1 s per MIN_BODY_RATE bytes
     received (the route calls it as the request begins)."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from ..errors import BackendLost, InputError, VoiceError
 from ..knobs import KNOBS, bounded_text, check_required, synthesis_keywords, takes
-from ..models.batching import MAX_STREAMS
+from ..models.batching import stream_places
 from ..speakers import speakers_argument
 from .hosted import HostedModel, describe
 from .request import RequestError, decode_upload
 from .responses import first_line
+from .settings import ServerSettings
 from .voice_index import VoiceIndex
 from .worker import ModelWorker
 
@@ -18,20 +19,22 @@ from .worker import ModelWorker
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
+def served_name(kind: str) -> str:
+    """The name a model of the family `kind` is served under (GET /v1/models, a request's
+    `model`); serve names a second one of a family by its file instead."""
+    return f"moss-tts-{kind}"
+
+
 def streams_of(tts, max_streams: int | None) -> int:
     """The stream places of a model: --max-streams as given (N > 1 needs a model whose family
     has a batched decoder, its class's BATCHED, models/batching.py), or with None ("auto", the
-    CLI's default) MAX_STREAMS for a batched family and 1 for another: a batch of one costs
-    0-5 % more than the one-stream loop, and under load 4 streams make 1.8-3.8× the audio of
-    one (docs/performance.md, "Several streams")."""
+    default) as models/batching.py stream_places gives a family with or without one."""
     info = describe(tts)
-    if max_streams is None:
-        return MAX_STREAMS if info.batched else 1
-    if max_streams > 1 and not info.batched:
+    if max_streams is not None and max_streams > 1 and not info.batched:
         raise InputError(f"--max-streams {max_streams}: {info.name} decodes one request at a "
                          "time; give --max-streams 1 or auto (only a family with a batched "
                          "decoder takes more)")
-    return max_streams
+    return stream_places(max_streams, info.batched)
 
 
 class ServedModel:
@@ -99,24 +102,21 @@ class ServedModel:
 
 class ServedModels:
     """name → ServedModel, the first being the default (it also answers to OpenAI's names);
-    each model gets its own worker. `voices` indexes the stored voices (voice_index.py);
-    `write_timeout` is how long any response may wait for its client; `live_idle` how long a
-    live client may send nothing while nothing is spoken; `live_context` a live
-    conversation's backbone rows (None: the model's own size)."""
+    each model gets its own worker, with `settings.queue_depth` places in its line. `voices`
+    indexes the stored voices (voice_index.py); the routes and the live endpoint read their
+    deadlines and limits from `settings` (settings.py)."""
 
-    def __init__(self, models: dict, queue_depth: int, voices: VoiceIndex, write_timeout: float,
-                 live_idle: float, live_context: int | None = None,
-                 max_streams: int | None = 1):
-        places = {name: streams_of(tts, max_streams)    # before any worker starts
+    def __init__(self, models: dict, settings: ServerSettings):
+        places = {name: streams_of(tts, settings.max_streams)    # before any worker starts
                   for name, tts in models.items()}
-        self.models = {name: ServedModel(name, tts, queue_depth,
+        self.settings = settings
+        self.voices = VoiceIndex(settings.voices_root, settings.max_voices)
+        self.voices_root = self.voices.root
+        self.models = {name: ServedModel(name, tts, settings.queue_depth,
                                          "moss-tts-model" if i == 0 else f"moss-tts-model-{name}",
                                          places[name])
                        for i, (name, tts) in enumerate(models.items())}
         self.default = next(iter(self.models.values()))
-        self.voices, self.write_timeout = voices, write_timeout
-        self.voices_root = voices.root
-        self.live_idle, self.live_context = live_idle, live_context
 
     def pick(self, name: str | None) -> ServedModel:
         """The request's model: by its name; OpenAI's names (or none) mean the first."""
@@ -130,7 +130,8 @@ class ServedModels:
 
     def live_rows(self) -> dict:
         """The session keyword for --live-context (none: the model's own default)."""
-        return {} if self.live_context is None else {"max_rows": self.live_context}
+        rows = self.settings.live_context
+        return {} if rows is None else {"max_rows": rows}
 
     def live_names(self) -> list[str]:
         return [name for name, m in self.models.items() if m.live]

@@ -15,15 +15,14 @@ from pathlib import Path
 from ..voices import add_voice, remove_voice, voice_info, voice_of, voices_dir
 from .request import RequestError
 
-MAX_VOICES = 1000        # serve --max-voices: voices stored before an upload is refused
 RACY_SECONDS = 2.0       # a directory changed this recently may change again unseen
 
 
 class VoiceIndex:
     """The voices under `root` (None: the user's voices directory), at most `limit` of them
-    stored through the server."""
+    stored through the server (serve --max-voices)."""
 
-    def __init__(self, root, limit: int = MAX_VOICES):
+    def __init__(self, root, limit: int):
         self.root = Path(root) if root else voices_dir()
         self.limit = limit
         self._lock = threading.Lock()        # the routes' threads and the model workers

@@ -287,6 +287,26 @@ def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_l
     assert not (tmp_path / "out").exists()
 
 
+def test_streams_auto_is_what_serve_gives_the_lines_models(batch_models, tmp_path,
+                                                           monkeypatch):
+    """`--streams auto` (None), as serve's --max-streams auto: MAX_STREAMS lines a worker where
+    every model the lines use has a batched decoder, one where one of them has none."""
+    from moss_tts.batch import local
+    from moss_tts.cli import build_parser
+    from moss_tts.models.batching import MAX_STREAMS
+
+    args = build_parser().parse_args(["batch", "m.jsonl", "-o", "out", "--streams", "auto"])
+    assert args.streams is None
+    given = []
+    monkeypatch.setattr(local, "run_local",
+                        lambda job, n, threads, streams, backend: given.append(streams))
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi."}])
+    run(manifest, tmp_path / "batched", batch_models, streams=None)
+    monkeypatch.setattr(NanoTTS, "BATCHED", None)
+    run(manifest, tmp_path / "lone", batch_models, streams=None)
+    assert given == [MAX_STREAMS, 1] and MAX_STREAMS > 1
+
+
 def batch_help(capsys) -> str:
     from moss_tts.cli import main
 

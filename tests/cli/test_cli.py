@@ -100,3 +100,25 @@ def test_convert_refuses_dash_out_in_one_line(tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "-o -: this command writes a file, not stdout" in r.stderr
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_version_and_help_load_no_model_family(flag):
+    """Only the command run gets its flags built (issue 33): `--version` and `--help` import
+    no module under moss_tts.models but the registry's rows (building every command's flags
+    imported all eight families, 26 modules), and `--help` still lists every command with its
+    one-line help."""
+    from moss_tts.cli import COMMAND_GROUPS
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "moss_tts", flag],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
+              if line.startswith("import time:")}
+    assert "moss_tts.cli.tts" in loaded      # guard: the imports were read
+    assert {m for m in loaded if m.startswith("moss_tts.models.")} <= {"moss_tts.models.registry"}
+    if flag == "--help":
+        listed = "".join(out.stdout.split())     # argparse wraps a help line, even at a '-'
+        for group in COMMAND_GROUPS:
+            for command, helptext in group.commands().items():
+                assert command + "".join(helptext.split()) in listed, command

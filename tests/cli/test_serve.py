@@ -90,3 +90,12 @@ def test_serve_refuses_more_connections_than_the_process_may_open(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--max-connections" in out.stderr
     assert "ulimit -n" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_serve_takes_a_queue_of_0_as_the_server_does(tmp_path):
+    """`--queue 0` (only the running requests, none waiting) is a line the server takes (the
+    server tests and bench/serve_attacks.py serve with it); the flag alone refused it."""
+    out = subprocess.run([sys.executable, "-m", "moss_tts", "serve", "--queue", "0",
+                          "--model", tmp_path / "missing.gguf"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "--queue" not in out.stderr and "--model" in out.stderr

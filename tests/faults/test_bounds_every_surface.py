@@ -21,7 +21,7 @@ from moss_tts.models.registry import BY_KIND
 from moss_tts.server import create_app
 from moss_tts.speakers import MAX_TRANSCRIPT_CHARS
 from tests.batch.conftest import records, write_jsonl
-from tests.server.helpers import call, client_of, loaded_families
+from tests.server.helpers import call, client_of, loaded_families, settings
 
 ROWS = 20          # the tiny models rarely end by themselves: a value that slips through is cheap
 KINDS = ("voicegen", "sfx", "ttsd")
@@ -86,7 +86,7 @@ def models(files):
 
 @pytest.fixture
 def server(models, served, tmp_path):
-    return served(create_app(dict(models), voices_root=tmp_path / "voices"))
+    return served(create_app(dict(models), settings(tmp_path / "voices")))
 
 
 def assert_states_the_bound(message: str, name: str, limit: str) -> None:

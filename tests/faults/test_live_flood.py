@@ -23,7 +23,7 @@ from moss_tts.models.realtime_live import MAX_BUFFER, SESSION_ROWS, TextSegmente
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.server import create_app
 from moss_tts.server.live import SLICE_CHARS
-from tests.server.helpers import Served, client_of, tiny_realtime_files
+from tests.server.helpers import Served, client_of, settings, tiny_realtime_files
 
 MODEL = "moss-tts-realtime"
 GUARD = 60            # seconds a waited-for message may take: only a broken server gets there
@@ -183,13 +183,13 @@ def refused(ws, bound: str) -> None:
 
 @pytest.fixture
 def serve(tmp_path, files):
-    """`serve(model_class, **create_app keywords)` → a running server over its own load of the
+    """`serve(model_class, **settings)` → a running server over its own load of the
     tiny model; stopped (before the model closes) at teardown."""
     running = []
 
     def start(model_class=RealtimeTTS, **kwargs):
         model = model_class.load(files[0], codec=files[1], threads=1)
-        server = Served(create_app({MODEL: model}, voices_root=tmp_path / "voices", **kwargs))
+        server = Served(create_app({MODEL: model}, settings(tmp_path / "voices", **kwargs)))
         running.append((server, model))
         return server, model
     yield start

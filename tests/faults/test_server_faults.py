@@ -15,10 +15,10 @@ import time
 import pytest
 
 from moss_tts.server import create_app
-from moss_tts.server.connections import Limits
 from moss_tts.server.worker import AudioChannel
+from moss_tts.server.settings import ServerSettings
 from tests.server.helpers import (BOUND, StubTTS, call, client_of, free_places, raw_post,
-                                  read_to_end, until)
+                                  read_to_end, settings, until)
 
 DEADLINE = 1.0       # the body (or header) deadline the servers here run with, in seconds
 FOREVER = 10**6      # a Content-Length no trickle here ever completes
@@ -71,8 +71,8 @@ def test_stalled_and_trickling_bodies_get_408_and_free_every_connection(served, 
     of them) or a byte every 50 ms (two): each is answered 408 in OpenAI's shape (a trickler
     may instead see its socket reset: the server closes with its bytes unread), every
     connection is freed, and /health and speech answer again."""
-    app = create_app(StubTTS(), voices_root=tmp_path / "voices", body_timeout=DEADLINE)
-    s = served(app, Limits(max_connections=4))
+    app = create_app(StubTTS(), settings(tmp_path / "voices", body_timeout=DEADLINE))
+    s = served(app, ServerSettings(max_connections=4))
     socks = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(4)]
     for sock in socks:
         sock.sendall(body_head(s.port))
@@ -98,7 +98,7 @@ def test_stalled_and_trickling_bodies_get_408_and_free_every_connection(served, 
 
 def test_a_body_on_time_is_read_whole(served, tmp_path):
     """The deadline refuses only late bodies: one sent at once is served."""
-    app = create_app(StubTTS(), voices_root=tmp_path / "voices", body_timeout=DEADLINE)
+    app = create_app(StubTTS(), settings(tmp_path / "voices", body_timeout=DEADLINE))
     s = served(app)
     body = json.dumps({"input": "on time", "response_format": "pcm"}).encode()
     sock = socket.create_connection(("127.0.0.1", s.port))
@@ -112,8 +112,8 @@ def test_trickling_headers_are_cut_by_the_header_deadline(served, tmp_path):
     """The header phase's bound (connections.py): a client that sends a header byte every
     50 ms, never finishing, is closed once --header-timeout has passed since it connected —
     its bytes do not move the deadline (uvicorn's keep-alive timer would stop at the first)."""
-    s = served(create_app(StubTTS(), voices_root=tmp_path / "voices"),
-               Limits(header_timeout=DEADLINE))
+    s = served(create_app(StubTTS(), settings(tmp_path / "voices")),
+               ServerSettings(header_timeout=DEADLINE))
     sock = socket.create_connection(("127.0.0.1", s.port))
     trickle = Trickle(sock, b"GET /health HTTP/1.1\r\nX-Pad: " + b"a" * FOREVER)
     answer = read_to_end(sock)
@@ -172,8 +172,8 @@ def test_a_streamed_requests_place_is_free_before_its_last_bytes(served, tmp_pat
     stream's end (as a busy machine may deschedule it), until those bytes went out: a place
     given back only after the end was handed over is then still taken, every time."""
     watch = LastBytes(create_app((BatchedStub if streams > 1 else StubTTS)(),
-                                 voices_root=tmp_path / "voices", queue_depth=0,
-                                 max_streams=streams, write_timeout=BOUND * 10))
+                                 settings(tmp_path / "voices", queue_depth=0,
+                                 max_streams=streams, write_timeout=BOUND * 10)))
     finish = AudioChannel.finish
 
     def paused_finish(channel, kind, value=None):
@@ -182,7 +182,7 @@ def test_a_streamed_requests_place_is_free_before_its_last_bytes(served, tmp_pat
             assert watch.sent.wait(BOUND), "the stream's last bytes never went out"
             watch.sent.clear()
     monkeypatch.setattr(AudioChannel, "finish", paused_finish)
-    s = served(watch, Limits(write_timeout=BOUND * 10))
+    s = served(watch, ServerSettings(write_timeout=BOUND * 10))
     watch.server = s
     endless = [raw_post(s.port, {"input": "endless", "stream_format": "audio",
                                  "response_format": "pcm"}, rcvbuf=4096)

@@ -28,7 +28,7 @@ from moss_tts.models.registry import family_of_model
 from moss_tts.server import create_app
 from moss_tts.server.request import RequestError, decode_upload
 from moss_tts.voices import load_voice
-from tests.server.helpers import Served, StubTTS, call, client_of, tiny_model_files
+from tests.server.helpers import Served, StubTTS, call, client_of, settings, tiny_model_files
 
 RATE = 16000
 BOMB_FRAMES = 96 * 2**20        # 100.7 M samples: 6291 s at 16 kHz in ~317 KB of FLAC
@@ -166,7 +166,7 @@ class HeardStub(StubTTS):
 @pytest.fixture(scope="module")
 def stub_server(tmp_path_factory):
     stub = HeardStub()
-    s = Served(create_app(stub, voices_root=tmp_path_factory.mktemp("stub") / "voices"))
+    s = Served(create_app(stub, settings(tmp_path_factory.mktemp("stub") / "voices")))
     s.stub = stub
     yield s
     s.stop()
@@ -177,7 +177,7 @@ def nano_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("bomb_server")
     model, codec = tiny_model_files(d)
     tts = NanoTTS.load(model, codec=codec, threads=1)
-    s = Served(create_app(tts, voices_root=d / "voices"))
+    s = Served(create_app(tts, settings(d / "voices")))
     yield s
     s.stop()
     tts.close()
@@ -252,7 +252,7 @@ def test_a_ttsd_speakers_bomb_is_read_to_30_seconds_or_refused(ttsd, bombs):
         return client.audio.speech.create(
             model="tts-1", voice="alloy", input="[S1] Hello there.", response_format="wav",
             extra_body={"seed": 7, "max_new_rows": 8, "speakers": speakers})
-    s = Served(create_app(ttsd["tts"], voices_root=ttsd["dir"] / "voices"))
+    s = Served(create_app(ttsd["tts"], settings(ttsd["dir"] / "voices")))
     try:
         client = client_of(s)
         with peak_memory() as peak:     # cold (graphs built here): the bound is looser

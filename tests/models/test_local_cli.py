@@ -18,7 +18,7 @@ from moss_tts.cli.serve import load_models
 from moss_tts.models.local_tts import LocalTTS
 from moss_tts.sampling import LocalSamplingOptions
 from moss_tts.server import create_app
-from tests.server.helpers import Served, call
+from tests.server.helpers import Served, call, settings
 
 TEXT = "Hello there."
 
@@ -85,7 +85,7 @@ def test_serve_answers_with_the_local_model(files):
     models = load_models(SimpleNamespace(model=[str(files.model)], codec=[str(files.codec)],
                                          backend="cpu", threads=1))
     assert list(models) == ["moss-tts-local"]
-    s = Served(create_app(models, voices_root=files.dir / "voices"))
+    s = Served(create_app(models, settings(files.dir / "voices")))
     try:
         status, _, body = call(s.url, "/v1/audio/speech", {
             "model": "moss-tts-local", "input": TEXT, "seed": 7, "max_new_frames": 6,

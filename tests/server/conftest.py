@@ -1,11 +1,11 @@
 """What the server tests share: `served(app, limits, sndbuf=...)` runs an app on a loopback
-port and stops it after the test; `serve(**create_app keywords)` does so for a StubTTS with its
-voices under tmp_path."""
+port and stops it after the test; `serve(**settings)` does so for a StubTTS with its voices
+under tmp_path (helpers.py settings: ServerSettings fields)."""
 
 import pytest
 
 from moss_tts.server import create_app
-from tests.server.helpers import Served, StubTTS
+from tests.server.helpers import Served, StubTTS, settings
 
 
 @pytest.fixture
@@ -28,5 +28,5 @@ def served():
 
 @pytest.fixture
 def serve(tmp_path, served):
-    return lambda **kwargs: served(create_app(StubTTS(), voices_root=tmp_path / "voices",
-                                              **kwargs))
+    return lambda **kwargs: served(create_app(StubTTS(), settings(tmp_path / "voices",
+                                              **kwargs)))

@@ -24,11 +24,19 @@ from fixtures.make_realtime import make_tiny_realtime_checkpoint
 from fixtures.make_spm import make_tiny_spm
 from moss_tts.errors import InputError
 from moss_tts.sampling import SamplingOptions
-from moss_tts.server.connections import Limits, uvicorn_config
+from moss_tts.server.connections import uvicorn_config
+from moss_tts.server.settings import ServerSettings
 from moss_tts.tts import CodecTTS
 from moss_tts.tts import Reference
 
 SR = 1600  # the tiny codec's rate
+
+
+def settings(voices_root=None, **given) -> ServerSettings:
+    """The server settings a test serves with: its voices under `voices_root`, and one stream
+    a model unless it asks for more (create_app's default before issue 33 gave it settings;
+    serve's default is auto)."""
+    return ServerSettings(**{"voices_root": voices_root, "max_streams": 1} | given)
 
 
 class Served:
@@ -37,7 +45,7 @@ class Served:
     sockets it accepts (they inherit the listener's), so a client that stops reading fills it
     soon."""
 
-    def __init__(self, app, limits=Limits(), sndbuf=None):
+    def __init__(self, app, limits=ServerSettings(), sndbuf=None):
         import uvicorn
         self.sock = socket.socket()
         if sndbuf:

@@ -16,7 +16,7 @@ from scipy.signal import resample_poly
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
 from moss_tts.voices import load_voice
-from tests.server.helpers import SR, Served, call, tiny_model_files
+from tests.server.helpers import SR, Served, call, settings, tiny_model_files
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def files(tmp_path_factory):
 def server(files, tmp_path_factory):
     tts = NanoTTS.load(files[0], codec=files[1], threads=1)
     root = tmp_path_factory.mktemp("voices")
-    s = Served(create_app(tts, voices_root=root))
+    s = Served(create_app(tts, settings(root)))
     s.voices_root = root
     yield s
     s.stop()
@@ -146,7 +146,7 @@ def test_models_health_and_voices_round_trip(server):
 def test_voice_names_cannot_escape_the_voices_directory(files, tmp_path, name):
     tts = NanoTTS.load(files[0], codec=files[1], threads=1)
     voices = tmp_path / "store" / "voices"
-    s = Served(create_app(tts, voices_root=voices))
+    s = Served(create_app(tts, settings(voices)))
     try:
         st, _, raw = call(s.url, "/v1/audio/voices", {"name": name, "audio": wav_b64()})
         assert st == 400 and "name" in json.loads(raw)["error"]["message"]

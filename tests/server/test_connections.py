@@ -13,8 +13,8 @@ import time
 import pytest
 
 from moss_tts.server import create_app
-from moss_tts.server.connections import Limits
-from tests.server.helpers import BOUND, SR, StubTTS, call, read_to_end, until
+from moss_tts.server.settings import ServerSettings
+from tests.server.helpers import BOUND, SR, StubTTS, call, read_to_end, settings, until
 
 
 
@@ -61,12 +61,12 @@ class LogRecords(logging.Handler):
 @pytest.fixture
 def serve(tmp_path, served):
     return lambda tts, limits, **kwargs: served(
-        create_app(tts, voices_root=tmp_path / "voices", **kwargs), limits, sndbuf=4096)
+        create_app(tts, settings(tmp_path / "voices", **kwargs)), limits, sndbuf=4096)
 
 
 def test_held_connections_are_bounded_and_health_still_answers(serve):
     with LogRecords() as log:
-        s = serve(StubTTS(), Limits(max_connections=8, header_timeout=1.0))
+        s = serve(StubTTS(), ServerSettings(max_connections=8, header_timeout=1.0))
         held = []
         for _ in range(12):      # each sends half a request's headers, then nothing
             sock = socket.create_connection(("127.0.0.1", s.port))
@@ -88,7 +88,7 @@ def test_held_connections_are_bounded_and_health_still_answers(serve):
 
 
 def test_a_connection_that_keeps_alive_but_never_finishes_its_next_headers_is_closed(serve):
-    s = serve(StubTTS(), Limits(header_timeout=1.0))
+    s = serve(StubTTS(), ServerSettings(header_timeout=1.0))
     sock = socket.create_connection(("127.0.0.1", s.port))
     host = b"Host: 127.0.0.1:%d\r\n" % s.port
     sock.sendall(b"GET /health HTTP/1.1\r\n" + host + b"\r\n")
@@ -106,7 +106,7 @@ def test_a_connection_that_keeps_alive_but_never_finishes_its_next_headers_is_cl
 def test_a_client_that_never_reads_a_whole_response_is_cut(serve):
     tts = StubTTS(chunk_frames=SR * 100)      # 3 chunks: 2.9 MB of native s16 stereo
     with LogRecords(watch="stopped reading") as log:
-        s = serve(tts, Limits(write_timeout=1.0), write_timeout=1.0)
+        s = serve(tts, ServerSettings(write_timeout=1.0), write_timeout=1.0)
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", s.port))

@@ -29,7 +29,7 @@ from moss_tts.server.formats import StreamEncoder
 from moss_tts.server.responses import AudioStream
 from moss_tts.server.worker import AudioChannel
 from moss_tts.voices import add_voice
-from tests.server.helpers import SR, StubTTS, call, silent_wav_b64
+from tests.server.helpers import SR, StubTTS, call, settings, silent_wav_b64
 
 GUARD_SECONDS = 20     # how long a test waits for the server's side: only a broken test waits
 
@@ -63,8 +63,8 @@ class Finished:
 @pytest.fixture
 def serve(tmp_path, served):
     def start(tts=None, wrap=lambda app: app, **kwargs):
-        app = Finished(wrap(create_app(tts or StubTTS(), voices_root=tmp_path / "voices",
-                                       **kwargs)))
+        app = Finished(wrap(create_app(tts or StubTTS(), settings(tmp_path / "voices",
+                                       **kwargs))))
         s = served(app)
         s.finished = app
         return s

@@ -22,7 +22,7 @@ from moss_tts.sampling import DelaySamplingOptions, SamplingOptions
 from moss_tts.server import create_app
 from moss_tts.server.served import ServedModel
 from moss_tts.server.request import parse_speech
-from tests.server.helpers import SR, Served, StubTTS, call, tiny_model_files
+from tests.server.helpers import SR, Served, StubTTS, call, settings, tiny_model_files
 
 ROWS = 24    # the tiny Delay model rarely ends by itself: its rows are capped (ShortDelayTTS)
 TEXT = "Hello there."
@@ -53,7 +53,7 @@ def server(files):
                                          backend="cpu", threads=1))
     models["moss-tts-delay"] = ShortDelayTTS.load(files.delay, codec=files.delay_codec,
                                                   threads=1)
-    s = Served(create_app(models, voices_root=files.dir / "voices"))
+    s = Served(create_app(models, settings(files.dir / "voices")))
     yield s, openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
     s.stop()
     for tts in models.values():

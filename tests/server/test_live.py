@@ -17,7 +17,7 @@ from moss_tts.models.realtime_tts import SESSION_ROWS, RealtimeTTS
 from moss_tts.sampling import RealtimeSamplingOptions
 from moss_tts.server import create_app
 from moss_tts.server.formats import pcm_bytes
-from tests.server.helpers import call, tiny_model_files, tiny_realtime_files
+from tests.server.helpers import call, settings, tiny_model_files, tiny_realtime_files
 
 TEXT = "Hello there, this is a live test. It speaks as the text arrives!"
 DELTAS = ["Hel", "lo there, th", "is is a live", " test. It speaks as the text arrives!"]
@@ -47,8 +47,8 @@ def models(tmp_path_factory):
 
 @pytest.fixture
 def serve(tmp_path, models, served):
-    return lambda **kwargs: served(create_app(models, voices_root=tmp_path / "voices",
-                                              **kwargs))
+    return lambda **kwargs: served(create_app(models, settings(tmp_path / "voices",
+                                              **kwargs)))
 
 
 def ws_url(server, query=""):

@@ -19,8 +19,8 @@ from websockets.sync.client import connect
 
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.server import create_app
-from moss_tts.server.connections import Limits
-from tests.server.helpers import free_places, tiny_realtime_files
+from moss_tts.server.settings import ServerSettings
+from tests.server.helpers import free_places, settings, tiny_realtime_files
 from tests.server.test_connections import LogRecords
 
 TEXT = "Hello there, this is a live test. It speaks as the text arrives!"
@@ -60,11 +60,11 @@ def files(tmp_path_factory):
 def serve(tmp_path, files, served):
     loaded = []
 
-    def start(model_class=RealtimeTTS, limits=Limits(), sndbuf=None, **kwargs):
+    def start(model_class=RealtimeTTS, limits=ServerSettings(), sndbuf=None, **kwargs):
         tts = model_class.load(files[0], codec=files[1], threads=1)
         loaded.append(tts)
-        return served(create_app({"moss-tts-realtime": tts}, voices_root=tmp_path / "voices",
-                                 **kwargs), limits, sndbuf=sndbuf)
+        return served(create_app({"moss-tts-realtime": tts}, settings(tmp_path / "voices",
+                                 **kwargs)), limits, sndbuf=sndbuf)
     yield start
     served.stop_all()     # before the models close (`served` tears down after this fixture)
     for tts in loaded:
@@ -235,7 +235,7 @@ def recv_raw_text(sock: socket.socket) -> dict:
 
 
 def test_a_live_client_that_never_reads_is_cut_and_its_place_freed(serve):
-    s = serve(LoudRealtime, Limits(write_timeout=1.0), sndbuf=4096, queue_depth=0,
+    s = serve(LoudRealtime, ServerSettings(write_timeout=1.0), sndbuf=4096, queue_depth=0,
               write_timeout=1.0)
     with LogRecords(watch="stopped reading") as log:
         sock = raw_live_client(s.port)

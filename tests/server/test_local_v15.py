@@ -15,7 +15,7 @@ from fixtures.make_local_v15 import SAMPLE_RATE, make_tiny_local_v15_checkpoint
 from moss_tts.cli.serve import load_models
 from moss_tts.models.local_v15_tts import LocalV15TTS
 from moss_tts.server import create_app
-from tests.server.helpers import Served
+from tests.server.helpers import Served, settings
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def served(tmp_path_factory, tiny_codec):
     codec = tiny_codec("v2")
     models = load_models(SimpleNamespace(model=[str(model)], codec=[str(codec)], backend="cpu",
                                          threads=1))
-    s = Served(create_app(models, voices_root=d / "voices"))
+    s = Served(create_app(models, settings(d / "voices")))
     yield s, model, codec, list(models)
     s.stop()
     for tts in models.values():

@@ -18,9 +18,10 @@ import pytest
 from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
-from moss_tts.server.connections import Limits
 from moss_tts.server.worker import ModelWorker
-from tests.server.helpers import StubTTS, client_of, free_places, raw_post, tiny_model_files
+from moss_tts.server.settings import ServerSettings
+from tests.server.helpers import (StubTTS, client_of, free_places, raw_post, settings,
+                                  tiny_model_files)
 
 # four different requests: texts, seeds, budgets, whole and streamed, two formats
 REQUESTS = [
@@ -46,8 +47,8 @@ def clients(files, served):
     each over its own load of the tiny Nano model."""
     d, (model, codec) = files
     loaded = [NanoTTS.load(model, codec=codec, threads=1) for _ in range(2)]
-    apps = [create_app(loaded[0], voices_root=d / "voices"),
-            create_app(loaded[1], voices_root=d / "voices", max_streams=4)]
+    apps = [create_app(loaded[0], settings(d / "voices")),
+            create_app(loaded[1], settings(d / "voices", max_streams=4))]
     yield [openai.OpenAI(base_url=served(app).url + "/v1", api_key="unused", max_retries=0)
            for app in apps]
     served.stop_all()
@@ -143,12 +144,12 @@ def test_a_client_that_stops_reading_does_not_hold_up_the_streams_beside_it(
     d, (model, codec) = files
     loaded = [NanoTTS.load(model, codec=codec, threads=1) for _ in range(2)]
     try:
-        alone = served(create_app(loaded[0], voices_root=d / "voices"))
+        alone = served(create_app(loaded[0], settings(d / "voices")))
         expected = speak(client_of(alone), BESIDE)
         timeout = CUT_AFTER[write_timeout]
-        together = served(create_app(loaded[1], voices_root=d / "voices", queue_depth=1,
-                                     max_streams=2, write_timeout=timeout),
-                          Limits(write_timeout=timeout), sndbuf=4096)
+        together = served(create_app(loaded[1], settings(d / "voices", queue_depth=1,
+                                     max_streams=2, write_timeout=timeout)),
+                          ServerSettings(write_timeout=timeout), sndbuf=4096)
         stalled = raw_post(together.port, STALLED, rcvbuf=4096)
         try:
             assert stalled.recv(64).startswith(b"HTTP/1.1 200")   # it streams; then no reads
@@ -181,7 +182,7 @@ def wait_until(condition, guard: float = 60) -> None:
 
 def test_a_model_without_a_batched_decoder_refuses_more_streams(tmp_path):
     with pytest.raises(InputError, match="^--max-streams 2: .*--max-streams 1") as e:
-        create_app(StubTTS(), voices_root=tmp_path / "voices", max_streams=2)
+        create_app(StubTTS(), settings(tmp_path / "voices", max_streams=2))
     assert "\n" not in str(e.value)
 
 
@@ -190,14 +191,14 @@ def test_auto_gives_a_batched_family_its_stream_places_and_another_one(files):
     batched decoder, one for a family without (no error: auto never asks what cannot be)."""
     from moss_tts.models.batching import MAX_STREAMS
     from moss_tts.server.served import ServedModels, streams_of
-    from moss_tts.server.voice_index import VoiceIndex
 
     d, (model, codec) = files
     with NanoTTS.load(model, codec=codec, threads=1) as nano:
         assert streams_of(nano, None) == MAX_STREAMS > 1
         assert streams_of(nano, 3) == 3
-        served = ServedModels({"nano": nano}, 2, VoiceIndex(d / "voices"), 3.0, 5.0,
-                              max_streams=None)
+        served = ServedModels({"nano": nano}, settings(d / "voices", queue_depth=2,
+                                                       write_timeout=3.0, live_idle=5.0,
+                                                       max_streams=None))
         try:
             assert served.default.worker.max_streams == MAX_STREAMS
         finally:

@@ -15,7 +15,8 @@ from websockets.sync.client import connect
 
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
-from tests.server.helpers import call, client_of, free_places, silent_wav_b64, tiny_model_files
+from tests.server.helpers import (call, client_of, free_places, settings, silent_wav_b64,
+                                  tiny_model_files)
 
 N, DEPTH = 2, 2
 PLACES = N + DEPTH         # the line's places, running jobs' included (/v1/models)
@@ -105,7 +106,7 @@ def expected(files):
 
     d, (model, codec) = files
     tts = NanoTTS.load(model, codec=codec, threads=1)
-    server = Served(create_app(tts, voices_root=d / "alone"))
+    server = Served(create_app(tts, settings(d / "alone")))
     try:
         client = client_of(server)
         live = dict(input=LIVE_TEXT, extra_body=LIVE_KNOBS)
@@ -121,8 +122,8 @@ def together(files, served, tmp_path):
     _, (model, codec) = files
     tts = LiveNano.load(model, codec=codec, threads=1)
     tts.reset()
-    yield served(create_app(tts, voices_root=tmp_path / "voices", queue_depth=DEPTH,
-                            max_streams=N)), tts
+    yield served(create_app(tts, settings(tmp_path / "voices", queue_depth=DEPTH,
+                            max_streams=N))), tts
     served.stop_all()
     tts.close()
 

@@ -18,8 +18,9 @@ from websockets.sync.client import connect
 from moss_tts.models.batching import MAX_STREAMS
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.server import create_app
-from moss_tts.server.connections import Limits
-from tests.server.helpers import Served, call, client_of, free_places, raw_post, tiny_realtime_files
+from moss_tts.server.settings import ServerSettings
+from tests.server.helpers import (Served, call, client_of, free_places, raw_post, settings,
+                                  tiny_realtime_files)
 
 MODEL = "moss-tts-realtime"
 DEPTH = 2
@@ -55,7 +56,7 @@ def expected(files):
     request's SSE body, each served alone."""
     d, (model, codec) = files
     tts = RealtimeTTS.load(model, codec=codec, threads=1)
-    server = Served(create_app({MODEL: tts}, voices_root=d / "alone", max_streams=1))
+    server = Served(create_app({MODEL: tts}, settings(d / "alone", max_streams=1)))
     try:
         with live_session(server) as ws:
             live = speak_turn(ws, LIVE_FIRST + LIVE_REST)
@@ -76,9 +77,9 @@ def together(request, files, served, tmp_path):
     buffers."""
     _, (model, codec) = files
     tts = RealtimeTTS.load(model, codec=codec, threads=1)
-    app = create_app({MODEL: tts}, voices_root=tmp_path / "voices", queue_depth=DEPTH,
-                     max_streams=request.param, write_timeout=WRITE_TIMEOUT)
-    yield served(app, Limits(write_timeout=WRITE_TIMEOUT), sndbuf=4096), \
+    app = create_app({MODEL: tts}, settings(tmp_path / "voices", queue_depth=DEPTH,
+                     max_streams=request.param, write_timeout=WRITE_TIMEOUT))
+    yield served(app, ServerSettings(write_timeout=WRITE_TIMEOUT), sndbuf=4096), \
         request.param or MAX_STREAMS
     served.stop_all()
     tts.close()

@@ -12,7 +12,7 @@ import pytest
 from moss_tts.errors import BudgetWarning
 from moss_tts.server import create_app
 
-from .helpers import StubTTS, call, client_of
+from .helpers import StubTTS, call, client_of, settings
 from .test_max_streams_live import files, together  # noqa: F401 (fixtures)
 
 
@@ -30,7 +30,7 @@ class CuttingTTS(StubTTS):
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_models_warning_is_one_log_line_naming_the_request(streamed, served, tmp_path,
                                                             caplog, recwarn):
-    server = served(create_app(CuttingTTS(), model_name="stub", voices_root=tmp_path / "v"))
+    server = served(create_app({"stub": CuttingTTS()}, settings(tmp_path / "v")))
     extra = {"stream_format": "audio"} if streamed else {}
     with caplog.at_level(logging.WARNING, logger="moss_tts"):
         for text in ("first", "second"):
@@ -48,7 +48,7 @@ def test_a_models_warning_is_one_log_line_naming_the_request(streamed, served, t
 @pytest.mark.filterwarnings("always::moss_tts.errors.BudgetWarning")
 def test_a_warning_outside_any_request_is_left_to_python(served, tmp_path, caplog):
     """Guard: the hook routes only what a request's pull warns."""
-    server = served(create_app(CuttingTTS(), voices_root=tmp_path / "v"))
+    server = served(create_app(CuttingTTS(), settings(tmp_path / "v")))
     assert call(server.url, "/health")[0] == 200
     with pytest.warns(BudgetWarning, match="elsewhere"), \
             caplog.at_level(logging.WARNING, logger="moss_tts"):

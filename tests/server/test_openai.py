@@ -11,7 +11,7 @@ import soundfile as sf
 
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.server import create_app
-from tests.server.helpers import SR, Served, tiny_model_files
+from tests.server.helpers import SR, Served, settings, tiny_model_files
 
 EXTRA = {"seed": 5, "max_new_frames": 12}
 SECONDS = 12 * 32 / SR
@@ -22,7 +22,7 @@ def client(tmp_path_factory):
     d = tmp_path_factory.mktemp("openai")
     model, codec = tiny_model_files(d)
     tts = NanoTTS.load(model, codec=codec, threads=1)
-    s = Served(create_app(tts, voices_root=d / "voices"))
+    s = Served(create_app(tts, settings(d / "voices")))
     yield openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
     s.stop()
     tts.close()

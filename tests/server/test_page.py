@@ -16,7 +16,7 @@ from moss_tts.sampling import SamplingOptions
 from moss_tts.server import create_app
 from moss_tts.tts import CodecTTS
 from moss_tts.voices import add_voice
-from tests.server.helpers import Served, tiny_model_files
+from tests.server.helpers import Served, settings, tiny_model_files
 
 # Browsers decode WAV only from 3 kHz up: the tiny codec is declared at 16 kHz here (its
 # windows scale with the rate; the towers are unchanged).
@@ -28,7 +28,7 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("web")
     model, codec = tiny_model_files(d, rate=RATE)
     tts = NanoTTS.load(model, codec=codec, threads=1)
-    s = Served(create_app(tts, voices_root=d / "voices"))
+    s = Served(create_app(tts, settings(d / "voices")))
     yield s
     s.stop()
     tts.close()
@@ -174,7 +174,7 @@ class FailingTTS:
 
 @needs_browser
 def test_a_stream_that_fails_midway_shows_an_error_and_clears_the_old_result(tmp_path, browser):
-    s = Served(create_app(FailingTTS(), voices_root=tmp_path))
+    s = Served(create_app(FailingTTS(), settings(tmp_path)))
     try:
         browser.get(s.url + "/")
         assert speak(browser, "fine").endswith(" s")
@@ -191,7 +191,7 @@ def test_the_page_works_with_an_api_key(tmp_path, browser):
     from selenium.webdriver.common.by import By
 
     add_voice("amy", np.zeros((2, 4), np.int32), {}, root=tmp_path / "voices")
-    s = Served(create_app(FailingTTS(), voices_root=tmp_path / "voices", api_key="sk-page"))
+    s = Served(create_app(FailingTTS(), settings(tmp_path / "voices", api_key="sk-page")))
     voices = "return [...document.getElementById('voice').options].map(o => o.value)"
     try:
         browser.get(s.url + "/")                       # the page itself needs no key
@@ -213,8 +213,8 @@ def test_the_page_says_up_front_that_the_server_needs_a_key(tmp_path, browser):
     a server without a key shows no key field."""
     from selenium.webdriver.common.by import By
 
-    keyed = Served(create_app(FailingTTS(), voices_root=tmp_path, api_key="sk-page"))
-    open_server = Served(create_app(FailingTTS(), voices_root=tmp_path))
+    keyed = Served(create_app(FailingTTS(), settings(tmp_path, api_key="sk-page")))
+    open_server = Served(create_app(FailingTTS(), settings(tmp_path)))
     try:
         open_page(browser, keyed.url)
         assert browser.find_element(By.ID, "key").is_displayed()
@@ -231,7 +231,7 @@ def test_the_page_says_up_front_that_the_server_needs_a_key(tmp_path, browser):
 def test_the_old_error_clears_once_the_right_key_is_entered(tmp_path, browser):
     """Issue 23, hole 9c: the 401 of a Speak without the key stayed on screen after the right
     key was entered; a wrong key says so."""
-    s = Served(create_app(FailingTTS(), voices_root=tmp_path, api_key="sk-page"))
+    s = Served(create_app(FailingTTS(), settings(tmp_path, api_key="sk-page")))
     try:
         open_page(browser, s.url)
         assert speak(browser, "fine").startswith("error: missing or wrong API key")

@@ -12,7 +12,7 @@ from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.sampling import RealtimeSamplingOptions
 from moss_tts.server import create_app
 from moss_tts.server.formats import pcm_bytes
-from tests.server.helpers import Served, tiny_model_files, tiny_realtime_files
+from tests.server.helpers import Served, settings, tiny_model_files, tiny_realtime_files
 from tests.server.test_page import (browser, enter_key, needs_browser, open_page,  # noqa: F401
                                     pick_model, wait_for)                 # (browser: the fixture)
 
@@ -52,7 +52,7 @@ STATUS = "return document.getElementById('live-status').textContent"
 def test_live_mode_speaks_typed_text_turn_by_turn(models, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    s = Served(create_app(models, voices_root=tmp_path))
+    s = Served(create_app(models, settings(tmp_path)))
     try:
         open_page(browser, s.url)
         assert live_hidden(browser)                   # the first model, Nano, has no live mode
@@ -86,7 +86,7 @@ def test_live_mode_speaks_typed_text_turn_by_turn(models, browser, tmp_path):
 
 @needs_browser
 def test_live_mode_is_hidden_without_a_live_model(models, browser, tmp_path):
-    s = Served(create_app({"moss-tts-nano": models["moss-tts-nano"]}, voices_root=tmp_path))
+    s = Served(create_app({"moss-tts-nano": models["moss-tts-nano"]}, settings(tmp_path)))
     try:
         # the section starts hidden: the check means something only once the page has read
         # /v1/models (open_page waits for that)
@@ -101,7 +101,7 @@ def test_live_mode_is_hidden_without_a_live_model(models, browser, tmp_path):
 def test_live_mode_sends_the_api_key(models, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    s = Served(create_app(models, voices_root=tmp_path, api_key="sk-live"))
+    s = Served(create_app(models, settings(tmp_path, api_key="sk-live")))
     try:
         open_page(browser, s.url)
         assert live_hidden(browser)                 # /v1/models needs the key too
@@ -174,7 +174,7 @@ def test_a_long_paste_is_sent_in_pieces_and_again_after_a_restart(browser, tmp_p
     from selenium.webdriver.common.by import By
 
     model = PasteModel()
-    s = Served(create_app({"moss-tts-realtime": model}, voices_root=tmp_path))
+    s = Served(create_app({"moss-tts-realtime": model}, settings(tmp_path)))
     paste = ("const box = document.getElementById('live-text'); box.value = arguments[0];"
              "box.dispatchEvent(new Event('input'));")
     try:

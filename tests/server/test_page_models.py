@@ -13,7 +13,7 @@ import pytest
 from moss_tts.reference import codec_info
 from moss_tts.server import create_app
 from moss_tts.voices import add_voice
-from tests.server.helpers import Served, StubTTS
+from tests.server.helpers import Served, StubTTS, settings
 from tests.server.test_page import (KEY_HINT, STATUS, VOICES, browser,  # noqa: F401 (fixture)
                                     enter_key, needs_browser, open_page, pick_model, speak)
 
@@ -55,7 +55,7 @@ def test_speak_uses_the_picked_model(two, browser):
     from selenium.webdriver.common.by import By
 
     models, root = two
-    s = Served(create_app(models, voices_root=root))
+    s = Served(create_app(models, settings(root)))
     try:
         open_page(browser, s.url)
         assert browser.find_element(By.ID, "model").is_displayed()
@@ -78,7 +78,7 @@ def test_one_model_shows_no_picker(two, browser):
     from selenium.webdriver.common.by import By
 
     models, root = two
-    s = Served(create_app({"moss-tts-nano": models["moss-tts-nano"]}, voices_root=root))
+    s = Served(create_app({"moss-tts-nano": models["moss-tts-nano"]}, settings(root)))
     try:
         open_page(browser, s.url)
         assert browser.execute_script(MODELS) == ["moss-tts-nano"]
@@ -93,7 +93,7 @@ def test_the_voice_list_holds_the_picked_models_voices(two, browser):
     """The list mixed voices of every codec; a voice the picked model's codec did not make is
     left out, and a chosen voice stays chosen while it fits."""
     models, root = two
-    s = Served(create_app(models, voices_root=root))
+    s = Served(create_app(models, settings(root)))
     try:
         open_page(browser, s.url)
         assert browser.execute_script(VOICES) == ["", "amy", "old"]
@@ -136,7 +136,7 @@ def shot(browser, path, shown: list[str], hidden: list[str]):
 @needs_browser
 def test_screenshots_of_a_keyed_server_with_two_models(two, browser, tmp_path):
     models, root = two
-    s = Served(create_app(models, voices_root=root, api_key="sk-shot"))
+    s = Served(create_app(models, settings(root, api_key="sk-shot")))
     browser.set_window_size(1000, 800)
     try:
         open_page(browser, s.url)
@@ -164,7 +164,7 @@ def test_models_list_gives_each_models_codec_and_the_real_input_limit(two):
     from tests.server.helpers import call
 
     models, root = two
-    s = Served(create_app(models, voices_root=root))
+    s = Served(create_app(models, settings(root)))
     try:
         listed = json.loads(call(s.url, "/v1/models")[2])["data"]
         assert {m["id"]: m["codec"] for m in listed} == {
@@ -215,7 +215,7 @@ def test_models_list_says_which_fields_each_model_takes(three):
     from tests.server.helpers import call
 
     models, root = three
-    s = Served(create_app(models, voices_root=root))
+    s = Served(create_app(models, settings(root)))
     try:
         listed = {m["id"]: m for m in json.loads(call(s.url, "/v1/models")[2])["data"]}
     finally:
@@ -241,7 +241,7 @@ def test_the_page_offers_each_model_the_inputs_it_takes(three, browser):
     from selenium.webdriver.common.by import By
 
     models, root = three
-    s = Served(create_app(models, voices_root=root))
+    s = Served(create_app(models, settings(root)))
     try:
         open_page(browser, s.url)
         assert browser.execute_script(SHOWN) == ["voice-label", "reference-label"]

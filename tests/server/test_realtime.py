@@ -16,7 +16,7 @@ from moss_tts.cli.serve import load_models
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.sampling import RealtimeSamplingOptions
 from moss_tts.server import create_app
-from tests.server.helpers import Served
+from tests.server.helpers import Served, settings
 
 TEXT = "Hello there, quick brown foxes jump."
 
@@ -29,7 +29,7 @@ def served(tmp_path_factory, tiny_codec):
     codec = tiny_codec()
     models = load_models(SimpleNamespace(model=[str(model)], codec=[str(codec)], backend="cpu",
                                          threads=1))
-    s = Served(create_app(models, voices_root=d / "voices"))
+    s = Served(create_app(models, settings(d / "voices")))
     yield s, openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0), model, codec
     s.stop()
     for tts in models.values():

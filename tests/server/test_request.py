@@ -8,12 +8,12 @@ import pytest
 
 from moss_tts.server import create_app
 from moss_tts.server.request import (MAX_BODY_BYTES, RequestError, parse_speech, parse_voice)
-from tests.server.helpers import Served, StubTTS
+from tests.server.helpers import Served, StubTTS, settings
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Served(create_app(StubTTS(), voices_root=tmp_path_factory.mktemp("voices")))
+    s = Served(create_app(StubTTS(), settings(tmp_path_factory.mktemp("voices"))))
     yield s
     s.stop()
 

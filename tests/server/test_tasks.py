@@ -17,7 +17,7 @@ import soundfile as sf
 from fixtures.make_delay import SAMPLE_RATE, make_tiny_published_models
 from moss_tts.server import create_app
 from moss_tts.voices import add_voice
-from tests.server.helpers import call, loaded_families
+from tests.server.helpers import call, loaded_families, settings
 
 ROWS = 20          # the tiny models rarely end by themselves: rows are capped
 DIALOGUE = "[S1] Hello there. [S2] Fine, thanks."
@@ -46,7 +46,7 @@ def models(files):
 
 @pytest.fixture
 def server(files, models, served):
-    s = served(create_app(dict(models), voices_root=files["dir"] / "voices"))
+    s = served(create_app(dict(models), settings(files["dir"] / "voices")))
     return s, openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
 
 

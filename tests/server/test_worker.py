@@ -15,9 +15,8 @@ import pytest
 
 from moss_tts.errors import BackendError
 from moss_tts.server import create_app
-from moss_tts.server.connections import WRITE_TIMEOUT, Limits
 from moss_tts.server.worker import ModelWorker
-from tests.server.helpers import SR, StubTTS, call, raw_post, silent_wav_b64
+from tests.server.helpers import SR, StubTTS, call, raw_post, settings, silent_wav_b64
 
 GUARD = 60      # seconds: only a broken worker makes a test wait this long
 
@@ -65,8 +64,9 @@ class Watched:
 @pytest.fixture
 def serve(tmp_path, served):
     def start(tts, **kwargs):
-        app = Watched(create_app(tts, voices_root=tmp_path / "voices", **kwargs))
-        s = served(app, Limits(write_timeout=kwargs.get("write_timeout", WRITE_TIMEOUT)))
+        given = settings(tmp_path / "voices", **kwargs)
+        app = Watched(create_app(tts, given))
+        s = served(app, given)
         s.watched = app
         return s
     return start
