@@ -13,10 +13,10 @@ def __getattr__(name):
         from .models.nano_tts import NanoTTS
         return NanoTTS
     if name in ("TTS", "Reference"):    # the protocol every family offers, and its voice type
-        from . import tts
+        from .models import tts
         return getattr(tts, name)
     if name == "load_tts":       # any family's TTS from its GGUF (the family is its kind)
-        from .load import load_tts
+        from .models.load import load_tts
         return load_tts
     if name == "SamplingOptions":
         from .sampling import SamplingOptions

@@ -28,7 +28,7 @@ from ..text.languages import LANGUAGES_V1
 from ..text.voice_design import normalize_instruction, normalize_voice_text
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, check_tags, merge_turns,
                              normalize_dialogue, split_dialogue, tag_transcript)
-from ..tts import FrameBudget, check_text, family_stream
+from .tts import FrameBudget, check_text, family_stream
 from .delay import MAX_NEW_ROWS
 from .delay_tts import DelayTTS
 from .long_text import speak

@@ -19,7 +19,7 @@ from ..text.normalize import normalize_delay_text
 from ..text.languages import LANGUAGES_V15
 from ..text.script import CJK_OR_HANGUL
 from ..text.template import FIELDS, PromptIds as DelayPromptIds
-from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
+from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_decode import DelayBatch
 from .delay_published import is_published_dir, load_published

@@ -16,7 +16,7 @@ from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalSamplingOptions
 from ..text.languages import LANGUAGES_V1
-from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
+from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay_tts import DelayTTS
 from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
 from .local_decode import LocalBatch

@@ -18,7 +18,7 @@ from ..text.chunking import continuation_prompt_text
 from ..text.languages import LANGUAGES_V15
 from ..text.local_v15_prompts import build_prompt_rows
 from ..text.template import FIELDS, PromptIds as LocalV15PromptIds
-from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
+from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
 from .local_v15_decode import LocalV15Batch
 from .long_text import speak, split_long_text

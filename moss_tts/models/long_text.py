@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ..text.chunking import pause_samples, split_into_chunks
-from ..tts import BudgetCut, Reference
+from .tts import BudgetCut, Reference
 
 # Tokens of text per utterance. Upstream speaks a whole request as one prompt; a cap keeps
 # every prompt, KV cache and frame budget bounded whatever the text's length, and 200 tokens

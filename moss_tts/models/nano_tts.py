@@ -25,7 +25,7 @@ from ..text import (NanoPromptIds, SentencePieceTokenizer, build_rows, pause_sam
                     prepare_texts, split_into_chunks)
 from ..text.chunking import continuation_prompt_text
 from ..text.prompts import check_mode
-from ..tts import BudgetCut, CodecTTS, FrameBudget, Reference, check_text, family_stream
+from .tts import BudgetCut, CodecTTS, FrameBudget, Reference, check_text, family_stream
 from .nano import KIND, TOKENIZER_KEY, NanoModel
 from .batching import STATE_ROWS_STEP
 from .nano_decode import FrameSampler, NanoBatch

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..text.qwen_tokenizer import QwenTokenizer
-from ..tts import CodecTTS
+from .tts import CodecTTS
 
 
 class Qwen3TTS(CodecTTS):

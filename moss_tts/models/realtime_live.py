@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import BudgetWarning, InputError
 from ..ggml.backend import NativeResource, released_on_error
 from ..text import realtime_prompts as prompts
-from ..tts import Reference, check_text
+from .tts import Reference, check_text
 
 if TYPE_CHECKING:
     from ..sampling import RealtimeSamplingOptions

@@ -19,7 +19,7 @@ from ..errors import whole_number
 from ..ggml.backend import NativeResource
 from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
-from ..tts import BudgetMeter, FrameBudget, Reference, family_stream
+from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 from .realtime_decode import RealtimeBatch

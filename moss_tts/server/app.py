@@ -1,5 +1,5 @@
 """`python -m moss_tts serve`: an OpenAI-style speech API over one or more loaded TTS models
-(any family: the TTS protocol of tts.py), picked by the request's `model`.
+(any family: the TTS protocol of models/tts.py), picked by the request's `model`.
 
 Starlette + uvicorn: a small ASGI core with streaming responses and no framework magic, and
 uvicorn is the de-facto server for it. This module holds the routes, as module functions over

@@ -11,7 +11,7 @@ from moss_tts.errors import InputError
 from moss_tts.models.batching import BatchDecoder, StreamJob
 from moss_tts.models.nano_decode import NanoBatch
 from moss_tts.sampling import SamplingOptions
-from moss_tts.tts import CodecTTS
+from moss_tts.models.tts import CodecTTS
 
 from .test_nano_decode import TEXTS, alone
 from .test_nano_tts import NEVER_STOPS

@@ -1,4 +1,4 @@
-"""The family contract the TTS base owns (moss_tts/tts.py, design §6, issue 22), checked alike on
+"""The family contract the TTS base owns (moss_tts/models/tts.py, design §6, issue 22), checked alike on
 the tiny checkpoint of every family: stored voices of another codec refused by name (finding 1),
 text that is not clean Unicode refused as one InputError (3), every reference form for every
 family and integer PCM scaled (4), the same InputError from every public method after close
@@ -20,7 +20,7 @@ from moss_tts.models.local_v15_tts import LocalV15TTS
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.reference import codec_info
-from moss_tts.tts import Reference, check_text
+from moss_tts.models.tts import Reference, check_text
 from moss_tts.voices import add_voice, load_voice
 
 from .conftest import THREADS

@@ -245,7 +245,7 @@ def test_a_long_dialogue_is_cut_at_turns_and_each_chunk_continues_the_one_before
             assert prompt_text == seen[i - 1][0] and len(prompt.codes) > 0
 
 
-# -- the family contract (moss_tts/tts.py, as tests/models/test_contract.py for the others) ----
+# -- the family contract (moss_tts/models/tts.py, as tests/models/test_contract.py for the others) ----
 @pytest.mark.parametrize("kind, args, kw, field", [
     ("ttsd", ("[S1] Hi\0.",), {}, "text"),
     ("ttsd", ("[S1] Hi.",), {"speakers": [(codes(3, 1), "Hi\0")]}, "transcript"),

@@ -11,7 +11,7 @@ from moss_tts.errors import InputError, ModelFileError
 from moss_tts.models.delay_state import audio_segments, de_delay
 from moss_tts.models.delay_tts import DelayTTS, FrameAssembler, join_transcript
 from moss_tts.sampling import DelaySamplingOptions
-from moss_tts.tts import TTS, Reference
+from moss_tts.models.tts import TTS, Reference
 
 from .conftest import THREADS
 

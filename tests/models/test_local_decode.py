@@ -25,7 +25,7 @@ from moss_tts.models.local_v15_decode import LocalV15Batch
 from moss_tts.models.local_v15_tts import LocalV15TTS
 from moss_tts.models.long_text import split_long_text
 from moss_tts.sampling import LocalSamplingOptions, LocalV15SamplingOptions
-from moss_tts.tts import Reference
+from moss_tts.models.tts import Reference
 
 from .local_fixtures import THREADS
 from .test_local import prompt_rows as local_prompt

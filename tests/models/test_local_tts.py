@@ -14,7 +14,7 @@ from fixtures.reference import delay as delay_ref
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.models.local_tts import LocalTTS, ladder_chunk
 from moss_tts.sampling import LocalSamplingOptions
-from moss_tts.tts import TTS, Reference
+from moss_tts.models.tts import TTS, Reference
 from tests.models.local_fixtures import THREADS
 
 # the codec's streaming decoder equals its offline decode up to f32 kernel order (codecs tests)

@@ -9,10 +9,10 @@ import pytest
 from fixtures.compare import assert_close
 from fixtures.make_local_v15 import N_VQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.load import load_tts, tts_class
+from moss_tts.models.load import load_tts, tts_class
 from moss_tts.models.local_v15_tts import ChunkLadder, LocalV15TTS, ladder_frames
 from moss_tts.sampling import LocalV15SamplingOptions
-from moss_tts.tts import TTS, Reference
+from moss_tts.models.tts import TTS, Reference
 from tests.models.local_v15_fixtures import THREADS
 
 DECODE_ATOL = 1e-5   # streaming vs offline codec decode: f32 kernel order only (codec tests)

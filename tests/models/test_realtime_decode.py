@@ -23,7 +23,7 @@ from moss_tts.errors import InputError
 from moss_tts.models.batching import BatchDecoder
 from moss_tts.models.realtime_decode import RealtimeBatch
 from moss_tts.sampling import RealtimeSamplingOptions
-from moss_tts.tts import Reference
+from moss_tts.models.tts import Reference
 
 from .test_realtime import prompt_rows
 

@@ -12,7 +12,7 @@ import pytest
 from fixtures.compare import assert_close
 from fixtures.make_realtime import CODEBOOK, RVQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.load import tts_class
+from moss_tts.models.load import tts_class
 from moss_tts.models.realtime import sanitized
 from moss_tts.models.realtime_live import MAX_BUFFER, MIN_SEGMENT, SEGMENT_END, TextSegmenter
 from moss_tts.models.realtime_tts import RealtimeTTS
@@ -20,7 +20,7 @@ from moss_tts.sampling import RealtimeSamplingOptions
 
 GREEDY = RealtimeSamplingOptions(do_sample=False)   # the penalty (1.1) stays on, as upstream
 from moss_tts.text import realtime_prompts as prompts
-from moss_tts.tts import TTS, Reference
+from moss_tts.models.tts import TTS, Reference
 
 
 # the codec's streaming decoder equals its offline decode up to f32 kernel order (codec tests)

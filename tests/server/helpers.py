@@ -26,8 +26,8 @@ from moss_tts.errors import InputError
 from moss_tts.sampling import SamplingOptions
 from moss_tts.server.connections import uvicorn_config
 from moss_tts.server.settings import ServerSettings
-from moss_tts.tts import CodecTTS
-from moss_tts.tts import Reference
+from moss_tts.models.tts import CodecTTS
+from moss_tts.models.tts import Reference
 
 SR = 1600  # the tiny codec's rate
 

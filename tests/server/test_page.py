@@ -14,7 +14,7 @@ from moss_tts.errors import InputError
 from moss_tts.models.nano_tts import NanoTTS
 from moss_tts.sampling import SamplingOptions
 from moss_tts.server import create_app
-from moss_tts.tts import CodecTTS
+from moss_tts.models.tts import CodecTTS
 from moss_tts.voices import add_voice
 from tests.server.helpers import Served, settings, tiny_model_files
 

@@ -16,16 +16,16 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .audio import as_sample_rate, as_samples, trim_reference
-from .errors import (BudgetWarning, InputError, ModelFileError, MossTTSError, VoiceError,
+from ..audio import as_sample_rate, as_samples, trim_reference
+from ..errors import (BudgetWarning, InputError, ModelFileError, MossTTSError, VoiceError,
                      whole_number)
-from .ggml.backend import NativeResource, released_on_error
-from .knobs import bounded_text, checked_keywords, shown
-from .models.batching import MAX_STREAMS, BatchDecoder, round_robin
-from .reference import (Reference, as_reference, codec_info, codec_problem, pcm_as_float,
+from ..ggml.backend import NativeResource, released_on_error
+from ..knobs import bounded_text, checked_keywords, shown
+from ..reference import (Reference, as_reference, codec_info, codec_problem, pcm_as_float,
                         unwrapped)
-from .sampling import check_options, check_seed
-from .voices import load_voice
+from ..sampling import check_options, check_seed
+from ..voices import load_voice
+from .batching import MAX_STREAMS, BatchDecoder, round_robin
 
 __all__ = ["TTS", "CodecTTS", "Reference", "FrameBudget", "BudgetCut", "BudgetMeter",
            "check_text", "family_stream"]
@@ -290,7 +290,7 @@ class CodecTTS(NativeResource):
         (a name or code of LANGUAGES), `seconds` as `tokens`, the duration in codec frames."""
         fields = dict(fields)
         if fields.get("language") is not None:   # the card's name, as upstream's prompts say it
-            from .text.languages import language_name      # loaded where a prompt is built
+            from ..text.languages import language_name      # loaded where a prompt is built
 
             fields["language"] = language_name(fields["language"], self.LANGUAGES)
         most = self.BUDGET.limit      # a duration the budget can never make is refused
@@ -450,7 +450,7 @@ class CodecTTS(NativeResource):
     def _with_codec(cls, model, codec, backend):
         """cls(model, codec), loading `codec` when it is a path; a codec that fails to load or to
         fit frees the model (and the codec loaded here)."""
-        from .codec import Codec
+        from ..codec import Codec
 
         with released_on_error(model):
             owned = Codec.load(codec, backend=backend) if codec is not None \
