@@ -302,10 +302,10 @@ FAMILY_OF = {"tts": None, "tts-nano": "nano"}
 def commands() -> dict[str, str]:
     from ..models.registry import BY_KIND, FAMILIES     # the rows only: no family is loaded
 
-    names = ", ".join(f.name for f in FAMILIES)
+    names = ", ".join(f.short for f in FAMILIES)       # the rows' own: no class is imported
     return {"tts": f"text → speech with any MOSS-TTS model (the family is read from the GGUF: "
                    f"{names})",
-            "tts-nano": f"text → speech with {BY_KIND['nano'].name}"}
+            "tts-nano": f"text → speech with MOSS-TTS-{BY_KIND['nano'].short}"}
 
 
 def add_flags(p, command: str, common) -> None:

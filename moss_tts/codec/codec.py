@@ -96,6 +96,8 @@ class Codec(NativeResource):
     >>> audio = codec.decode(codes, n_quantizers=8)                      # doctest: +SKIP
     """
 
+    NAME = "MOSS-Audio-Tokenizer"      # as the registry's codec row names it
+
     def __init__(self, weights: Weights, *, chunk_seconds: float | None = CHUNK_SECONDS):
         self.weights = weights
         self.backend = weights.backend

@@ -63,6 +63,7 @@ class DialogueTTS(DelayTTS):
     the one before it, so the voices hold."""
 
     FAMILY, NAME, OPTIONS = "ttsd", "MOSS-TTSD v1.0", DialogueSamplingOptions
+    KEYWORDS = ("max_new_rows", "speakers", "language")
     TEXT_FIELDS = ("language",)
     LANGUAGES = LANGUAGES_V1              # its card's 20 (section 1.5)
 
@@ -200,6 +201,8 @@ class VoiceDesignTTS(DelayTTS):
     the voice comes from the description alone (upstream refuses an empty one); no reference."""
 
     FAMILY, NAME, OPTIONS = "voicegen", "MOSS-VoiceGenerator", VoiceDesignSamplingOptions
+    KEYWORDS = ("max_new_rows", "instruction", "language", "tokens", "seconds")
+    REQUIRED = ("instruction",)      # the voice is made from its description
     TEXT_FIELDS = ("instruction", "language")
     # its card: "high-quality synthesis in Chinese and English"
     LANGUAGES = tuple(pair for pair in LANGUAGES_V1 if pair[1] in ("zh", "en"))
@@ -237,6 +240,7 @@ class SoundEffectTTS(DelayTTS):
     as the text): upstream's message carries it as `ambient_sound` and no text."""
 
     FAMILY, NAME, OPTIONS = "sfx", "MOSS-SoundEffect", SoundEffectSamplingOptions
+    KEYWORDS = ("max_new_rows", "sound", "tokens", "seconds")
     TEXT_FIELDS = ("sound",)
     TEXT_OPTIONAL = True
     # the description (`sound`, or the text), one prompt that is never cut into chunks: a

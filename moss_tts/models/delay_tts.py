@@ -64,6 +64,7 @@ class DelayTTS(Qwen3TTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
+    KEYWORDS = ("max_new_rows", "language", "instruction", "tokens", "seconds", "prompt_text")
     TOKENIZER_KEY = TOKENIZER_KEY
     PROMPT_FIELDS = FIELDS
     TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number

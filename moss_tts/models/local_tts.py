@@ -54,6 +54,8 @@ class LocalTTS(DelayTTS):
     """
 
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer", LocalSamplingOptions
+    KEYWORDS = ("max_frames", "language", "instruction", "tokens", "seconds",
+                "n_vq_for_inference", "prompt_text")
     DELAYED = False
     START_AUDIO = True   # its processor appends the AUDIO_START row (§family-3.5)
     # several streams per decode step: set here, not inherited, as `_rows_audio` (not Delay's

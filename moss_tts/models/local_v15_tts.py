@@ -79,6 +79,7 @@ class LocalV15TTS(Qwen3TTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer-v2 (48 kHz stereo) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer-v1.5", LocalV15SamplingOptions
+    KEYWORDS = ("max_frames", "language", "instruction", "tokens", "seconds", "prompt_text")
     CHANNELS = 2                      # the 48 kHz stereo codec v2
     MODEL, TOKENIZER_KEY = LocalV15Model, TOKENIZER_KEY
     BATCHED = LocalV15Batch           # several streams per decode step (models/batching.py)

@@ -66,6 +66,7 @@ class NanoTTS(CodecTTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer-Nano GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Nano", SamplingOptions
+    KEYWORDS = ("max_frames", "max_text_tokens", "prompt_text")
     TEXT_FIELDS, BUDGET = (), BUDGET
     MAX_TEXT_TOKENS = MAX_TEXT_TOKENS     # the most `max_text_tokens` takes (knobs.py reads it)
     CHANNELS = 2

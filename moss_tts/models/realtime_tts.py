@@ -64,6 +64,7 @@ class RealtimeTTS(Qwen3TTS):
 
     CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Realtime", RealtimeSamplingOptions
+    KEYWORDS = ("max_frames",)
     MODEL, TOKENIZER_KEY = RealtimeModel, TOKENIZER_KEY
     BATCHED = RealtimeBatch    # offline streams only: a live session decodes on its own
     LIVE = True                # `session`

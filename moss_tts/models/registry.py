@@ -19,20 +19,19 @@ CODEC_V2 = "OpenMOSS-Team/MOSS-Audio-Tokenizer-v2"
 
 @dataclass(frozen=True)
 class Family:
-    """A TTS family. `kind` is its GGUF `moss.kind`; `tts` and `options` are "module:Class"
-    names imported on first use (so `--help` stays cheap); `converter` is its module under
-    converters/; `detect(config.json) -> bool` recognizes its checkpoints (one row only may
-    match); `keywords` are the `stream` keywords of the family beyond `options`, `seed` and the
-    references (the knob table offers a knob to the families whose row names its keyword)."""
+    """A TTS family's card: what its class cannot say. `kind` is its GGUF `moss.kind` (how a
+    file finds its row without importing any family); `tts` is its "module:Class", imported on
+    first use, whose class declares its name (NAME), options (OPTIONS), `stream` keywords
+    beyond options, seed and references (KEYWORDS: the knob table offers a knob to the families
+    that name its keyword) and the keywords a request must give (REQUIRED); `converter` is its
+    module under converters/; `detect(config.json) -> bool` recognizes its checkpoints (one
+    row only may match)."""
 
     kind: str
-    name: str                    # the name people know
     short: str                   # how --help names it
     tts: str
-    options: str
     converter: str
     detect: Callable[[dict], bool]
-    keywords: tuple[str, ...]
     default_model: str
     default_codec: str
     hub_outtype: str = "f32"     # what a repo id converts to when no type is asked for
@@ -43,8 +42,6 @@ class Family:
     arch: str = ""
     checkpoint: str = ""
     names: tuple[str, ...] = ()
-    # `keywords` a request must give (MOSS-VoiceGenerator makes its voice from `instruction`)
-    required: tuple[str, ...] = ()
 
     @property
     def gguf_kind(self) -> str:
@@ -53,8 +50,21 @@ class Family:
     def tts_class(self):
         return _attribute(self.tts)
 
+    @property
+    def name(self) -> str:
+        """The name people know (its class's NAME)."""
+        return self.tts_class().NAME
+
     def options_class(self):
-        return _attribute(self.options)
+        return self.tts_class().OPTIONS
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        return self.tts_class().KEYWORDS
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return self.tts_class().REQUIRED
 
     @property
     def takes_reference(self) -> bool:
@@ -99,62 +109,46 @@ def _is_codec(c: dict) -> bool:
         or ("encoder_kwargs" in c and not str(_model_type(c)).startswith("moss_tts"))
 
 
+# what the rows on MossTTSDelay weights share: its converter, detector and codec
+ON_DELAY = dict(converter="converters.delay", detect=_is_delay, default_codec=CODEC_24K)
 FAMILIES = (
-    Family("nano", "MOSS-TTS-Nano", "Nano", "moss_tts.models.nano_tts:NanoTTS",
-           "moss_tts.sampling:SamplingOptions", "converters.nano",
-           lambda c: _model_type(c) == "moss_tts_nano",
-           ("max_frames", "max_text_tokens", "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS-Nano", CODEC_NANO),
-    Family("delay", "MOSS-TTS (Delay)", "Delay", "moss_tts.models.delay_tts:DelayTTS",
-           "moss_tts.sampling:DelaySamplingOptions", "converters.delay",
-           _is_delay,
-           ("max_new_rows", "language", "instruction", "tokens", "seconds", "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS", CODEC_24K,
-           hub_outtype="q6_K",
-           checkpoint="MOSS-TTS", names=("mosstts",)),
+    Family(kind="nano", short="Nano", tts="moss_tts.models.nano_tts:NanoTTS",
+           converter="converters.nano", detect=lambda c: _model_type(c) == "moss_tts_nano",
+           default_model="OpenMOSS-Team/MOSS-TTS-Nano", default_codec=CODEC_NANO),
+    Family(kind="delay", short="Delay", tts="moss_tts.models.delay_tts:DelayTTS",
+           default_model="OpenMOSS-Team/MOSS-TTS", hub_outtype="q6_K",
+           checkpoint="MOSS-TTS", names=("mosstts",), **ON_DELAY),
     # MossTTSDelay's other published checkpoints (docs/upstream-notes.md §family-9): the same
     # runtime, another prompt and task each
-    Family("ttsd", "MOSS-TTSD v1.0", "TTSD", "moss_tts.models.delay_tasks:DialogueTTS",
-           "moss_tts.sampling:DialogueSamplingOptions", "converters.delay", _is_delay,
-           ("max_new_rows", "speakers", "language"),
-           "OpenMOSS-Team/MOSS-TTSD-v1.0", CODEC_24K,
-           hub_outtype="q6_K",
-           arch="delay", checkpoint="MOSS-TTSD-v1.0", names=("mossttsd", "ttsd")),
-    Family("voicegen", "MOSS-VoiceGenerator", "VoiceGenerator",
-           "moss_tts.models.delay_tasks:VoiceDesignTTS",
-           "moss_tts.sampling:VoiceDesignSamplingOptions", "converters.delay", _is_delay,
-           ("max_new_rows", "instruction", "language", "tokens", "seconds"),
-           "OpenMOSS-Team/MOSS-VoiceGenerator", CODEC_24K,
-           arch="delay", checkpoint="MOSS-VoiceGenerator", names=("voicegenerator", "voicegen"),
-           required=("instruction",)),
-    Family("sfx", "MOSS-SoundEffect", "SoundEffect", "moss_tts.models.delay_tasks:SoundEffectTTS",
-           "moss_tts.sampling:SoundEffectSamplingOptions", "converters.delay", _is_delay,
-           ("max_new_rows", "sound", "tokens", "seconds"),
-           "OpenMOSS-Team/MOSS-SoundEffect", CODEC_24K,
-           hub_outtype="q6_K",
-           arch="delay", checkpoint="MOSS-SoundEffect", names=("soundeffect", "sfx")),
-    Family("local", "MOSS-TTS-Local-Transformer", "Local",
-           "moss_tts.models.local_tts:LocalTTS", "moss_tts.sampling:LocalSamplingOptions",
-           "converters.local",
-           _is_local,
-           ("max_frames", "language", "instruction", "tokens", "seconds", "n_vq_for_inference",
-            "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS-Local-Transformer", CODEC_24K),
-    Family("local-v15", "MOSS-TTS-Local-Transformer-v1.5", "Local v1.5",
-           "moss_tts.models.local_v15_tts:LocalV15TTS",
-           "moss_tts.sampling:LocalV15SamplingOptions", "converters.local_v15",
-           _is_local_v15,
-           ("max_frames", "language", "instruction", "tokens", "seconds", "prompt_text"),
-           "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5", CODEC_V2, hub_outtype="q6_K"),
-    Family("realtime", "MOSS-TTS-Realtime", "Realtime",
-           "moss_tts.models.realtime_tts:RealtimeTTS",
-           "moss_tts.sampling:RealtimeSamplingOptions", "converters.realtime",
-           lambda c: _model_type(c) == "moss_tts_realtime", ("max_frames",),
-           "OpenMOSS-Team/MOSS-TTS-Realtime", CODEC_24K),
+    Family(kind="ttsd", short="TTSD", tts="moss_tts.models.delay_tasks:DialogueTTS",
+           default_model="OpenMOSS-Team/MOSS-TTSD-v1.0", hub_outtype="q6_K",
+           arch="delay", checkpoint="MOSS-TTSD-v1.0", names=("mossttsd", "ttsd"),
+           **ON_DELAY),
+    Family(kind="voicegen", short="VoiceGenerator",
+           tts="moss_tts.models.delay_tasks:VoiceDesignTTS",
+           default_model="OpenMOSS-Team/MOSS-VoiceGenerator", arch="delay",
+           checkpoint="MOSS-VoiceGenerator", names=("voicegenerator", "voicegen"),
+           **ON_DELAY),
+    Family(kind="sfx", short="SoundEffect", tts="moss_tts.models.delay_tasks:SoundEffectTTS",
+           default_model="OpenMOSS-Team/MOSS-SoundEffect", hub_outtype="q6_K",
+           arch="delay", checkpoint="MOSS-SoundEffect", names=("soundeffect", "sfx"),
+           **ON_DELAY),
+    Family(kind="local", short="Local", tts="moss_tts.models.local_tts:LocalTTS",
+           converter="converters.local", detect=_is_local,
+           default_model="OpenMOSS-Team/MOSS-TTS-Local-Transformer", default_codec=CODEC_24K),
+    Family(kind="local-v15", short="Local v1.5", tts="moss_tts.models.local_v15_tts:LocalV15TTS",
+           converter="converters.local_v15", detect=_is_local_v15,
+           default_model="OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5",
+           default_codec=CODEC_V2, hub_outtype="q6_K"),
+    Family(kind="realtime", short="Realtime", tts="moss_tts.models.realtime_tts:RealtimeTTS",
+           converter="converters.realtime",
+           detect=lambda c: _model_type(c) == "moss_tts_realtime",
+           default_model="OpenMOSS-Team/MOSS-TTS-Realtime", default_codec=CODEC_24K),
 )
 # the audio codecs convert like a family but speak nothing
-CODEC = Family("codec", "MOSS-Audio-Tokenizer", "codec", "moss_tts.codec:Codec", "",
-               "converters.codec", _is_codec, (), CODEC_NANO, CODEC_NANO)
+CODEC = Family(kind="codec", short="codec", tts="moss_tts.codec:Codec",
+               converter="converters.codec", detect=_is_codec, default_model=CODEC_NANO,
+               default_codec=CODEC_NANO)
 DEFAULT = FAMILIES[0]            # what `tts` and `serve` speak with when no --model is given
 BY_KIND = {f.kind: f for f in FAMILIES}
 BASES = [f.kind for f in FAMILIES if not f.arch]        # the GGUF kinds of speech models

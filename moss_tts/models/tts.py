@@ -175,6 +175,10 @@ class CodecTTS(NativeResource):
 
     CODEC_NAME = "codec"      # what `_need_codec` asks for, e.g. "the MOSS-Audio-Tokenizer GGUF"
     FAMILY = NAME = ""        # the GGUF kind ("nano") and the name people know ("MOSS-TTS-Nano")
+    # `stream` keywords beyond options, seed and the references (the knob table offers a knob
+    # to the families that name its keyword), and those a request must give
+    KEYWORDS: tuple[str, ...] = ()
+    REQUIRED: tuple[str, ...] = ()
     OPTIONS: type = object    # the family's sampling dataclass: its defaults are the only ones
     PROMPT_FIELDS: tuple[str, ...] = ()   # prompt keywords of `stream` (instruction, language, ...)
     TEXT_FIELDS: tuple[str, ...] = ()     # those of them that are text (checked by check_text)
