@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+
 import numpy as np
 
-from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
-from ..errors import InputError, ModelFileError
+from ..errors import ModelFileError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import DelaySamplingOptions
-from ..text.delay_prompts import build_generation_rows
-from ..text.normalize import normalize_delay_text
 from ..text.languages import LANGUAGES_V15
-from ..text.script import CJK_OR_HANGUL
-from ..text.template import FIELDS, PromptIds as DelayPromptIds
-from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_decode import DelayBatch
 from .delay_published import is_published_dir, load_published
 from .long_text import speak, split_long_text
-from .qwen3_tts import Qwen3TTS
+from .message_tts import MessageTTS
+from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 
 
 class FrameAssembler:
@@ -46,15 +42,7 @@ class FrameAssembler:
         return frame
 
 
-def join_transcript(transcript: str, text: str) -> str:
-    """The prompt's transcript, then the new text: a space between them unless either side of
-    the seam is CJK (which is written without spaces)."""
-    head, tail = transcript.rstrip(), text.lstrip()
-    seam = head[-1:] + tail[:1]
-    return head + ("" if not head or not tail or CJK_OR_HANGUL.search(seam) else " ") + tail
-
-
-class DelayTTS(Qwen3TTS):
+class DelayTTS(MessageTTS):
     """MOSS-TTS (MossTTSDelay). `DelayTTS.load("delay.gguf", codec="codec.gguf")`, then
     `synthesize(text, reference=tts.encode_reference(samples, sr))` → (samples [n, 1], 24000).
 
@@ -62,21 +50,12 @@ class DelayTTS(Qwen3TTS):
     >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP
     """
 
-    CODEC_NAME = "the MOSS-Audio-Tokenizer (24 kHz) GGUF"
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS (Delay)", DelaySamplingOptions
     KEYWORDS = ("max_new_rows", "language", "instruction", "tokens", "seconds", "prompt_text")
     TOKENIZER_KEY = TOKENIZER_KEY
-    PROMPT_FIELDS = FIELDS
-    TEXT_FIELDS = tuple(f for f in FIELDS if f != "tokens")     # `tokens` is a number
     # new rows of one request: the backbone's 40960 positions (upstream's Qwen3 context) hold
     # the prompt and the rows, 54 min of speech at 12.5 rows/s; no more can be used
     BUDGET = FrameBudget("max_new_rows", MAX_NEW_ROWS, 40960, "rows", per_chunk=True)
-    DELAYED = True       # audio blocks on the staircase (MossTTSLocal's are not)
-    # a generation prompt ends at `assistant\n` and the model samples AUDIO_START itself, as
-    # the Hugging Face processor and `generate` the checkpoints were trained with (§family-2.4;
-    # upstream's llama.cpp pipeline appends the row instead, P4); MossTTSLocal's processor
-    # appends it
-    START_AUDIO = False
     # the `language` field's values (name, code): one file may hold 1.0 or v1.5, so v1.5's 31
     LANGUAGES = LANGUAGES_V15
     BATCHED = DelayBatch     # several streams per decode step (its published tasks' too)
@@ -98,13 +77,6 @@ class DelayTTS(Qwen3TTS):
                                  f"{self.NAME}: load it with load_tts() (or "
                                  f"{row.tts.split(':')[1]}.load)")
 
-    @staticmethod
-    def prompt_ids(c) -> DelayPromptIds:
-        return DelayPromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
-                              c.audio_start_token_id, c.audio_end_token_id,
-                              c.audio_user_slot_token_id, c.audio_assistant_gen_slot_token_id,
-                              c.audio_pad_code)
-
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
              kv_type: GGMLType = F16, repack: bool | None = None) -> "DelayTTS":
@@ -115,62 +87,6 @@ class DelayTTS(Qwen3TTS):
             if is_published_dir(model) else \
             DelayModel(Weights.load(model, b, repack=matmul_only(repack)), kv_type=kv_type)
         return cls._with_codec(m, codec, b)
-
-    def encode_reference(self, samples, sample_rate: int, *,
-                         max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:
-        """Reference speech → codes [frames, n_vq]: cut to max_seconds (as Nano's), mono mix, the
-        codec's rate, loudness normalization (§family-1.3, on what is kept), then the codec."""
-        return self._encoded_speech(self._speech(samples, sample_rate, max_seconds))
-
-    def _speech(self, samples, sample_rate: int, max_seconds: float | None) -> np.ndarray:
-        """Reference speech as the codec takes it, before loudness: cut, mono, the codec's rate."""
-        codec = self._need_codec()
-        x, sample_rate = self._reference_audio(samples, sample_rate, max_seconds)
-        return resample(to_channels(x, 1), sample_rate, codec.sample_rate)
-
-    def _encoded_speech(self, x: np.ndarray) -> Reference:
-        """`_speech` output → its codes, loudness-normalized as a whole first (§family-1.3)."""
-        codec = self._need_codec()
-        return self._encoded(codec.encode(loudness_normalize(x), codec.sample_rate,
-                                          n_quantizers=self.config.n_vq))
-
-    def plan(self, text: str, *, reference: Reference | None = None,
-             prompt: Reference | None = None, prompt_text: str | None = None,
-             normalize: bool = True, seconds: float | None = None, **fields) -> np.ndarray:
-        """The prompt rows [S, 1 + n_vq] (fields: instruction, tokens, quality, sound_event,
-        ambient_sound, language — a name or code of LANGUAGES, written as its name; `seconds`
-        sets `tokens`, the duration in codec frames). With
-        `prompt` (continuation), upstream's text is the prompt audio's transcript, then the new
-        text: give the transcript as `prompt_text` (as for Nano), or both in `text`."""
-        text = self._texts(text, dict(fields, prompt_text=prompt_text))
-        fields = self._prompt_fields(fields, seconds)
-        reference = self._reference(reference, "reference")
-        prompt = self._reference(prompt, "prompt")
-        if prompt_text is not None:
-            if prompt is None:
-                raise InputError("prompt_text is the transcript of the prompt audio: give "
-                                 "`prompt` too, or use `reference` to clone a voice")
-            text = join_transcript(prompt_text, text)
-        refs = None if reference is None else [reference.codes]
-        return self._rows_of(text, references=refs,
-                             prompt_codes=None if prompt is None else prompt.codes,
-                             normalize=normalize, **fields)
-
-    def _rows_of(self, text: str | None, *, normalize: bool, **kwargs) -> np.ndarray:
-        """`build_generation_rows` with this checkpoint's layout, its generation row and, when
-        `normalize`, its processor's normalization (`_normalized`)."""
-        if normalize:
-            text, kwargs = self._normalized(text, kwargs)
-        return build_generation_rows(self.tokenizer, self.ids, text, normalize=False,
-                                     start_audio=self.START_AUDIO, delayed=self.DELAYED,
-                                     **kwargs)
-
-    def _normalized(self, text: str | None, fields: dict) -> tuple[str | None, dict]:
-        """The text and fields as the checkpoint's processor normalizes them: the text by
-        `normalize_tts_text` (Delay's copy, §family-7), the fields as given."""
-        if text is not None and text.strip():    # an empty text is build_generation_rows' error
-            text = normalize_delay_text(text)
-        return text, fields
 
     def forward(self, rows):
         """rows [S, 1 + n_vq] → (hidden [S, H], text_logits [S, V], audio_logits
@@ -246,10 +162,6 @@ class DelayTTS(Qwen3TTS):
 
         yield from self._decode(pending, generated(), skip)
         yield from made.cuts()
-
-    def _alone(self, rows, **keywords) -> Iterator[np.ndarray]:
-        """Its model's `iter_rows` (MossTTSLocal's model's too, with its own keywords)."""
-        return self.model.iter_rows(rows, **keywords)
 
     def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:
         """Frames (None: not complete yet) through codec streams, one per audio segment; the

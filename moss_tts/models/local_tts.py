@@ -17,10 +17,10 @@ from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalSamplingOptions
 from ..text.languages import LANGUAGES_V1
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
-from .delay_tts import DelayTTS
-from .local import KIND, MAX_NEW_FRAMES, LocalModel, check_n_vq
+from .local import KIND, MAX_NEW_FRAMES, TOKENIZER_KEY, LocalModel, check_n_vq
 from .local_decode import LocalBatch
 from .long_text import speak, split_long_text
+from .message_tts import MessageTTS
 
 # upstream's adaptive ladder (streaming.py, §family-4.7): the first chunk, then frames per chunk by
 # how far generation leads playback (seconds of audio made minus seconds since the first chunk)
@@ -43,10 +43,10 @@ def ladder_chunk(first: bool, lead: float) -> int:
     return LONGEST_CHUNK
 
 
-class LocalTTS(DelayTTS):
+class LocalTTS(MessageTTS):
     """MOSS-TTS-Local-Transformer (MossTTSLocal, 1.7B). `LocalTTS.load("local.gguf",
     codec="codec.gguf")`, then `synthesize(text, reference=tts.encode_reference(samples, sr))`
-    → (samples [n, 1], 24000). Prompts, references and the codec check are Delay's (§family-3.5:
+    → (samples [n, 1], 24000). Prompts and references are MessageTTS's, as Delay's (§family-3.5:
     the same template without the delay pattern and without text normalization).
 
     >>> tts = LocalTTS.load("local.gguf", codec="codec.gguf")               # doctest: +SKIP
@@ -56,6 +56,7 @@ class LocalTTS(DelayTTS):
     FAMILY, NAME, OPTIONS = KIND, "MOSS-TTS-Local-Transformer", LocalSamplingOptions
     KEYWORDS = ("max_frames", "language", "instruction", "tokens", "seconds",
                 "n_vq_for_inference", "prompt_text")
+    TOKENIZER_KEY = TOKENIZER_KEY
     DELAYED = False
     START_AUDIO = True   # its processor appends the AUDIO_START row (§family-3.5)
     # several streams per decode step: set here, not inherited, as `_rows_audio` (not Delay's

@@ -9,7 +9,8 @@ from fixtures.compare import assert_close
 from fixtures.make_delay import N_VQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.models.delay_state import audio_segments, de_delay
-from moss_tts.models.delay_tts import DelayTTS, FrameAssembler, join_transcript
+from moss_tts.models.delay_tts import DelayTTS, FrameAssembler
+from moss_tts.models.message_tts import join_transcript
 from moss_tts.sampling import DelaySamplingOptions
 from moss_tts.models.tts import TTS, Reference
 
