@@ -16,7 +16,7 @@ def __getattr__(name):
         from .models import tts
         return getattr(tts, name)
     if name == "load_tts":       # any family's TTS from its GGUF (the family is its kind)
-        from .models.load import load_tts
+        from .load import load_tts
         return load_tts
     if name == "SamplingOptions":
         from .sampling import SamplingOptions

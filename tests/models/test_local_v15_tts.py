@@ -9,7 +9,7 @@ import pytest
 from fixtures.compare import assert_close
 from fixtures.make_local_v15 import N_VQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.models.load import load_tts, tts_class
+from moss_tts.load import load_tts, tts_class
 from moss_tts.models.local_v15_tts import ChunkLadder, LocalV15TTS, ladder_frames
 from moss_tts.sampling import LocalV15SamplingOptions
 from moss_tts.models.tts import TTS, Reference

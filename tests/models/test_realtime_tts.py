@@ -12,7 +12,7 @@ import pytest
 from fixtures.compare import assert_close
 from fixtures.make_realtime import CODEBOOK, RVQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.models.load import tts_class
+from moss_tts.load import tts_class
 from moss_tts.models.realtime import sanitized
 from moss_tts.models.realtime_live import MAX_BUFFER, MIN_SEGMENT, SEGMENT_END, TextSegmenter
 from moss_tts.models.realtime_tts import RealtimeTTS

@@ -6,7 +6,7 @@ import pytest
 
 import moss_tts
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.models.load import load_tts, tts_class
+from moss_tts.load import load_tts, tts_class
 from moss_tts.models import nano_tts as nano_tts_module
 from moss_tts.models.delay_tts import DelayTTS
 from moss_tts.models.nano_tts import NanoTTS

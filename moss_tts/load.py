@@ -4,13 +4,13 @@ read from the model (moss_tts.models.registry)."""
 
 from __future__ import annotations
 
-from .tts import CodecTTS
+from .models.tts import CodecTTS
 
 
 def tts_class(model) -> type[CodecTTS]:
     """The TTS class for a model GGUF or published directory, from its metadata only (cheap:
     no weights are loaded)."""
-    from .registry import family_of_model
+    from .models.registry import family_of_model
 
     return family_of_model(model).tts_class()
 
@@ -22,8 +22,8 @@ def load_tts(model, *, codec=None, backend=None, threads: int | None = None) -> 
     >>> tts = load_tts("delay.gguf", codec="codec.gguf")                    # doctest: +SKIP
     >>> audio, sr = tts.synthesize("Hello there.", seed=1)                  # doctest: +SKIP
     """
-    from ..hub import resolve_gguf
-    from .registry import resolve_model
+    from .hub import resolve_gguf
+    from .models.registry import resolve_model
 
     path, family = resolve_model(model, resolve=lambda spec: resolve_gguf(spec, "model"))
     if isinstance(codec, str) or hasattr(codec, "__fspath__"):
