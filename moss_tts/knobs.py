@@ -176,12 +176,14 @@ def parse(knob: Knob, value, surface: str, *, from_text: bool = True):
 def _within_some_family(knob: Knob, value, surface: str):
     """A sampling value some family's options class takes (each family's own check runs again
     once the family is known: a top-k is bounded by Delay's and Nano's classes alike)."""
-    from .models.registry import FAMILIES
+    from .sampling import OPTIONS_CLASSES
 
     first = None
-    for family in families_taking(knob, FAMILIES):
+    for options in OPTIONS_CLASSES:
+        if knob.field not in {f.name for f in dataclasses.fields(options)}:
+            continue
         try:
-            family.options_class()(**{knob.field: value})
+            options(**{knob.field: value})
             return value
         except InputError as e:
             first = first or e
@@ -351,22 +353,3 @@ def family_defaults(knob: Knob, families) -> str:
                 value = f"{value} per text chunk"
         out.append(f"{f.short} {value}")
     return ", ".join(out)
-
-
-def families_table() -> str:
-    """The README's families table, in Markdown, from the registry's rows, the knob table and
-    the families' own classes (tests/models/test_registry.py keeps README.md equal to it, so no
-    default drifts)."""
-    from .models.registry import FAMILIES
-
-    lines = ["| family | `--model` default | `--codec` default | its own flags | frame budget "
-             "(default, most) |", "|---|---|---|---|---|"]
-    for f in FAMILIES:
-        own = [k.flag for k in KNOBS if takes(f, k) and not all(takes(g, k) for g in FAMILIES)]
-        own += ["--prompt-text", "--prompt-audio"] if "prompt_text" in f.keywords else []
-        b = f.tts_class().BUDGET
-        knob = next(k for k in KNOBS if k.keyword == b.keyword)
-        lines.append(f"| {f.name} | `{f.default_model}` | `{f.default_codec}` | "
-                     f"{' '.join(f'`{x}`' for x in own)} | `{knob.flag}` {b.default} "
-                     f"{b.unit}{' per text chunk' if b.per_chunk else ''}, at most {b.limit} |")
-    return "\n".join(lines) + "\n"

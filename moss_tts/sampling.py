@@ -491,3 +491,10 @@ def decide_continue(logit_continue: float, logit_stop: float, rng: np.random.Gen
         return logit_continue >= logit_stop
     p = softmax(np.array([logit_continue, logit_stop], dtype=np.float64) / opts.text_temperature)
     return bool(rng.random() < p[0])
+
+
+# every options class a family's `stream` takes (tests/models/test_registry.py checks each
+# family's OPTIONS is here): what a sampling knob is checked against before the family is known
+OPTIONS_CLASSES = (SamplingOptions, LocalV15SamplingOptions, DelaySamplingOptions,
+                   RealtimeSamplingOptions, LocalSamplingOptions, DialogueSamplingOptions,
+                   VoiceDesignSamplingOptions, SoundEffectSamplingOptions)

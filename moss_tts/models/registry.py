@@ -227,3 +227,22 @@ def resolve_model(spec, *, resolve) -> tuple[str, Family]:
     else:
         path = str(resolve(spec))
     return path, family_of_model(path)
+
+
+def families_table() -> str:
+    """The README's families table, in Markdown, from the registry's rows, the knob table and
+    the families' own classes (tests/models/test_registry.py keeps README.md equal to it, so no
+    default drifts)."""
+    from ..knobs import KNOBS, takes      # the knob table sits below the registry
+
+    lines = ["| family | `--model` default | `--codec` default | its own flags | frame budget "
+             "(default, most) |", "|---|---|---|---|---|"]
+    for f in FAMILIES:
+        own = [k.flag for k in KNOBS if takes(f, k) and not all(takes(g, k) for g in FAMILIES)]
+        own += ["--prompt-text", "--prompt-audio"] if "prompt_text" in f.keywords else []
+        b = f.tts_class().BUDGET
+        knob = next(k for k in KNOBS if k.keyword == b.keyword)
+        lines.append(f"| {f.name} | `{f.default_model}` | `{f.default_codec}` | "
+                     f"{' '.join(f'`{x}`' for x in own)} | `{knob.flag}` {b.default} "
+                     f"{b.unit}{' per text chunk' if b.per_chunk else ''}, at most {b.limit} |")
+    return "\n".join(lines) + "\n"

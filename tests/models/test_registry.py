@@ -21,6 +21,14 @@ def test_a_row_names_its_tts_class_options_and_converter(row):
     assert hasattr(__import__(row.converter, fromlist=["convert"]), "convert")
 
 
+def test_every_familys_options_class_is_one_a_sampling_knob_is_checked_against():
+    """knobs.parse checks a sampling value against sampling.OPTIONS_CLASSES before the family
+    is known (the knob table sits below the registry): each family's class must be there."""
+    from moss_tts.sampling import OPTIONS_CLASSES
+
+    assert {row.options_class() for row in FAMILIES} <= set(OPTIONS_CLASSES)
+
+
 @pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
 def test_a_rows_keywords_are_what_its_stream_takes(row):
     """Every keyword the row offers is a parameter of `stream` or one of its prompt fields
@@ -67,7 +75,7 @@ def test_the_readmes_families_table_is_the_registrys():
     table is generated from the code, so a changed default cannot leave it stale."""
     from pathlib import Path
 
-    from moss_tts.knobs import families_table
+    from moss_tts.models.registry import families_table
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     start = readme.index("<!-- families table: families_table() -->\n") + len(
