@@ -495,6 +495,7 @@ def decide_continue(logit_continue: float, logit_stop: float, rng: np.random.Gen
 
 # every options class a family's `stream` takes (tests/models/test_registry.py checks each
 # family's OPTIONS is here): what a sampling knob is checked against before the family is known
-OPTIONS_CLASSES = (SamplingOptions, LocalV15SamplingOptions, DelaySamplingOptions,
-                   RealtimeSamplingOptions, LocalSamplingOptions, DialogueSamplingOptions,
-                   VoiceDesignSamplingOptions, SoundEffectSamplingOptions)
+# (in the registry's order of families, so the first refusal quoted is the same family's)
+OPTIONS_CLASSES = (SamplingOptions, DelaySamplingOptions, DialogueSamplingOptions,
+                   VoiceDesignSamplingOptions, SoundEffectSamplingOptions, LocalSamplingOptions,
+                   LocalV15SamplingOptions, RealtimeSamplingOptions)
