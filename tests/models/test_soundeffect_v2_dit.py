@@ -1,7 +1,10 @@
 """MOSS-SoundEffect v2.0's WAN audio DiT (models/soundeffect_v2_dit.py): one forward of a tiny
-seeded model against the float64 numpy reference (fixtures/reference/soundeffect_v2_dit.py)."""
+seeded model against the float64 numpy reference (fixtures/reference/soundeffect_v2_dit.py) and
+against upstream's own `WanAudioModel` (fixture from bench/soundeffect_v2_dit_upstream.py)."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +15,14 @@ from moss_tts.errors import ConfigError
 from moss_tts.ggml.weights import TensorStore
 from moss_tts.models.soundeffect_v2_dit import WanAudioConfig, WanAudioDiT
 
+UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures" / "data" / \
+    "soundeffect_v2_dit_upstream.npz"
 N_FRAMES, N_CONTEXT = 12, 7
 # f32 through two blocks (≤ 64-term dots, |v| ≲ 6, RoPE positions < 20) against float64:
 # measured ≤ 8e-7
 F32_ATOL = 2e-5
+# f32 against upstream's PyTorch f32 (both round, in different orders): measured ≤ 1.5e-6
+UPSTREAM_ATOL = 2e-5
 
 
 def tiny_config(patch: int) -> WanAudioConfig:
@@ -74,3 +81,36 @@ def test_cfg_pair_in_one_graph_equals_two_single_passes(tiny, rng):
     assert_close(pair, singles, atol=F32_ATOL, what="batched CFG pair vs single passes")
     # guard: the two items really differ (each item reads its own context)
     assert_differs(pair[0], pair[1], atol=F32_ATOL, what="cond vs uncond velocity")
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    z = np.load(UPSTREAM)
+    raw = json.loads(str(z["config"]))
+    fields = {f.name for f in dataclasses.fields(WanAudioConfig)}
+    cfg = WanAudioConfig(**{k: tuple(v) if k == "patch_size" else v
+                            for k, v in raw.items() if k in fields})
+    w = {k[2:]: z[k] for k in z.files if k.startswith("w.")}
+    store = TensorStore(w)
+    dit = WanAudioDiT(store, cfg)
+    yield cfg, w, z, dit
+    dit.close()
+    store.close()
+
+
+def test_fixture_holds_exactly_the_declared_tensors(upstream):
+    cfg, w, _, _ = upstream
+    assert {n: v.shape for n, v in w.items()} == cfg.tensor_shapes()
+
+
+def test_forward_matches_upstream(upstream):
+    _, _, z, dit = upstream
+    # upstream's layout is (B, C, F); the port's (B, F, C)
+    latent = z["latent"].transpose(0, 2, 1)
+    got = dit.forward(latent, z["timestep"], z["context"]).transpose(0, 2, 1)
+    assert_close(got, z["velocity"], atol=UPSTREAM_ATOL, what="DiT velocity vs upstream")
+    # guard: trimming the zero padding rows changes the output (cross-attention sees them all)
+    n_valid = int(np.flatnonzero(np.abs(z["context"][0]).sum(1))[-1]) + 1
+    trimmed = dit.forward(latent[:1], z["timestep"][:1], z["context"][:1, :n_valid])
+    assert_differs(trimmed.transpose(0, 2, 1), z["velocity"][:1], atol=UPSTREAM_ATOL,
+                   what="velocity with the padding rows trimmed")
