@@ -74,8 +74,8 @@ def main() -> None:
                     torch.from_numpy(context)).numpy()
     arrays = {f"w.{n}": t.detach().numpy() for n, t in model.state_dict().items()}
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(OUT, config=json.dumps(CONFIG), upstream_commit=commit, latent=latent, timestep=timestep,
-                        context=context, velocity=out, **arrays)
+    np.savez_compressed(OUT, config=json.dumps(CONFIG), upstream_commit=commit, latent=latent,
+                        timestep=timestep, context=context, velocity=out, **arrays)
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes); velocity {out.shape}, "
           f"|v| max {np.abs(out).max():.3f}")
 

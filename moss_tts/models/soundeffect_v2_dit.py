@@ -141,10 +141,11 @@ def table_row(table: Tensor, k: int, g: Graph) -> Tensor:
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    """x [D, T, B] · (1 + scale) + shift, scale and shift [D, B] per batch item."""
+    """x [D, T·B] · (1 + scale) + shift, scale and shift [D, B] per batch item."""
     d, b = shift.ne[0], shift.ne[1]
     one_plus = ops.reshape(ops.scale_bias(scale, 1.0, 1.0), d, 1, b)
-    return ops.add(ops.mul(x, one_plus), ops.reshape(shift, d, 1, b))
+    y = ops.add(ops.mul(per_item(x, x.ne[1] // b), one_plus), ops.reshape(shift, d, 1, b))
+    return ops.reshape(y, d, x.ne[1])
 
 
 def per_item(x: Tensor, n: int) -> Tensor:
@@ -167,59 +168,53 @@ def heads_attention(q: Tensor, k: Tensor, v: Tensor, *, n_items: int, n_head: in
     return out
 
 
-def self_attention(x: Tensor, blk: WanAudioBlock, cfg: WanAudioConfig, positions: Tensor, *,
-                   n_items: int) -> Tensor:
-    """Modulated rows x [D, T·B] → o(attention) [D, T·B]: q/k RMSNorm over the whole D (all
-    heads jointly, before the split), then 1-D RoPE on interleaved pairs at frame positions."""
+def attention_branch(x: Tensor, source: Tensor, blk: WanAudioBlock, kind: str,
+                     cfg: WanAudioConfig, *, n_items: int, positions: Tensor | None = None):
+    """q from x [D, T·B], k and v from source [D, S·B] (x itself, or the projected context) →
+    o(attention) [D, T·B], each item attending to its own rows. kind "self_attn" or
+    "cross_attn": q/k RMSNorm over the whole D (all heads jointly, before the split); RoPE only
+    with positions (self-attention); no mask (cross-attention sees the zero-padding rows too)."""
+    def weight(name: str) -> Tensor:
+        return getattr(blk, f"{kind}_{name}")
+
     eps, h = cfg.eps, cfg.num_heads
-    q = rms_norm(linear(x, blk.self_attn_q_weight, blk.self_attn_q_bias),
-                 blk.self_attn_norm_q_weight, eps=eps)
-    k = rms_norm(linear(x, blk.self_attn_k_weight, blk.self_attn_k_bias),
-                 blk.self_attn_norm_k_weight, eps=eps)
-    v = linear(x, blk.self_attn_v_weight, blk.self_attn_v_bias)
-    # RoPE rotates interleaved pairs (x[2i], x[2i+1]): ggml's "normal" mode
-    q = ops.reshape(rope(split_heads(q, h), positions, mode="normal", base=ROPE_BASE), cfg.dim,
-                    q.ne[1])
-    k = ops.reshape(rope(split_heads(k, h), positions, mode="normal", base=ROPE_BASE), cfg.dim,
-                    k.ne[1])
+    q = rms_norm(linear(x, weight("q_weight"), weight("q_bias")), weight("norm_q_weight"), eps=eps)
+    k = rms_norm(linear(source, weight("k_weight"), weight("k_bias")), weight("norm_k_weight"),
+                 eps=eps)
+    v = linear(source, weight("v_weight"), weight("v_bias"))
+    if positions is not None:
+        # RoPE rotates interleaved pairs (x[2i], x[2i+1]): ggml's "normal" mode
+        q, k = (ops.reshape(rope(split_heads(a, h), positions, mode="normal", base=ROPE_BASE),
+                            cfg.dim, a.ne[1]) for a in (q, k))
     o = heads_attention(q, k, v, n_items=n_items, n_head=h)
-    return linear(o, blk.self_attn_o_weight, blk.self_attn_o_bias)
+    return linear(o, weight("o_weight"), weight("o_bias"))
 
 
-def cross_attention(x: Tensor, context: Tensor, blk: WanAudioBlock, cfg: WanAudioConfig, *,
-                    n_items: int) -> Tensor:
-    """x [D, T·B] attends to the projected context [D, L·B] of its own item: q/k RMSNorm, no
-    RoPE, no mask (upstream attends to the zero-padding rows too)."""
-    eps = cfg.eps
-    q = rms_norm(linear(x, blk.cross_attn_q_weight, blk.cross_attn_q_bias),
-                 blk.cross_attn_norm_q_weight, eps=eps)
-    k = rms_norm(linear(context, blk.cross_attn_k_weight, blk.cross_attn_k_bias),
-                 blk.cross_attn_norm_k_weight, eps=eps)
-    v = linear(context, blk.cross_attn_v_weight, blk.cross_attn_v_bias)
-    o = heads_attention(q, k, v, n_items=n_items, n_head=cfg.num_heads)
-    return linear(o, blk.cross_attn_o_weight, blk.cross_attn_o_bias)
+def gated_residual(x: Tensor, y: Tensor, gate: Tensor, n_items: int) -> Tensor:
+    """x + gate · y for x, y [D, T·B] and a gate [D, B] per item."""
+    d, n = x.ne[0], x.ne[1] // n_items
+    return ops.add(x, ops.reshape(ops.mul(per_item(y, n), ops.reshape(gate, d, 1, n_items)),
+                                  d, x.ne[1]))
 
 
 def block(x: Tensor, context: Tensor, tmod: Tensor, blk: WanAudioBlock, cfg: WanAudioConfig,
           positions: Tensor, *, il: int, n_items: int) -> Tensor:
     """One DiT block, x [D, T·B] → [D, T·B]; tmod [6·D, B] the time projection."""
-    d, t, eps = cfg.dim, x.ne[1] // n_items, cfg.eps
+    eps = cfg.eps
     # block.modulation [1, 6, D] + t_mod, chunked: shift_msa, scale_msa, gate_msa, shift_mlp,
     # scale_mlp, gate_mlp
     mod = [ops.add(row_of(tmod, k, N_MOD), table_row(blk.modulation, k, x.graph))
            for k in range(N_MOD)]
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod
-    h = modulate(per_item(layer_norm(x, eps=eps), t), shift_msa, scale_msa)
-    a = self_attention(ops.reshape(h, d, t * n_items), blk, cfg, positions, n_items=n_items)
-    x = ops.add(x, ops.reshape(ops.mul(per_item(a, t), ops.reshape(gate_msa, d, 1, n_items)),
-                               d, t * n_items))
-    x = ops.add(x, cross_attention(layer_norm(x, blk.norm3_weight, blk.norm3_bias, eps=eps),
-                                   context, blk, cfg, n_items=n_items))
-    h = modulate(per_item(layer_norm(x, eps=eps), t), shift_mlp, scale_mlp)
-    f = mlp(ops.reshape(h, d, t * n_items), blk.ffn_0_weight, blk.ffn_2_weight,
-            activation="gelu_tanh", b_in=blk.ffn_0_bias, b_out=blk.ffn_2_bias)
-    x = ops.add(x, ops.reshape(ops.mul(per_item(f, t), ops.reshape(gate_mlp, d, 1, n_items)),
-                               d, t * n_items))
+    h = modulate(layer_norm(x, eps=eps), shift_msa, scale_msa)
+    x = gated_residual(x, attention_branch(h, h, blk, "self_attn", cfg, n_items=n_items,
+                                           positions=positions), gate_msa, n_items)
+    h = layer_norm(x, blk.norm3_weight, blk.norm3_bias, eps=eps)
+    x = ops.add(x, attention_branch(h, context, blk, "cross_attn", cfg, n_items=n_items))
+    h = modulate(layer_norm(x, eps=eps), shift_mlp, scale_mlp)
+    f = mlp(h, blk.ffn_0_weight, blk.ffn_2_weight, activation="gelu_tanh", b_in=blk.ffn_0_bias,
+            b_out=blk.ffn_2_bias)
+    x = gated_residual(x, f, gate_mlp, n_items)
     return ops.name(x, f"dit.{il}.out")
 
 
@@ -263,14 +258,12 @@ def embed_inputs(latent: Tensor, sinusoid: Tensor, context: Tensor, w: WanAudioW
     return x, temb, tmod, ctx
 
 
-def head(x: Tensor, temb: Tensor, w: WanAudioWeights, cfg: WanAudioConfig, *,
-         n_items: int) -> Tensor:
+def head(x: Tensor, temb: Tensor, w: WanAudioWeights, cfg: WanAudioConfig) -> Tensor:
     """x [D, F·B] → velocity [out_dim·p, F·B]: the head is modulated by temb (not tmod),
     head.modulation [1, 2, D] + temb chunked as shift, scale."""
-    d, t = cfg.dim, x.ne[1] // n_items
     shift, scale = (ops.add(temb, table_row(w["head.modulation"], k, x.graph)) for k in range(2))
-    h = modulate(per_item(layer_norm(x, eps=cfg.eps), t), shift, scale)
-    return linear(ops.reshape(h, d, t * n_items), w["head.head.weight"], w["head.head.bias"])
+    h = modulate(layer_norm(x, eps=cfg.eps), shift, scale)
+    return linear(h, w["head.head.weight"], w["head.head.bias"])
 
 
 def build_forward(g: Graph, w: WanAudioWeights, cfg: WanAudioConfig, *, n_samples: int,
@@ -289,7 +282,7 @@ def build_forward(g: Graph, w: WanAudioWeights, cfg: WanAudioConfig, *, n_sample
     x, temb, tmod, ctx = embed_inputs(latent, sinusoid, context, w, cfg)
     for il, blk in enumerate(w.blocks):
         x = block(x, ctx, tmod, blk, cfg, positions, il=il, n_items=n_items)
-    y = head(x, temb, w, cfg, n_items=n_items)              # [p·C, F·B], p-major inside a patch
+    y = head(x, temb, w, cfg)              # [p·C, F·B], p-major inside a patch
     # 'b f (p c) -> b c (f p)': in ggml order [C, p·F, B] is the same memory, a reshape
     return g.output(ops.reshape(y, cfg.out_dim, n_samples, n_items), "dit.velocity",
                     ndim=3)
