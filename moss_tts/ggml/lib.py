@@ -137,8 +137,9 @@ DECLARATIONS: dict[str, list[tuple[str, object, list]]] = {
         ("ggml_scale", _T, [_P, _T, c_float]),
         # struct ggml_tensor * ggml_scale_bias(ctx, a, float s, float b);
         ("ggml_scale_bias", _T, [_P, _T, c_float, c_float]),
-        # unary: ggml_sqr / sqrt / tanh / exp / neg / gelu / gelu_erf / silu (ctx, a)
+        # unary: ggml_sqr / sqrt / sin / tanh / exp / neg / gelu / gelu_erf / silu (ctx, a)
         ("ggml_sqr", _T, [_P, _T]),
+        ("ggml_sin", _T, [_P, _T]),
         ("ggml_sqrt", _T, [_P, _T]),
         ("ggml_tanh", _T, [_P, _T]),
         ("ggml_exp", _T, [_P, _T]),

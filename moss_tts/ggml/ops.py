@@ -131,6 +131,7 @@ def _unary(op: str, fn, x: Tensor) -> Tensor:
 
 def sqr(x): return _unary("sqr", _lib.get().ggml_sqr, x)          # noqa: E704
 def sqrt(x): return _unary("sqrt", _lib.get().ggml_sqrt, x)       # noqa: E704
+def sin(x): return _unary("sin", _lib.get().ggml_sin, x)          # noqa: E704
 def tanh(x): return _unary("tanh", _lib.get().ggml_tanh, x)       # noqa: E704
 def exp(x): return _unary("exp", _lib.get().ggml_exp, x)          # noqa: E704
 def neg(x): return _unary("neg", _lib.get().ggml_neg, x)          # noqa: E704

@@ -165,6 +165,7 @@ CASES.update({
     "sqr": OpCase(ops.sqr, np.square, (((6, 32), "normal"),), EXACT),
     "sqrt": OpCase(ops.sqrt, np.sqrt, (((6, 32), "positive"),), EXACT),
     "neg": OpCase(ops.neg, np.negative, (((6, 32), "normal"),), EXACT),
+    "sin": OpCase(ops.sin, np.sin, (((6, 32), "wide"),), *F32_FN),
     "tanh": OpCase(ops.tanh, np.tanh, (((6, 32), "wide"),), *F32_FN),
     "exp": OpCase(ops.exp, np.exp, (((6, 32), "wide"),), *F32_FN),
     "silu": OpCase(ops.silu, ref.silu, (((6, 32), "wide"),), *F32_FN),
