@@ -2,8 +2,8 @@
 seeded configuration, written as fixtures/data/soundeffect_v2_upstream.npz for
 tests/models/test_soundeffect_v2_schedule.py and test_soundeffect_v2_vae.py:
 
-    PYTHONPATH=. /work/tvenv/bin/python bench/soundeffect_v2_upstream.py \\
-        --upstream-src /work/.mirror/OpenMOSS+MOSS-TTS/repo \\
+    PYTHONPATH=. TORCH_VENV/bin/python bench/soundeffect_v2_upstream.py \\
+        --upstream-src MOSS-TTS \\
         --golden fixtures/data/soundeffect_v2_upstream.npz
 
 Not a package dependency: runs in a venv with torch, numpy and einops (no moss_tts import: the
