@@ -438,6 +438,12 @@ def view(x: Tensor, ne, nb=None, offset: int = 0, *, graph: Graph | None = None)
     last = offset + row + (n1 - 1) * s1 + (n2 - 1) * s2 + (n3 - 1) * s3
     if offset < 0 or min(ne4) < 1 or last > _nbytes(x):
         _fail("view", f"view ne={list(ne4)} nb={[s1, s2, s3]} offset={offset} is out of bounds", x)
+    # ggml also asserts (an abort) that the view's packed size from its offset fits the source,
+    # which a view of overlapping windows (smaller strides than its rows) can break
+    if offset + row * n1 * n2 * n3 > _nbytes(x):
+        _fail("view", f"view ne={list(ne4)} offset={offset} packs {row * n1 * n2 * n3} bytes, "
+              f"more than the source's {_nbytes(x) - offset} from there (ggml requires it even "
+              "for overlapping windows)", x)
     g = _graph(x, graph=graph)
     return g.make(g.lib.ggml_view_4d, x.ptr, *ne4, s1, s2, s3, offset)
 

@@ -67,6 +67,12 @@ CASES = {
         x = g.input("x", (32, 4))
         g.output(ops.cast(ops.cast(ops.transpose(x), GGMLType.Q8_0), F32), "o")
         g.run({"x": np.ones((32, 4), np.float32)})"""),
+    # a view whose windows overlap (im2col-like): its data fits, but ggml asserts that the
+    # view's packed size from its offset fits its source too
+    "view_of_overlapping_windows": ("ShapeError", """
+        x = g.input("x", (8,))
+        g.output(ops.cont(ops.view(x, (4, 3), (4,))), "o", ndim=2)
+        g.run({"x": np.arange(8, dtype=np.float32)})"""),
     "cont_of_transposed_q8_0": ("ShapeError", """
         x = g.input("x", (64, 64))
         q = ops.cast(x, GGMLType.Q8_0)
