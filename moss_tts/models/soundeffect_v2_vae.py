@@ -80,6 +80,18 @@ class DACConfig:
         """Channels after decoder block i (block −1: the first conv)."""
         return self.decoder_dim // 2 ** (i + 1)
 
+    @property
+    def context_frames(self) -> int:
+        """Latent frames on each side that a frame's samples may depend on (an upper bound of
+        the decoder's receptive field, in latent frames, rounded up): the first k-7 conv's 3
+        frames; per block, the transposed conv's one input sample and the residual units'
+        3·(1 + 3 + 9) samples at its output rate; the last k-7 conv's 3 samples."""
+        field, rate = 3.0, 1
+        for s in self.decoder_rates:
+            field += 1 / rate + 3 * sum(DILATIONS) / (rate * s)
+            rate *= s
+        return math.ceil(field + 3 / rate)
+
 
 # -- weights ---------------------------------------------------------------------------------------
 def conv_taps(weight: np.ndarray) -> np.ndarray:
@@ -225,17 +237,34 @@ class DACDecoder(NativeResource):
             self._graphs[n_frames] = g.build()
         return self._graphs[n_frames]
 
-    def decode(self, latent: np.ndarray) -> np.ndarray:
+    def decode(self, latent: np.ndarray, *, chunk_frames: int | None = None) -> np.ndarray:
         """latent float (F, latent_dim), time first (upstream's [1, D, F] is `[0].T`) →
-        float32 samples (F·upsampling,) at config.sample_rate's scale of [−1, 1]."""
+        float32 samples (F·upsampling,) at config.sample_rate's scale of [−1, 1].
+        `chunk_frames`: decode that many frames at a time, each with `context_frames` of the
+        latent on either side (the receptive field), so the samples are the whole decode's
+        (to f32 kernel order) while the compute buffer holds one chunk: 30 s of 48 kHz at
+        once would take gigabytes."""
         latent = np.asarray(latent, dtype=np.float32)
         if latent.ndim != 2 or latent.shape[1] != self.config.latent_dim or not latent.shape[0]:
             raise InputError(f"DAC decode: latent must be (frames, {self.config.latent_dim}), "
                              f"got shape {latent.shape} (upstream's (D, F) needs a transpose)")
         if not np.all(np.isfinite(latent)):
             raise InputError("DAC decode: the latent has non-finite values")
-        out = self.graph(latent.shape[0]).run({"latent": latent})["audio"]
-        return out.reshape(-1)
+        n = latent.shape[0]
+        if chunk_frames is not None and (isinstance(chunk_frames, bool) or
+                                         not isinstance(chunk_frames, int) or chunk_frames < 1):
+            raise InputError(f"DAC decode: chunk_frames must be a whole number ≥ 1, got "
+                             f"{chunk_frames!r}")
+        if chunk_frames is None or chunk_frames >= n:
+            return self.graph(n).run({"latent": latent})["audio"].reshape(-1)
+        ctx, hop = self.config.context_frames, self.config.upsampling
+        parts = []
+        for a in range(0, n, chunk_frames):
+            b = min(n, a + chunk_frames)
+            lo, hi = max(0, a - ctx), min(n, b + ctx)
+            audio = self.graph(hi - lo).run({"latent": latent[lo:hi]})["audio"].reshape(-1)
+            parts.append(audio[(a - lo) * hop:(b - lo) * hop])
+        return np.concatenate(parts)
 
     def close(self) -> None:
         for g in getattr(self, "_graphs", {}).values():

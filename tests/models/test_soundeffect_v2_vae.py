@@ -26,6 +26,9 @@ UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures/data/soundeffect_v2_u
 AUDIO_ATOL = 2e-6
 # upstream's torch f32 vs ggml f32: the same math rounded in another order; measured 1.2e-7.
 UPSTREAM_ATOL = 2e-6
+# a chunk's graph multiplies fewer rows than the whole one: ggml may pick another matmul
+# kernel by the row count (~1e-7 apart per product, issue 31), so not bit-equal
+CHUNK_ATOL = 1e-6
 TINY = {"encoder_dim": 4, "encoder_rates": [2, 3], "latent_dim": 6, "decoder_dim": 16,
         "decoder_rates": [3, 2], "sample_rate": 48000, "continuous": True}
 
@@ -114,6 +117,29 @@ def test_decode_replays_its_graph_and_takes_other_lengths():
             assert_close(vae.decode(latent), ref.dac_decode(latent, state, cfg.decoder_rates),
                          atol=AUDIO_ATOL, what=f"audio of {frames} frames")
         assert len(vae._graphs) == 2
+
+
+@pytest.mark.parametrize("rates", [(3, 2), (5,)])
+def test_a_decode_in_chunks_equals_the_whole_decode(rates, monkeypatch):
+    """Each chunk decoded with `context_frames` of latent on either side gives the whole
+    decode's samples (f32 kernel order aside), for chunks smaller and larger than the context;
+    a context of 2 frames moves them (the guard: chunk seams are where a short context shows;
+    `context_frames` is the field's upper bound, far samples' influence fading below the
+    tolerance before it)."""
+    cfg = DACConfig.from_kwargs(TINY | {"decoder_rates": list(rates), "encoder_rates": list(rates)})
+    state = random_state(cfg, seed=5)
+    latent = np.random.default_rng(3).standard_normal((70, cfg.latent_dim)).astype(np.float32)
+    store, vae = decoder(state, cfg)
+    with store, vae:
+        whole = vae.decode(latent)
+        for chunk in (1, 7, cfg.context_frames + 3, 69):
+            assert_close(vae.decode(latent, chunk_frames=chunk), whole, atol=CHUNK_ATOL,
+                         what=f"audio decoded {chunk} frames at a time")
+        with pytest.raises(InputError, match="chunk_frames must be a whole number"):
+            vae.decode(latent, chunk_frames=0)
+        monkeypatch.setattr(DACConfig, "context_frames", property(lambda self: 2))
+        assert_differs(vae.decode(latent, chunk_frames=7), whole, atol=CHUNK_ATOL,
+                       what="audio decoded with a context of 2 frames")
 
 
 @pytest.fixture(scope="module")
