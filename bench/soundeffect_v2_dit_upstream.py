@@ -45,6 +45,20 @@ TIMESTEP = 937.5        # σ = 0.9375: step 1 of 4 at shift 5
 SEED = 34
 
 
+def seeded_model(model_class, config: dict, torch):
+    """`model_class(**config)` in f32 with random everything from torch's seed SEED, incl. the
+    norms' affine parts (upstream's init makes them 1 and 0)."""
+    torch.manual_seed(SEED)
+    model = model_class(**config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.5 if p.dim() == 1 or "modulation" in name else p.shape[-1] ** -0.5
+            p.copy_(torch.randn(p.shape) * scale)
+            if "norm" in name and name.endswith("weight"):
+                p.add_(1.0)
+    return model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream-src", help=f"upstream checkout (else ${SOUNDEFFECT_V2.env})")
@@ -53,15 +67,7 @@ def main() -> None:
 
     commit = copy_upstream(COPY_DIR, FILES, SOUNDEFFECT_V2, args.upstream_src)
     dit = import_upstream(COPY_DIR, "wan_audio_dit")
-    torch.manual_seed(SEED)
-    model = dit.WanAudioModel(**CONFIG).float().eval()
-    # random everything, incl. the norms' affine parts (upstream's init makes them 1 and 0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.5 if p.dim() == 1 or "modulation" in name else p.shape[-1] ** -0.5
-            p.copy_(torch.randn(p.shape) * scale)
-            if "norm" in name and name.endswith("weight"):
-                p.add_(1.0)
+    model = seeded_model(dit.WanAudioModel, CONFIG, torch)
     rng = np.random.default_rng(SEED)
     latent = rng.standard_normal((2, CONFIG["in_dim"], N_FRAMES)).astype(np.float32)
     latent[1] = latent[0]                       # the CFG pair shares the latent

@@ -4,13 +4,13 @@ FlowMatchScheduler: fixtures/data/soundeffect_v2_upstream.npz, written by
 `bench/soundeffect_v2_upstream.py` (its docstring has the command), each with a sensitivity guard
 (style C28)."""
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fixtures.compare import assert_close, assert_differs
+from fixtures.make_soundeffect_v2 import load_upstream_npz
 from fixtures.reference import soundeffect_v2 as ref
 from moss_tts.errors import InputError
 from moss_tts.models.soundeffect_v2_schedule import FlowMatchSchedule, guided_velocity
@@ -28,8 +28,7 @@ LATENT_ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def upstream():
-    with np.load(UPSTREAM) as d:
-        return {k: d[k] for k in d.files} | {"meta": json.loads(str(d["meta"]))}
+    return load_upstream_npz(UPSTREAM)
 
 
 @pytest.mark.parametrize("steps, shift", [(100, 5.0), (7, 3.0), (1, 5.0), (4, 1.0)])

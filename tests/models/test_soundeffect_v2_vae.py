@@ -4,7 +4,6 @@ upstream's own DAC.decode: fixtures/data/soundeffect_v2_upstream.npz, written by
 `bench/soundeffect_v2_upstream.py` (its docstring has the command); each with a sensitivity guard
 (style C28)."""
 
-import json
 import math
 from pathlib import Path
 
@@ -12,12 +11,12 @@ import numpy as np
 import pytest
 
 from fixtures.compare import assert_close, assert_differs
+from fixtures.make_soundeffect_v2 import dac_port_arrays as port_arrays
+from fixtures.make_soundeffect_v2 import load_upstream_npz
 from fixtures.reference import soundeffect_v2 as ref
-from fixtures.reference.codec import fold_weight_norm
 from moss_tts.errors import ConfigError, InputError, ModelFileError
 from moss_tts.ggml import TensorStore
-from moss_tts.models.soundeffect_v2_vae import (DILATIONS, DACConfig, DACDecoder, conv_taps,
-                                                conv_transpose_rows, tensor_shapes)
+from moss_tts.models.soundeffect_v2_vae import DILATIONS, DACConfig, DACDecoder, tensor_shapes
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures/data/soundeffect_v2_upstream.npz"
 # f32 ggml vs float64 through ~20 convolutions (≤ 7 taps of ≤ 16-term dots), Snake (sinf) and
@@ -63,24 +62,6 @@ def random_state(cfg: DACConfig, seed: int) -> dict:
     c = cfg.channels(n - 1)
     state |= alpha(f"decoder.model.{n + 1}.alpha", c) | conv(f"decoder.model.{n + 2}", (1, c, 7))
     return {k: np.asarray(v, dtype=np.float32) for k, v in state.items()}
-
-
-def port_arrays(state: dict) -> dict:
-    """What a converter writes: weight norm fused, convs tap by tap, α as vectors."""
-    out = {}
-    for name, value in state.items():
-        if name.endswith(".weight_v"):
-            base = name[:-len(".weight_v")]
-            w = fold_weight_norm(state[base + ".weight_g"], value).reshape(value.shape)
-            transposed = value.shape[0] != state[base + ".bias"].shape[0]  # (in, out, k)
-            out[base + ".weight"] = (conv_transpose_rows(w) if transposed else conv_taps(w))
-        elif name.endswith(".alpha"):
-            out[name] = value.reshape(-1)
-        elif name.endswith(".weight"):
-            out[name] = conv_taps(value)
-        elif not name.endswith(".weight_g"):
-            out[name] = value
-    return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
 
 
 def decoder(state: dict, cfg: DACConfig):
@@ -144,8 +125,7 @@ def test_a_decode_in_chunks_equals_the_whole_decode(rates, monkeypatch):
 
 @pytest.fixture(scope="module")
 def upstream():
-    with np.load(UPSTREAM) as d:
-        return {k: d[k] for k in d.files} | {"meta": json.loads(str(d["meta"]))}
+    return load_upstream_npz(UPSTREAM)
 
 
 def test_decode_matches_upstream(upstream):

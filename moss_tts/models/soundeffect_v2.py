@@ -1,0 +1,107 @@
+"""MOSS-SoundEffect v2.0's sampling loop: prompt and given noise → waveform, through the text
+encoder, the DiT and the DAC VAE decoder (upstream moss_soundeffect_v2/
+pipeline_moss_soundeffect.py `MossSoundEffectPipeline.__call__` around diffsynth/pipelines/
+wan_audio.py `WanAudioPipeline.__call__`; docs/upstream-notes.md §family-10.2-10.6).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InputError
+from .soundeffect_v2_dit import WanAudioDiT
+from .soundeffect_v2_schedule import FlowMatchSchedule, guided_velocity
+from .soundeffect_v2_text import TextEncoder, duration_seconds, positive_prompt
+from .soundeffect_v2_vae import DACDecoder
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STEPS = 100      # MossSoundEffectPipeline.__call__'s defaults
+DEFAULT_CFG = 4.0
+DEFAULT_SHIFT = 5.0
+NO_GUIDANCE = 1.0        # at this CFG scale upstream skips the negative prompt entirely
+
+
+def output_samples(sample_rate: int, seconds: float) -> int:
+    """The crop: int() of the float product, so int(48000·2.3) = 110399 (§family-10.3)."""
+    return int(sample_rate * duration_seconds(seconds))
+
+
+@dataclass(frozen=True)
+class SoundEffectSampler:
+    """The three loaded components and the checkpoint's rates (model_index.json); no state
+    between calls, and closing the components is the owner's business.
+
+    Upstream always denoises `max_inference_seconds` of latent whatever `seconds` asks, decodes
+    all of it and crops afterwards (§family-10.3). It draws the noise with torch's generator,
+    which a port cannot reproduce, so the caller hands the noise in (shape: `noise_shape()`).
+    Upstream runs the DiT twice per step (cond, then uncond); here the pair is one batch of two.
+    """
+
+    text_encoder: TextEncoder
+    dit: WanAudioDiT
+    vae: DACDecoder
+    sample_rate: int = 48000
+    max_inference_seconds: int = 30
+
+    def noise_shape(self) -> tuple[int, int]:
+        """[in_dim, F]: the whole `max_inference_seconds` of latent frames, the samples floored
+        to whole VAE hops (wan_audio.py's shape check, then its noise initializer)."""
+        frames = self.sample_rate * self.max_inference_seconds // self.vae.config.hop_length
+        return self.dit.cfg.in_dim, frames
+
+    def check_request(self, seconds: float, noise: np.ndarray) -> float:
+        """The rounded seconds, after upstream's two ValueErrors and the noise's shape."""
+        rounded = duration_seconds(seconds)
+        if not rounded > 0:
+            raise InputError(f"seconds must be > 0 after rounding to 0.1, got {seconds!r}")
+        if rounded > self.max_inference_seconds:
+            raise InputError(f"seconds={rounded} exceeds max_inference_seconds="
+                             f"{self.max_inference_seconds}")
+        if noise.shape != self.noise_shape():
+            raise InputError(f"noise must have shape {self.noise_shape()} [in_dim, frames], "
+                             f"got {noise.shape}")
+        if not np.all(np.isfinite(noise)):
+            raise InputError("noise has non-finite values")
+        return rounded
+
+    def contexts(self, prompt: str, seconds: float, negative_prompt: str,
+                 cfg_scale: float) -> np.ndarray:
+        """(B, text_len, text_dim): the suffixed positive prompt, then (only when guiding) the
+        negative prompt as given, without a suffix (§family-10.2)."""
+        texts = [positive_prompt(prompt, seconds)]
+        if cfg_scale != NO_GUIDANCE:
+            texts.append(negative_prompt)
+        return np.stack([self.text_encoder.context(t) for t in texts])
+
+    def velocity(self, latent: np.ndarray, timestep, context: np.ndarray,
+                 cfg_scale: float) -> np.ndarray:
+        """The guided velocity (F, out_dim) at one step: the DiT on the cond/uncond pair in one
+        batch (both items see the same latent), then v_u + cfg·(v_c − v_u)."""
+        batch = np.broadcast_to(latent, (len(context),) + latent.shape)
+        v = self.dit.forward(batch, timestep, context)
+        return v[0] if len(context) == 1 else guided_velocity(v[0], v[1], cfg_scale)
+
+    def __call__(self, prompt: str, seconds: float, noise, *, negative_prompt: str = "",
+                 steps: int = DEFAULT_STEPS, cfg_scale: float = DEFAULT_CFG,
+                 shift: float = DEFAULT_SHIFT,
+                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """Waveform float32 (int(sample_rate·seconds),) in [−1, 1] from `noise` [in_dim, F]
+        (`noise_shape()`). `progress(i, n)` is called after each of the n denoising steps."""
+        noise = np.asarray(noise, dtype=np.float32)
+        seconds = self.check_request(seconds, noise)
+        schedule = FlowMatchSchedule.make(steps, shift=shift)
+        context = self.contexts(prompt, seconds, negative_prompt, cfg_scale)
+        latent = np.ascontiguousarray(noise.T)                 # (F, in_dim): the port's layout
+        for i, timestep in enumerate(schedule.timesteps):
+            v = self.velocity(latent, timestep, context, cfg_scale)
+            latent = schedule.euler_step(latent, v, i)
+            logger.debug("soundeffect_v2 step %d/%d at t=%.3f", i + 1, schedule.steps, timestep)
+            if progress is not None:
+                progress(i + 1, schedule.steps)
+        audio = self.vae.decode(latent)                        # all of the latent, then crop
+        return audio[:output_samples(self.sample_rate, seconds)]
