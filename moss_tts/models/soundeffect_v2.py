@@ -24,6 +24,9 @@ DEFAULT_STEPS = 100      # MossSoundEffectPipeline.__call__'s defaults
 DEFAULT_CFG = 4.0
 DEFAULT_SHIFT = 5.0
 NO_GUIDANCE = 1.0        # at this CFG scale upstream skips the negative prompt entirely
+# latent frames the VAE decodes at a time (2 s at 50 Hz; each chunk also decodes its receptive
+# field on either side, DACConfig.context_frames)
+VAE_CHUNK_FRAMES = 100
 
 
 def output_samples(sample_rate: int, seconds: float) -> int:
@@ -103,5 +106,7 @@ class SoundEffectSampler:
             logger.debug("soundeffect_v2 step %d/%d at t=%.3f", i + 1, schedule.steps, timestep)
             if progress is not None:
                 progress(i + 1, schedule.steps)
-        audio = self.vae.decode(latent)                        # all of the latent, then crop
+        # all of the latent, then crop (as upstream); in chunks, so the compute buffer holds
+        # VAE_CHUNK_FRAMES frames of activations, not 30 s of them
+        audio = self.vae.decode(latent, chunk_frames=VAE_CHUNK_FRAMES)
         return audio[:output_samples(self.sample_rate, seconds)]
