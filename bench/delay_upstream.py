@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import Upstream, upstream_commit, upstream_file, upstream_source  # noqa: E402
+from bench.upstream_torch import copy_upstream, import_upstream  # noqa: E402
 from fixtures.make_delay import (PUBLISHED_N_VQ, make_state, make_tokenizer_json,  # noqa: E402
                                  tiny_config)
 
@@ -59,20 +60,14 @@ WEIGHTS = {"steady": True, "noisy": False}
 
 
 def upstream_delay(src: Path):
-    """moss_tts_delay's processor and modeling, copied from `src` into a temporary package
-    (torchaudio, imported by the processor for its audio I/O, is a stub: no audio is read)."""
+    """moss_tts_delay's processor and modeling, copied from `src` into a temporary package by
+    the peers' shared copier (torchaudio, imported by the processor for its audio I/O, is a
+    stub: no audio is read)."""
     pkg = Path(tempfile.mkdtemp(prefix="moss_tts_delay_upstream_")) / "moss_tts_delay"
-    pkg.mkdir()
-    for name in FILES:
-        (pkg / name).write_text(upstream_file(src, name, DELAY))
-    (pkg / "__init__.py").write_text("")
+    copy_upstream(pkg, FILES, DELAY, str(src))
     sys.modules.setdefault("torchaudio", types.ModuleType("torchaudio"))
-    sys.path.insert(0, str(pkg.parent))
-    import importlib
-
-    return (importlib.import_module("moss_tts_delay.processing_moss_tts"),
-            importlib.import_module("moss_tts_delay.modeling_moss_tts"),
-            importlib.import_module("moss_tts_delay.configuration_moss_tts"))
+    return tuple(import_upstream(pkg, m) for m in ("processing_moss_tts", "modeling_moss_tts",
+                                                    "configuration_moss_tts"))
 
 
 def functions_of(source: str, names: tuple[str, ...]) -> dict:

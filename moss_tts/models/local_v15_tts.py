@@ -17,7 +17,7 @@ from ..sampling import LocalV15SamplingOptions
 from ..text.chunking import continuation_prompt_text
 from ..text.languages import LANGUAGES_V15
 from ..text.local_v15_prompts import build_prompt_rows
-from ..text.template import FIELDS, PromptIds as LocalV15PromptIds
+from ..text.template import FIELDS, PromptIds
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
 from .local_v15_decode import LocalV15Batch
@@ -94,11 +94,10 @@ class LocalV15TTS(Qwen3TTS):
     WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
 
     @staticmethod
-    def prompt_ids(c) -> LocalV15PromptIds:
-        return LocalV15PromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id,
-                                 c.audio_start_token_id, c.audio_end_token_id,
-                                 c.audio_user_slot_token_id, c.audio_assistant_slot_token_id,
-                                 c.audio_pad_token_id)
+    def prompt_ids(c) -> PromptIds:
+        return PromptIds(c.n_vq, c.im_start_token_id, c.im_end_token_id, c.audio_start_token_id,
+                         c.audio_end_token_id, c.audio_user_slot_token_id,
+                         c.audio_assistant_slot_token_id, c.audio_pad_token_id)
 
     def encode_reference(self, samples, sample_rate: int, *,
                          max_seconds: float | None = REFERENCE_MAX_SECONDS) -> Reference:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fixtures.make_delay import tiny_config
 from moss_tts.ggml import F32
 from moss_tts.models.delay_tts import DelayTTS
 from moss_tts.models.registry import family_of_model
@@ -35,7 +36,7 @@ from .conftest import THREADS
 FIXTURE = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "data" /
                       "delay_upstream.json").read_text())
 CASES = {f"{c['name']}-{c['weights']}": c for c in FIXTURE["cases"]}
-FIXTURE_IDS = {"audio_start": 151652}       # fixtures.make_delay tiny_config, upstream's ids
+AUDIO_START = tiny_config()["audio_start_token_id"]     # the fixture's checkpoints' id
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_prompt_rows_equal_upstreams_processor(tts_of, name):
     rows = tts_of(case["kind"], case["weights"]).plan(**asked(case))
     np.testing.assert_array_equal(rows, np.array(case["prompt"]))
     if case["mode"] == "generation":      # upstream's generation prompt: no AUDIO_START row
-        assert rows[-1, 0] != FIXTURE_IDS["audio_start"]
+        assert rows[-1, 0] != AUDIO_START
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
