@@ -22,6 +22,15 @@ the engine (round the seconds, suffix the positive prompt, crop to int(sr·secon
 out here. The initial noise is given (numpy, NOISE_SEED) through the engine's `generate_noise`,
 since a port cannot reproduce torch's generator. TORCHDYNAMO_DISABLE=1 as upstream's own
 scripts set it (model_fn_wan_video is torch.compile'd); everything f32, autocast off.
+
+The same components are then written in the published checkpoint's layout (model_index.json,
+scheduler/, transformer/ with the diffusers names of upstream's own hf_export.convert_dit_keys,
+text_encoder/, tokenizer/, vae/vae_128d_48k.pth as audiotools' BaseModel.save writes it) and
+loaded back through upstream's `WanAudioPipeline.from_pretrained`, whose audio must equal the
+first run's: the npz keeps that directory's tensors (`ckpt.transformer.*`, `ckpt.vae.*`, the
+encoder's included) so a torch-free test rebuilds it for the converter. The stubbed
+`BaseModel.load` is audiotools' fallback path (torch.load, constructor kwargs not in DAC's
+signature dropped, load_state_dict strict=False).
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ FILES = ("__init__.py", "pipeline_moss_soundeffect.py", "diffsynth/__init__.py",
          "diffsynth/pipelines/wan_audio.py", "diffsynth/prompters/__init__.py",
          "diffsynth/prompters/base_prompter.py", "diffsynth/prompters/wan_prompter.py",
          "diffsynth/schedulers/__init__.py", "diffsynth/schedulers/flow_match.py",
-         "diffsynth/utils/__init__.py")
+         "diffsynth/utils/__init__.py", "hf_export.py")
 OUT = ROOT / "fixtures" / "data" / "soundeffect_v2_pipeline_upstream.npz"
 TEXT_SEED = 0           # fixtures.make_soundeffect_v2_text's checkpoint seed
 NOISE_SEED = 7
@@ -118,6 +127,66 @@ def run(pipe, torch, call: dict) -> np.ndarray:
     return audio[0, 0, :int(call["sample_rate"] * seconds)].float().numpy()
 
 
+MODEL_INDEX = {"_class_name": "MossSoundEffectPipeline", "dit_variant": "tiny",
+               "sample_rate": CALL["sample_rate"],
+               "max_inference_seconds": CALL["max_inference_seconds"]}
+SCHEDULER = {"_class_name": "FlowMatchScheduler", "shift": 5.0}
+VAE_FILE = "vae/vae_128d_48k.pth"
+
+
+def stub_base_model_load(torch) -> None:
+    """audiotools' BaseModel.load on a plain state-dict checkpoint (its fallback path)."""
+    import inspect
+
+    def load(cls, location, *args, strict=False, **kwargs):
+        model_dict = torch.load(location, "cpu")
+        metadata = model_dict["metadata"]
+        metadata["kwargs"].update(kwargs)
+        keys = list(inspect.signature(cls).parameters)
+        for k in [k for k in metadata["kwargs"] if k not in keys]:
+            metadata["kwargs"].pop(k)
+        model = cls(*args, **metadata["kwargs"])
+        model.load_state_dict(model_dict["state_dict"], strict=strict)
+        model.metadata = metadata
+        return model
+
+    sys.modules["audiotools.ml"].BaseModel.load = classmethod(load)
+
+
+def write_published(pipe, torch, text_ckpt: Path, out: Path) -> dict:
+    """The tiny pipeline in the published layout under `out`; returns its tensors by file."""
+    import shutil
+
+    from moss_soundeffect_v2.hf_export import convert_dit_keys
+    from safetensors.torch import save_file
+
+    for sub in ("scheduler", "transformer", "vae"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    (out / "model_index.json").write_text(json.dumps(MODEL_INDEX))
+    (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER))
+    (out / "transformer" / "config.json").write_text(json.dumps(DIT_CONFIG))
+    dit = {k: v.detach().contiguous() for k, v in convert_dit_keys(pipe.dit.state_dict()).items()}
+    save_file(dit, str(out / "transformer" / "diffusion_pytorch_model.safetensors"))
+    for sub in ("text_encoder", "tokenizer"):
+        shutil.copytree(text_ckpt, out / sub)
+    vae = {k: v.detach().clone() for k, v in pipe.vae.state_dict().items()}
+    torch.save({"state_dict": vae, "metadata": {"kwargs": dict(DAC_KWARGS)}}, out / VAE_FILE)
+    return ({f"ckpt.transformer.{k}": v.numpy() for k, v in dit.items()}
+            | {f"ckpt.vae.{k}": v.numpy() for k, v in vae.items()})
+
+
+def reloaded(wan_audio, torch, out: Path, noise: np.ndarray):
+    """upstream's own from_pretrained on the written directory, with the given noise."""
+    pipe = wan_audio.WanAudioPipeline.from_pretrained(str(out), device="cpu",
+                                                      torch_dtype=torch.float32)
+
+    def given_noise(shape, **_):
+        return torch.from_numpy(noise[None].copy())
+
+    pipe.generate_noise = given_noise
+    return pipe
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream-src", help=f"upstream checkout (else ${SFX.env})")
@@ -127,6 +196,7 @@ def main(argv=None) -> None:
 
     src = upstream_source(args.upstream_src, SFX)
     stub_audiotools(torch)
+    stub_base_model_load(torch)
     hop = int(np.prod(DAC_KWARGS["encoder_rates"]))
     frames = CALL["sample_rate"] * CALL["max_inference_seconds"] // hop
     noise = np.random.default_rng(NOISE_SEED).standard_normal(
@@ -139,11 +209,16 @@ def main(argv=None) -> None:
         dit_state = {f"dit.{n}": t.detach().numpy() for n, t in pipe.dit.state_dict().items()}
         vae_state = {f"vae.state.{n}": t.numpy() for n, t in pipe.vae.state_dict().items()
                      if n.startswith(("decoder.", "post_quant_conv."))}
+        published = write_published(pipe, torch, ckpt, Path(tmp) / "published")
+        again = run(reloaded(wan_audio, torch, Path(tmp) / "published", noise), torch, CALL)
+        if not np.array_equal(again, audio):
+            raise SystemExit(f"from_pretrained's audio differs by {np.abs(again - audio).max()}")
     meta = {"upstream_commit": upstream_commit(src), "torch": torch.__version__,
             "dit_config": DIT_CONFIG, "dac_kwargs": DAC_KWARGS, "call": CALL,
-            "text_seed": TEXT_SEED, "dit_seed": DIT_SEED, "noise_seed": NOISE_SEED}
+            "text_seed": TEXT_SEED, "dit_seed": DIT_SEED, "noise_seed": NOISE_SEED,
+            "model_index": MODEL_INDEX, "scheduler": SCHEDULER, "vae_file": VAE_FILE}
     arrays = {k: np.ascontiguousarray(v, dtype=np.float32)
-              for k, v in (dit_state | vae_state | {"noise": noise, "audio": audio}).items()}
+              for k, v in (dit_state | vae_state | published | {"noise": noise, "audio": audio}).items()}
     args.golden.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.golden, meta=np.array(json.dumps(meta)), **arrays)
     print(f"wrote {args.golden} ({args.golden.stat().st_size} bytes); audio {audio.shape}, "
