@@ -44,14 +44,28 @@ def resolve_model_dir(model: str, *,
 
 
 def read_config(model_dir: Path) -> dict:
-    path = model_dir / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+    """config.json, or a diffusers pipeline's model_index.json (MOSS-SoundEffect v2.0's root
+    has no config.json: its components have theirs)."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").exists() and (model_dir / "model_index.json").exists():
+        return read_json(model_dir / "model_index.json")
+    if not (model_dir / "config.json").exists():
         raise ModelFileError(f"{model_dir}: no config.json — is this a Hugging Face checkpoint "
-                             "directory?") from None
-    except ValueError as e:
+                             "directory?")
+    return read_json(model_dir / "config.json")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file; a missing or malformed one is a ModelFileError naming it."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: missing") from None
+    except (ValueError, UnicodeDecodeError) as e:
         raise ModelFileError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ModelFileError(f"{path}: a JSON {type(value).__name__}, not an object")
+    return value
 
 
 class SafetensorsCheckpoint(NativeResource):
@@ -224,7 +238,11 @@ class TorchBinCheckpoint(NativeResource):
         except Exception as e:  # a damaged pickle fails in many ways (EOF, bad opcode, args)
             raise ModelFileError(f"{path}: unreadable data.pkl ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        # audiotools' BaseModel.save: {"state_dict": ..., "metadata": {"kwargs": ...}}
+        self.metadata = None
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+            meta = state.get("metadata")
+            self.metadata = meta if isinstance(meta, dict) else None
             state = state["state_dict"]
         if not isinstance(state, dict):
             raise ModelFileError(f"{path}: data.pkl holds a {type(state).__name__}, not a "

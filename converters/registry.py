@@ -32,7 +32,29 @@ def convert(row: Family, *args, **kwargs) -> Path:
     converter shared by several checkpoints is told which one it writes."""
     if row.checkpoint:
         kwargs["checkpoint"] = row
+    if args:
+        check_architecture(row, args[0])
     return converter(row).convert(*args, **kwargs)
+
+
+def check_architecture(row: Family, model) -> None:
+    """A local checkpoint directory of another architecture than `row`'s is refused by what
+    it is and the command that converts it (a converter would fail on a missing field, or
+    worse, not fail); a directory no row recognizes is left to the converter to explain."""
+    from moss_tts.errors import MossTTSError
+    from moss_tts.models.registry import family_of_config
+
+    from .checkpoint import read_config
+
+    if not Path(str(model)).expanduser().is_dir():
+        return                  # a repo id: its converter reads it once fetched
+    try:
+        found = family_of_config(read_config(Path(str(model)).expanduser()))
+    except MossTTSError:
+        return
+    if found.kind != row.gguf_kind:
+        raise ConfigError(f"{model}: a {found.short} checkpoint, not {row.short}: convert it "
+                          f"with `python -m moss_tts convert {found.kind}`")
 
 
 def flags_of(row: Family) -> tuple[str, ...]:

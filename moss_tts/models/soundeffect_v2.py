@@ -13,12 +13,25 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from .soundeffect_v2_dit import WanAudioDiT
+from ..ggml import Weights
+from ..ggml.backend import NativeResource, released_on_error
+from ..text.qwen_tokenizer import QwenTokenizer
+from .soundeffect_v2_dit import WanAudioConfig, WanAudioDiT
 from .soundeffect_v2_schedule import FlowMatchSchedule, guided_velocity
-from .soundeffect_v2_text import TextEncoder, duration_seconds, positive_prompt
-from .soundeffect_v2_vae import DACDecoder
+from .soundeffect_v2_text import (TextEncoder, TextEncoderConfig, duration_seconds,
+                                  positive_prompt)
+from .soundeffect_v2_vae import DACConfig, DACDecoder, tensor_shapes as vae_shapes
 
 logger = logging.getLogger(__name__)
+
+# the GGUF (converters/soundeffect_v2.py): one file holding the three components under their
+# own names (text: llama.cpp's Qwen3 names; DiT: upstream's native names; VAE: upstream's with
+# weight norm fused), each config under its prefix, and model_index.json's two rates
+KIND = "sfx-v2"
+FORMAT_VERSION = 1
+TOKENIZER_KEY = "moss.tokenizer.json"
+SAMPLE_RATE_KEY = "moss.soundeffect_v2.sample_rate"
+MAX_SECONDS_KEY = "moss.soundeffect_v2.max_inference_seconds"
 
 DEFAULT_STEPS = 100      # MossSoundEffectPipeline.__call__'s defaults
 DEFAULT_CFG = 4.0
@@ -51,23 +64,34 @@ class SoundEffectSampler:
     sample_rate: int = 48000
     max_inference_seconds: int = 30
 
-    def noise_shape(self) -> tuple[int, int]:
+    def noise_shape(self, seconds: float | None = None) -> tuple[int, int]:
         """[in_dim, F]: the whole `max_inference_seconds` of latent frames, the samples floored
-        to whole VAE hops (wan_audio.py's shape check, then its noise initializer)."""
-        frames = self.sample_rate * self.max_inference_seconds // self.vae.config.hop_length
+        to whole VAE hops (wan_audio.py's shape check, then its noise initializer). With
+        `seconds` (not upstream's): the frames that cover those seconds' samples, rounded up."""
+        if seconds is None:
+            frames = self.sample_rate * self.max_inference_seconds // self.vae.config.hop_length
+        else:
+            frames = -(-output_samples(self.sample_rate, seconds) // self.vae.config.hop_length)
         return self.dit.cfg.in_dim, frames
 
-    def check_request(self, seconds: float, noise: np.ndarray) -> float:
-        """The rounded seconds, after upstream's two ValueErrors and the noise's shape."""
+    def check_seconds(self, seconds: float) -> float:
+        """The seconds rounded as upstream rounds them, after its two ValueErrors."""
         rounded = duration_seconds(seconds)
         if not rounded > 0:
             raise InputError(f"seconds must be > 0 after rounding to 0.1, got {seconds!r}")
         if rounded > self.max_inference_seconds:
             raise InputError(f"seconds={rounded} exceeds max_inference_seconds="
                              f"{self.max_inference_seconds}")
-        if noise.shape != self.noise_shape():
-            raise InputError(f"noise must have shape {self.noise_shape()} [in_dim, frames], "
-                             f"got {noise.shape}")
+        return rounded
+
+    def check_request(self, seconds: float, noise: np.ndarray) -> float:
+        """The rounded seconds (`check_seconds`) and the noise's shape: the whole window's,
+        or just the seconds' (`noise_shape(seconds)`)."""
+        rounded = self.check_seconds(seconds)
+        if noise.shape not in (self.noise_shape(), self.noise_shape(rounded)):
+            raise InputError(f"noise must have shape {self.noise_shape()} [in_dim, frames] "
+                             f"(or {self.noise_shape(rounded)}: just the seconds asked), got "
+                             f"{noise.shape}")
         if not np.all(np.isfinite(noise)):
             raise InputError("noise has non-finite values")
         return rounded
@@ -89,12 +113,20 @@ class SoundEffectSampler:
         v = self.dit.forward(batch, timestep, context)
         return v[0] if len(context) == 1 else guided_velocity(v[0], v[1], cfg_scale)
 
-    def __call__(self, prompt: str, seconds: float, noise, *, negative_prompt: str = "",
-                 steps: int = DEFAULT_STEPS, cfg_scale: float = DEFAULT_CFG,
-                 shift: float = DEFAULT_SHIFT,
-                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    def __call__(self, prompt: str, seconds: float, noise, **kwargs) -> np.ndarray:
         """Waveform float32 (int(sample_rate·seconds),) in [−1, 1] from `noise` [in_dim, F]
-        (`noise_shape()`). `progress(i, n)` is called after each of the n denoising steps."""
+        (`noise_shape()`): `sample`'s pieces joined. `progress(i, n)` is called after each
+        of the n denoising steps."""
+        return np.concatenate(list(self.sample(prompt, seconds, noise, **kwargs)))
+
+    def sample(self, prompt: str, seconds: float, noise, *, negative_prompt: str = "",
+               steps: int = DEFAULT_STEPS, cfg_scale: float = DEFAULT_CFG,
+               shift: float = DEFAULT_SHIFT,
+               progress: Callable[[int, int], None] | None = None):
+        """The waveform in pieces: an empty piece after each denoising step (so a caller
+        pulling several requests in turn gets its thread back: a CPU step takes seconds),
+        then the audio as the VAE decodes it, VAE_CHUNK_FRAMES latent frames at a time,
+        cropped to int(sample_rate·seconds) samples in all."""
         noise = np.asarray(noise, dtype=np.float32)
         seconds = self.check_request(seconds, noise)
         schedule = FlowMatchSchedule.make(steps, shift=shift)
@@ -106,7 +138,60 @@ class SoundEffectSampler:
             logger.debug("soundeffect_v2 step %d/%d at t=%.3f", i + 1, schedule.steps, timestep)
             if progress is not None:
                 progress(i + 1, schedule.steps)
-        # all of the latent, then crop (as upstream); in chunks, so the compute buffer holds
-        # VAE_CHUNK_FRAMES frames of activations, not 30 s of them
-        audio = self.vae.decode(latent, chunk_frames=VAE_CHUNK_FRAMES)
-        return audio[:output_samples(self.sample_rate, seconds)]
+            yield np.zeros(0, np.float32)
+        # the latent decoded, then cropped (upstream decodes all of it: the frames past the
+        # crop cannot change the samples before it beyond the receptive field, which the
+        # chunks carry), in chunks so the compute buffer holds VAE_CHUNK_FRAMES frames of
+        # activations, not 30 s of them
+        left = output_samples(self.sample_rate, seconds)
+        for piece in self.vae.decode_chunks(latent, chunk_frames=VAE_CHUNK_FRAMES):
+            if left <= 0:
+                break
+            yield piece[:left]
+            left -= len(piece)
+
+
+def stored_shape(shape: tuple) -> tuple:
+    """A numpy shape as a GGUF records it: ggml's dimension count drops the outer size-1
+    dimensions (a (1, 6, D) modulation table is stored (6, D))."""
+    shape = tuple(shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+class SoundEffectV2Model(NativeResource):
+    """The three components over one loaded GGUF (converters/soundeffect_v2.py) and its
+    sampler; stateless after load (style C16)."""
+
+    def __init__(self, weights: Weights):
+        self.weights = weights
+        self.dit = self.vae = None
+        with released_on_error(self):
+            meta = weights.file
+            meta.check_kind(KIND, version=FORMAT_VERSION)
+            text = TextEncoderConfig.from_gguf(meta)
+            dit, vae = WanAudioConfig.from_gguf(meta), DACConfig.from_gguf(meta)
+            # every component's tensors at once: one error lists all problems, extras included
+            shapes = text.tensor_shapes() | dit.tensor_shapes() | vae_shapes(vae)
+            weights.require({n: stored_shape(s) for n, s in shapes.items()}, floats=True)
+            self.text = TextEncoder(weights, QwenTokenizer.from_json(meta.text(TOKENIZER_KEY)),
+                                    alone=False)
+            self.dit = WanAudioDiT(weights, dit, weights.backend)
+            self.vae = DACDecoder(weights, vae)
+            self.sampler = SoundEffectSampler(self.text, self.dit, self.vae,
+                                              sample_rate=meta.integer(SAMPLE_RATE_KEY),
+                                              max_inference_seconds=meta.integer(MAX_SECONDS_KEY))
+
+    @classmethod
+    def load(cls, path, backend=None) -> "SoundEffectV2Model":
+        weights = Weights.load(path, backend)
+        with released_on_error(weights):
+            return cls(weights)
+
+    def close(self) -> None:
+        # the text encoder holds no graph of its own; the weights are shared, closed once
+        for part in (self.dit, self.vae, self.weights):
+            if part is not None:
+                part.close()
+        self.dit = self.vae = self.weights = None

@@ -6,7 +6,7 @@ Tensor names are upstream's native ones (`blocks.<i>.self_attn.q.weight`, ...)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -16,7 +16,9 @@ from ..ggml.graph import Graph, Tensor
 from ..ggml.types import GGMLType
 from ..nn import attention, layer_norm, linear, mlp, patchify, rms_norm, rope, split_heads
 from . import spec
+from .soundeffect_v2_vae import whole_numbers
 
+PREFIX = "moss.soundeffect_v2.dit"     # its GGUF metadata keys
 LAYER_PREFIX = "blocks.{}."
 ROPE_BASE = 10000.0        # the "dac" 1-D RoPE (wan_audio_dit.py precompute_freqs_cis_1d)
 TIME_BASE = 10000.0        # the sinusoidal timestep embedding
@@ -40,14 +42,38 @@ class WanAudioConfig:
     num_layers: int
 
     def __post_init__(self):
-        if len(self.patch_size) != 1 or self.patch_size[0] < 1:
-            raise ConfigError(f"WanAudio: patch_size must be one positive size, got "
-                              f"{self.patch_size}")
+        if isinstance(self.patch_size, (tuple, list, np.ndarray)):    # JSON's list, GGUF's array
+            object.__setattr__(self, "patch_size", whole_numbers(self.patch_size))
+        p = self.patch_size
+        if not isinstance(p, tuple) or len(p) != 1 or not isinstance(p[0], int) or p[0] < 1:
+            raise ConfigError(f"WanAudio: patch_size must be one positive size, got {p}")
         if self.dim % self.num_heads or (self.dim // self.num_heads) % 2:
             raise ConfigError(f"WanAudio: dim {self.dim} must split into {self.num_heads} heads "
                               "of an even size (RoPE rotates pairs)")
         if self.freq_dim % 2:
             raise ConfigError(f"WanAudio: freq_dim must be even, got {self.freq_dim}")
+
+    @classmethod
+    def from_config(cls, config: dict) -> "WanAudioConfig":
+        """transformer/config.json: its fields by upstream's names; `has_image_input` and a
+        `vae_type` other than "dac" are another model's (§family-10.4)."""
+        if config.get("has_image_input"):
+            raise ConfigError("transformer/config.json: has_image_input is set — an image-"
+                              "conditioned WAN model, not MOSS-SoundEffect v2.0's audio DiT")
+        if config.get("vae_type", "dac") != "dac":
+            raise ConfigError(f"transformer/config.json: vae_type {config['vae_type']!r}; only "
+                              "\"dac\" (MOSS-SoundEffect v2.0's 1-D RoPE) is supported")
+        try:
+            return cls(**{f.name: config[f.name] for f in fields(cls)})
+        except KeyError as e:
+            raise ConfigError(f"transformer/config.json lacks {e.args[0]!r}") from None
+
+    @classmethod
+    def from_gguf(cls, meta) -> "WanAudioConfig":
+        return spec.config_from_gguf(cls, meta, PREFIX)
+
+    def to_metadata(self) -> dict:
+        return spec.config_to_metadata(self, PREFIX)
 
     @property
     def head_dim(self) -> int:

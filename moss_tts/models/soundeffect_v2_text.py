@@ -98,13 +98,14 @@ def build_hidden(g: Graph, w: TextEncoderWeights, cfg: TextEncoderConfig, n_rows
 
 class TextEncoder:
     """Prompt → context [text_len, hidden] float32; stateless after load (style C16).
-    `weights` holds the tensors of `TextEncoderConfig.tensor_shapes` and its metadata."""
+    `weights` holds the tensors of `TextEncoderConfig.tensor_shapes` and its metadata (only
+    those, unless `alone` is False: a pipeline's GGUF holds the other components too)."""
 
-    def __init__(self, weights: Weights, tokenizer: QwenTokenizer):
+    def __init__(self, weights: Weights, tokenizer: QwenTokenizer, *, alone: bool = True):
         self.weights, self.tokenizer = weights, tokenizer
         self.config = TextEncoderConfig.from_gguf(weights.file)
-        self.w = TextEncoderWeights.from_tensors(weights.require(self.config.tensor_shapes()),
-                                                 self.config)
+        self.w = TextEncoderWeights.from_tensors(
+            weights.require(self.config.tensor_shapes(), strict=alone), self.config)
 
     def token_ids(self, text: str) -> np.ndarray:
         """The cleaned text's ids, cut to text_len (the tokenizer adds no special tokens). Text

@@ -18,6 +18,7 @@ from ..errors import ConfigError, InputError, ModelFileError
 from ..ggml import Graph, ops
 from ..ggml.backend import NativeResource
 from ..ggml.graph import Tensor
+from .spec import config_from_gguf, config_to_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,14 @@ DILATIONS = (1, 3, 9)      # the three residual units of each block (dac_vae.py:
 SNAKE_EPS = 1e-9           # dac_vae.py:320
 # DAC constructor kwargs that only the discrete (RVQ) variant reads: accepted and ignored
 QUANTIZER_KWARGS = ("n_codebooks", "codebook_size", "codebook_dim", "quantizer_dropout")
+PREFIX = "moss.soundeffect_v2.vae"      # its GGUF metadata keys
+
+
+def whole_numbers(values) -> tuple:
+    """A config's list (JSON's, or a GGUF array's numpy integers) as a tuple of Python ints;
+    anything else is kept for the config's own check to refuse."""
+    return tuple(int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else v
+                 for v in values)
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,8 @@ class DACConfig:
     continuous: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "encoder_rates", tuple(self.encoder_rates))
-        object.__setattr__(self, "decoder_rates", tuple(self.decoder_rates))
+        object.__setattr__(self, "encoder_rates", whole_numbers(self.encoder_rates))
+        object.__setattr__(self, "decoder_rates", whole_numbers(self.decoder_rates))
         if self.latent_dim is None:
             object.__setattr__(self, "latent_dim",
                                self.encoder_dim * 2 ** len(self.encoder_rates))
@@ -59,12 +68,23 @@ class DACConfig:
 
     @classmethod
     def from_kwargs(cls, kwargs: dict) -> "DACConfig":
-        """From the checkpoint's `metadata.kwargs`; an unknown key is an error, not dropped."""
+        """From the checkpoint's `metadata.kwargs`. A key DAC's constructor does not take is
+        dropped, as audiotools' BaseModel.load drops it, and said in a warning (C21)."""
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"DAC kwargs must be a mapping, got {type(kwargs).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known - set(QUANTIZER_KWARGS))
         if unknown:
-            raise ConfigError(f"DAC kwargs: unknown key(s) {unknown}; known: {sorted(known)}")
+            logger.warning("DAC kwargs: %s not DAC constructor arguments; dropped as upstream's "
+                           "loader drops them", ", ".join(map(str, unknown)))
         return cls(**{k: v for k, v in kwargs.items() if k in known})
+
+    @classmethod
+    def from_gguf(cls, meta) -> "DACConfig":
+        return config_from_gguf(cls, meta, PREFIX)
+
+    def to_metadata(self) -> dict:
+        return config_to_metadata(self, PREFIX)
 
     @property
     def hop_length(self) -> int:
@@ -244,27 +264,35 @@ class DACDecoder(NativeResource):
         latent on either side (the receptive field), so the samples are the whole decode's
         (to f32 kernel order) while the compute buffer holds one chunk: 30 s of 48 kHz at
         once would take gigabytes."""
+        return np.concatenate(list(self.decode_chunks(latent, chunk_frames=chunk_frames)))
+
+    def _checked(self, latent, chunk_frames) -> np.ndarray:
         latent = np.asarray(latent, dtype=np.float32)
         if latent.ndim != 2 or latent.shape[1] != self.config.latent_dim or not latent.shape[0]:
             raise InputError(f"DAC decode: latent must be (frames, {self.config.latent_dim}), "
                              f"got shape {latent.shape} (upstream's (D, F) needs a transpose)")
         if not np.all(np.isfinite(latent)):
             raise InputError("DAC decode: the latent has non-finite values")
-        n = latent.shape[0]
         if chunk_frames is not None and (isinstance(chunk_frames, bool) or
                                          not isinstance(chunk_frames, int) or chunk_frames < 1):
             raise InputError(f"DAC decode: chunk_frames must be a whole number ≥ 1, got "
                              f"{chunk_frames!r}")
+        return latent
+
+    def decode_chunks(self, latent: np.ndarray, *, chunk_frames: int | None = None):
+        """`decode`'s samples in pieces of `chunk_frames` latent frames each (one piece without
+        it), yielded as each is decoded."""
+        latent = self._checked(latent, chunk_frames)
+        n = latent.shape[0]
         if chunk_frames is None or chunk_frames >= n:
-            return self.graph(n).run({"latent": latent})["audio"].reshape(-1)
+            yield self.graph(n).run({"latent": latent})["audio"].reshape(-1)
+            return
         ctx, hop = self.config.context_frames, self.config.upsampling
-        parts = []
         for a in range(0, n, chunk_frames):
             b = min(n, a + chunk_frames)
             lo, hi = max(0, a - ctx), min(n, b + ctx)
             audio = self.graph(hi - lo).run({"latent": latent[lo:hi]})["audio"].reshape(-1)
-            parts.append(audio[(a - lo) * hop:(b - lo) * hop])
-        return np.concatenate(parts)
+            yield audio[(a - lo) * hop:(b - lo) * hop]
 
     def close(self) -> None:
         for g in getattr(self, "_graphs", {}).values():

@@ -158,8 +158,8 @@ def test_config_reads_kwargs_and_refuses_what_it_cannot_decode():
     assert DACConfig.from_kwargs({"continuous": True}).latent_dim == 64 * 16   # upstream's rule
     with pytest.raises(ConfigError, match="continuous"):
         DACConfig.from_kwargs(TINY | {"continuous": False})
-    with pytest.raises(ConfigError, match="unknown key"):
-        DACConfig.from_kwargs(TINY | {"hop": 6})
+    # a key DAC's constructor lacks is dropped, as audiotools' BaseModel.load drops it
+    assert DACConfig.from_kwargs(TINY | {"hop": 6}) == DACConfig.from_kwargs(TINY)
 
 
 def test_bad_latent_is_one_line_error():
