@@ -93,12 +93,25 @@ KNOBS = (
     Knob("tokens", int, "the duration in codec frames (or seconds)", keyword="tokens",
          limit=lambda cls: cls.BUDGET.limit),
     Knob("seconds", float, "the duration in seconds (or tokens)", keyword="seconds", low=0,
-         limit=lambda cls: cls.BUDGET.limit / cls.FRAME_RATE),
+         limit=lambda cls: cls.MAX_SECONDS or cls.BUDGET.limit / cls.FRAME_RATE),
     Knob("n_vq", int, "codebooks to generate and decode (variable bitrate; default all)",
          keyword="n_vq_for_inference"),
     # the description is the family's text: its class's MAX_TEXT_CHARS bounds both
     Knob("sound", str, "the sound to make, described (e.g. 'rain on a tin roof'; instead of "
          "the text)", keyword="sound", limit=lambda cls: cls.MAX_TEXT_CHARS),
+    # MOSS-SoundEffect v2.0's diffusion sampler (its `steps` is its budget: the work a request
+    # asks for)
+    Knob("steps", int, "denoising steps (each runs the DiT on the guided pair)",
+         keyword="steps", limit=lambda cls: cls.BUDGET.limit),
+    Knob("cfg_scale", float, "classifier-free guidance scale (1 = none: the negative prompt "
+         "is unused)", field="cfg_scale", low=0),
+    Knob("shift", float, "the flow-match schedule's shift (higher: more steps at high noise)",
+         field="shift", low=0),
+    Knob("negative", str, "what the sound should not be (the guidance's negative prompt)",
+         keyword="negative", high=MAX_PROMPT_CHARS, aliases=("negative_prompt",)),
+    Knob("short_latent", bool, "denoise only the seconds asked, not the checkpoint's whole "
+         "window (not upstream's audio: faster by about window/seconds)",
+         keyword="short_latent"),
     # a request's or manifest's list of speakers (speakers.py); the CLI's --speaker
     # N=SRC[:TRANSCRIPT] gives one, SRC a stored voice or an audio file
     Knob("speakers", list, "speaker N's voice, one flag per speaker: SRC a stored voice (with "
@@ -127,7 +140,9 @@ def takes(family, knob: Knob) -> bool:
     """Whether `family` (a registry row) takes `knob`."""
     if knob.field:
         return knob.field in {f.name for f in dataclasses.fields(family.options_class())}
-    return knob.keyword is None or knob.keyword == "seed" or knob.keyword in family.keywords
+    if knob.keyword is None:                 # greedy: a switch of the options class
+        return hasattr(family.options_class(), "greedy")
+    return knob.keyword == "seed" or knob.keyword in family.keywords
 
 
 def families_taking(knob: Knob, families) -> list:

@@ -266,6 +266,27 @@ class SoundEffectSamplingOptions(DelaySamplingOptions):
     audio_repetition_penalty: float = 1.2
 
 
+@dataclass(frozen=True)
+class DiffusionOptions:
+    """MOSS-SoundEffect v2.0's sampler knobs with upstream's defaults (docs/upstream-notes.md
+    §family-10.5): the guidance scale (1: no guidance, the negative prompt unused) and the
+    flow-match shift. A diffusion sampler draws no tokens: it has no greedy switch."""
+
+    cfg_scale: float = 4.0
+    shift: float = 5.0
+
+    def __post_init__(self):
+        for name in ("cfg_scale", "shift"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise InputError(f"{name} must be a finite number, got {value!r}")
+        if self.cfg_scale < 0 or self.cfg_scale > 100:
+            raise InputError(f"cfg_scale must lie in [0, 100], got {self.cfg_scale}")
+        if not 0 < self.shift <= 100:
+            raise InputError(f"shift must lie in (0, 100], got {self.shift}")
+
+
 def check_options(options, family: type):
     """`options` when it is an instance of `family` (a family's options class) or of the
     class whose knobs `family` only re-defaults (a published checkpoint's options are its
@@ -498,4 +519,4 @@ def decide_continue(logit_continue: float, logit_stop: float, rng: np.random.Gen
 # (in the registry's order of families, so the first refusal quoted is the same family's)
 OPTIONS_CLASSES = (SamplingOptions, DelaySamplingOptions, DialogueSamplingOptions,
                    VoiceDesignSamplingOptions, SoundEffectSamplingOptions, LocalSamplingOptions,
-                   LocalV15SamplingOptions, RealtimeSamplingOptions)
+                   LocalV15SamplingOptions, RealtimeSamplingOptions, DiffusionOptions)

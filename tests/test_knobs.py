@@ -80,7 +80,17 @@ def test_voice_clone_max_text_tokens_is_bounded_before_the_model_loads():
         synthesis_keywords(BY_KIND["nano"], {"voice_clone_max_text_tokens": limit + 1}, "cli")
 
 
-@pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
+# greedy is a switch of the token samplers' options; a diffusion sampler has none
+GREEDY = [f for f in FAMILIES if hasattr(f.options_class(), "greedy")]
+
+
+def test_greedy_is_refused_where_nothing_is_drawn():
+    assert [f.kind for f in FAMILIES if f not in GREEDY] == ["sfx-v2"]
+    with pytest.raises(InputError, match=r"^--greedy is not a MOSS-SoundEffect-v2.0 option"):
+        synthesis_keywords(BY_KIND["sfx-v2"], {"greedy": True}, "cli")
+
+
+@pytest.mark.parametrize("row", GREEDY, ids=lambda f: f.kind)
 def test_greedy_with_a_sampling_knob_is_one_error(row):
     """Finding 7: `--greedy --temperature 0.5` was accepted and the temperature ignored."""
     with pytest.raises(InputError, match=r"^--greedy takes no sampling knob: leave out "
@@ -88,7 +98,7 @@ def test_greedy_with_a_sampling_knob_is_one_error(row):
         synthesis_keywords(row, {"greedy": True, "temperature": 0.5}, "cli")
 
 
-@pytest.mark.parametrize("row", FAMILIES, ids=lambda f: f.kind)
+@pytest.mark.parametrize("row", GREEDY, ids=lambda f: f.kind)
 def test_greedy_is_the_options_classes_greedy(row):
     words = synthesis_keywords(row, {"greedy": True}, "manifest")
     assert words["options"] == row.options_class()().greedy()

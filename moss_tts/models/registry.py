@@ -15,6 +15,7 @@ from ..errors import ConfigError, InputError, ModelFileError
 CODEC_24K = "OpenMOSS-Team/MOSS-Audio-Tokenizer"
 CODEC_NANO = "OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano"
 CODEC_V2 = "OpenMOSS-Team/MOSS-Audio-Tokenizer-v2"
+NO_CODEC = ""       # a family that decodes with its own VAE (MOSS-SoundEffect v2.0)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ class Family:
         return "reference" in inspect.signature(self.tts_class().stream).parameters
 
     @property
+    def reports_progress(self) -> bool:
+        """Whether its `stream` takes `progress(done, total)`: a family whose work before the
+        first audio takes minutes (a diffusion sampler's steps) says how far it is."""
+        return "progress" in inspect.signature(self.tts_class().stream).parameters
+
+    @property
     def batched(self) -> bool:
         """Whether it decodes several streams in one step (its TTS class has a batched decoder,
         BATCHED: `synthesize_many`, `serve --max-streams`, `batch --streams`)."""
@@ -102,6 +109,13 @@ def _is_local(c: dict) -> bool:
 
 def _is_delay(c: dict) -> bool:
     return _model_type(c) == "moss_tts_delay" and not _is_local(c) and not _is_local_v15(c)
+
+
+def _is_sfx_v2(c: dict) -> bool:
+    """A diffusers pipeline's model_index.json (read where the root has no config.json) naming
+    upstream's pipeline class, or holding its latent window."""
+    return c.get("_class_name") in ("MossSoundEffectPipeline", "WanAudioPipeline") \
+        or "max_inference_seconds" in c
 
 
 def _is_codec(c: dict) -> bool:
@@ -144,6 +158,12 @@ FAMILIES = (
            converter="converters.realtime",
            detect=lambda c: _model_type(c) == "moss_tts_realtime",
            default_model="OpenMOSS-Team/MOSS-TTS-Realtime", default_codec=CODEC_24K),
+    # a diffusion pipeline, not a codec-token model (docs/upstream-notes.md §family-10)
+    Family(kind="sfx-v2", short="SoundEffect v2",
+           tts="moss_tts.models.soundeffect_v2_tts:SoundEffectV2TTS",
+           converter="converters.soundeffect_v2", detect=_is_sfx_v2,
+           default_model="OpenMOSS-Team/MOSS-SoundEffect-v2.0", default_codec=NO_CODEC,
+           hub_outtype="q8_0"),
 )
 # the audio codecs convert like a family but speak nothing
 CODEC = Family(kind="codec", short="codec", tts="moss_tts.codec:Codec",
@@ -237,12 +257,20 @@ def families_table() -> str:
 
     lines = ["| family | `--model` default | `--codec` default | its own flags | frame budget "
              "(default, most) |", "|---|---|---|---|---|"]
+    def draws(f) -> bool:     # a token sampler (greedy-able), not a diffusion sampler
+        return hasattr(f.options_class(), "greedy")
+
     for f in FAMILIES:
-        own = [k.flag for k in KNOBS if takes(f, k) and not all(takes(g, k) for g in FAMILIES)]
+        # "own": not shared by every family of its kind of sampler; a kind of one (the
+        # diffusion pipeline) lists every knob but the seed
+        peers = [g for g in FAMILIES if draws(g) == draws(f)]
+        own = [k.flag for k in KNOBS if takes(f, k) and k.keyword != "seed"
+               and (len(peers) == 1 or not all(takes(g, k) for g in peers))]
         own += ["--prompt-text", "--prompt-audio"] if "prompt_text" in f.keywords else []
         b = f.tts_class().BUDGET
         knob = next(k for k in KNOBS if k.keyword == b.keyword)
-        lines.append(f"| {f.name} | `{f.default_model}` | `{f.default_codec}` | "
+        codec = f"`{f.default_codec}`" if f.default_codec else "its own VAE"
+        lines.append(f"| {f.name} | `{f.default_model}` | {codec} | "
                      f"{' '.join(f'`{x}`' for x in own)} | `{knob.flag}` {b.default} "
                      f"{b.unit}{' per text chunk' if b.per_chunk else ''}, at most {b.limit} |")
     return "\n".join(lines) + "\n"

@@ -190,6 +190,7 @@ class CodecTTS(NativeResource):
                                           # text is cut into chunks
     FRAME_RATE = 12.5         # codec frames a second of every MOSS-Audio-Tokenizer: `seconds`
                               # is bounded by the budget at this rate before a codec is loaded
+    MAX_SECONDS: float | None = None      # `seconds`' own bound where it is not the budget's
     BUDGET: FrameBudget       # each family declares its own: keyword, default, limit, unit
     CHANNELS = 1              # of the audio `stream` yields
     # its models/batching.py BatchFamily: several streams per decode step (`decoding_together`,

@@ -50,7 +50,10 @@ def test_exactly_one_row_detects_each_config():
                "local-v15": {"model_type": "moss_tts_delay", "gpt2_config": {},
                              "local_num_layers": 1},
                "realtime": {"model_type": "moss_tts_realtime"},
-               "codec": {"model_type": "speech_tokenizer", "encoder_kwargs": []}}
+               "codec": {"model_type": "speech_tokenizer", "encoder_kwargs": []},
+               # a diffusers pipeline's model_index.json (its root has no config.json)
+               "sfx-v2": {"_class_name": "MossSoundEffectPipeline", "sample_rate": 48000,
+                          "max_inference_seconds": 30}}
     # a published checkpoint of another row's architecture (MOSS-TTSD, ...) shares its config
     # shape: only its names tell it apart (tests/models/test_delay_checkpoints.py)
     assert set(configs) == {k for k, f in CONVERTIBLE.items() if not f.arch}
