@@ -183,8 +183,8 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
     if codec is None:       # the default model's family's codec, as `tts` and `serve` choose
         from ..models.registry import family_of_model
         codec = family_of_model(models.default_path()).default_codec
-    try:
-        codec_path = str(Path(resolve_gguf(codec, "codec")).resolve())
+    try:                    # none: the family decodes with its own VAE (MOSS-SoundEffect v2.0)
+        codec_path = str(Path(resolve_gguf(codec, "codec")).resolve()) if codec else None
     except MossTTSError as e:
         raise InputError(f"--codec: {e}") from None
     default_path = models.default_path() if any(not x.model for x in lines) else None
@@ -194,8 +194,9 @@ def run_batch(manifest, out_dir, *, model: str, codec: str | None = None,
         check_address(ray)
     with Ledger(out_dir) as ledger:
         job = Job(ledger, suffix=f".{fmt}", retries=retries, progress=progress, warn=warn,
-                  default_model=(default_path, f"--model {model} with --codec {codec}"))
-        codec_sha = file_sha256(codec_path)
+                  default_model=(default_path, f"--model {model}"
+                                 + (f" with --codec {codec}" if codec else "")))
+        codec_sha = file_sha256(codec_path) if codec_path else ""
         for line in lines:
             model_path, model_sha, model_error = models.get(line.model)
             job.add(line, model=model_path, model_sha256=model_sha, model_error=model_error,

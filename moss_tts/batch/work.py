@@ -79,8 +79,11 @@ class LineRunner:
         if key not in self.models:
             from ..models.registry import family_of_model   # the GGUF's kind, as `tts` reads it
 
-            self.models[key] = family_of_model(model).tts_class().load(
-                model, codec=codec, backend=self.backend, threads=self.threads)
+            row = family_of_model(model)
+            # the run's codec is the codec families'; one with its own VAE takes none
+            self.models[key] = row.tts_class().load(
+                model, codec=codec if row.default_codec else None, backend=self.backend,
+                threads=self.threads)
         return self.models[key]
 
     def _voices(self, tts, task: dict, words: dict) -> dict:

@@ -155,7 +155,11 @@ def load_models(args) -> dict:
                 else Path(spec).stem
             if name in models:
                 raise InputError(f"--model {spec}: the name {name!r} is taken; rename the file")
-            codec = resolve(codec or family.default_codec, "codec", "--codec")
+            if not family.default_codec and codec:
+                raise InputError(f"--codec {codec}: {family.name} decodes with its own VAE; "
+                                 f"give no --codec for --model {spec}")
+            codec = resolve(codec or family.default_codec, "codec", "--codec") \
+                if family.default_codec else None
             if hosted_apart(args.backend):
                 models[name] = HostedModel(HostSpec(str(path), codec and str(codec),
                                                     args.backend, args.threads), name)

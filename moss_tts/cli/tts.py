@@ -169,11 +169,22 @@ def _tts(args) -> int:
     words = knob_keywords(args, family)     # every knob checked before anything loads
     bounded_text(cls, text, "cli", _text_source(args))    # and the family's bound on the text
     check_speaker_voices(words.get("speakers"))
-    codec = resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
+    codec = resolve_codec(args, family)
     try:
         return _speak(args, family, model, codec, text, words)
     except InputError as e:                 # the API names its parameters; say the flags
         raise renamed(e, "cli") from None
+
+
+def resolve_codec(args, family):
+    """The codec a family decodes with (--codec, else its default), or None for a family that
+    decodes with its own VAE, which refuses --codec."""
+    if not family.default_codec:
+        if args.codec is not None:
+            raise InputError(f"--codec: {family.name} decodes with its own VAE; leave out "
+                             "--codec")
+        return None
+    return resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
 
 
 def _speak(args, family, model, codec, text, words) -> int:
@@ -189,13 +200,17 @@ def _speak(args, family, model, codec, text, words) -> int:
                 speech=lambda path: read_audio(path, max_seconds=REFERENCE_MAX_SECONDS,
                                                name=f"--speaker {path}"))
         voice = {"reference": _reference(args, tts)} if family.takes_reference else {}
+        # a family whose stream reports its steps (a diffusion sampler) fills the bar with them
+        bar = Progress("generating", args.quiet, unit="steps")
         if args.live:                        # --max-frames caps a turn
             session = tts.session(voice=voice["reference"], **words)
             chunks = live_chunks(session, stdin_deltas(sys.stdin.fileno()), tts.channels)
         else:   # a file is whole audio, the same as synthesize's and batch's
             given = {**voice, **_prompt(args, tts), **words}
+            if family.reports_progress:
+                given["progress"] = bar
             chunks = tts.stream(text, **(given if args.out == "-" else tts.whole_keywords(given)))
-        with Progress("generating", args.quiet) as bar, contextlib.closing(chunks):
+        with bar, contextlib.closing(chunks):
             if args.out == "-":
                 _stream_to_stdout(args, chunks, tts, bar)
                 return 0
@@ -281,7 +296,8 @@ def _stream_to_stdout(args, chunks, tts, bar) -> None:
             for part in chunks:
                 out.write(part)
                 done += len(part)
-                bar.audio(done / tts.sample_rate)
+                if len(part):       # an empty chunk: a step of a sampler that reports its own
+                    bar.audio(done / tts.sample_rate)
 
 
 def _collect(chunks, tts, bar):
@@ -291,7 +307,8 @@ def _collect(chunks, tts, bar):
     for part in chunks:
         parts.append(part)
         done += len(part)
-        bar.audio(done / tts.sample_rate)
+        if len(part):           # an empty chunk: a step of a sampler that reports its own
+            bar.audio(done / tts.sample_rate)
     return np.concatenate(parts) if parts else np.zeros((0, tts.channels), np.float32)
 
 
@@ -326,7 +343,8 @@ def _add_tts_flags(p: argparse.ArgumentParser, default) -> None:
                    f"id (default {default.default_model}; converted once into the cache)")
     p.add_argument("--codec", default=None, help="codec GGUF, checkpoint directory or repo id "
                    "(default: the family's — " + "; ".join(
-                       f"{f.short}: {f.default_codec}" for f in FAMILIES) + ")")
+                       f"{f.short}: {f.default_codec or 'none, its own VAE'}" for f in FAMILIES)
+                   + ")")
     voice = p.add_mutually_exclusive_group()
     voice.add_argument("--reference", "--prompt-speech", dest="reference",
                        help="reference speech to clone (WAV/FLAC)")

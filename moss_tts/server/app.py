@@ -227,13 +227,16 @@ async def health(request):
 
 
 def generate(served: ServedModels, served_model, model, req, words, name: str, *,
-             whole: bool = False):
+             whole: bool = False, progress=None):
     """Worker side: the request's audio chunks (`whole`: for a whole file, with the family's
     whole-audio keywords, as `synthesize`), what the model warns logged as `name`'s; the API's
     errors, raised as the stream is made or as it runs (a later text chunk's check), name the
-    request's fields."""
+    request's fields. `progress(done, total)`: told the steps of a family that reports them
+    (an empty chunk comes after each, so the worker may serve others meanwhile)."""
     try:
         kw = served.stream_inputs(model, served_model, req, words)
+        if progress is not None and served_model.progress:
+            kw["progress"] = progress
         yield from pulled_for(name, model.stream(
             req.text, **(model.whole_keywords(kw) if whole else kw)))
     except RequestError:        # the server's own: already in the request's terms
@@ -296,7 +299,11 @@ async def streamed(request, served: ServedModels, served_model, req):
     def job(model):     # → whether the stream ended; its failure is the future's exception
         if channel.cancelled.is_set():      # the client left while this waited
             return False
-        for part in generate(served, served_model, model, req, words, name):
+        progress = channel.progress if req.stream_format == "sse" else None
+        for part in generate(served, served_model, model, req, words, name, progress=progress):
+            if not len(part):   # a sampler's step: nothing to send, but others may run now
+                yield
+                continue
             while (sent := channel.offer(part)) is None:
                 yield channel   # its client has not read the buffer: the others go on
             if not sent:

@@ -159,6 +159,13 @@ class StreamEncoder:
         head, self.header = self.header, b""
         return head + self._wrap(self.layout.push(audio))
 
+    def progress(self, done: int, total: int) -> bytes:
+        """A `speech.progress` event (SSE only: raw audio has no place for one)."""
+        if not self.sse:
+            return b""
+        event = {"type": "speech.progress", "done": done, "total": total}
+        return f"data: {json.dumps(event)}\n\n".encode()
+
     def end(self) -> bytes:
         tail = self.header + self._wrap(self.layout.flush())
         if self.sse:

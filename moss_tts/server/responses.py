@@ -165,8 +165,9 @@ class AudioStream:
             (b"x-audio-sample-rate", str(r.rate).encode()),
             (b"x-audio-channels", str(r.channels).encode())]})
         kind, value = self.first
-        while kind == "audio":
-            await self._send(send, self.encoder.chunk(value), True)
+        while kind in ("audio", "progress"):
+            body = self.encoder.chunk(value) if kind == "audio" else self.encoder.progress(*value)
+            await self._send(send, body, True)
             kind, value = await self.channel.get()
         if kind == "end":
             await self._send(send, self.encoder.end(), False)

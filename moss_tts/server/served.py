@@ -57,6 +57,9 @@ class ServedModel:
             k.name for k in KNOBS if takes(self.family, k)]
         self.required = [k.name for k in KNOBS if k.keyword in self.family.required]
         self.live = info.live                      # /v1/audio/live serves it
+        # its steps reach a streamed request as progress events (a callback cannot cross to a
+        # model in a child process: a hosted one streams its audio only)
+        self.progress = self.family.reports_progress and self.hosted is None
         # what its voices must have been made by (the page lists only those); None: no codec
         self.codec = info.codec
         self.worker = ModelWorker(tts, queue_depth, thread_name, max_streams)

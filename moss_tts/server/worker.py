@@ -318,6 +318,12 @@ class AudioChannel:
         if self._room.acquire(timeout=seconds):
             self._room.release()
 
+    def progress(self, done: int, total: int) -> None:
+        """Worker side: how far the work before the audio is (a sampler's steps); needs no
+        room: at most one per step, and the steps are bounded by the family's budget."""
+        if not self.cancelled.is_set():
+            self._deliver(("progress", (done, total)))
+
     def finish(self, kind: str, value=None) -> None:
         """Worker side: the last item, ("end", None) or ("error", exception); needs no room."""
         self._deliver((kind, value))
