@@ -37,7 +37,7 @@ def checkpoint_candidates(model_dir, *, source: str | None = None) -> tuple[list
     base = family_of_config(config)
     rows = checkpoints_of(base)
     if len(rows) == 1:
-        return [base], f"its config.json's model_type {config.get('model_type')!r}"
+        return [base], _told_by(config)
     names = _names_of(model_dir, config, source)
     by_name = named_checkpoint(rows, names)
     if by_name is not None:
@@ -90,3 +90,10 @@ def _names_of(model_dir: Path, config: dict, source: str | None) -> list[str]:
     # a Hugging Face cache directory is models--OWNER--NAME/snapshots/HASH: the name is above
     names += [part for part in reversed(model_dir.resolve().parts)]
     return [n for n in names if n]
+
+
+def _told_by(config: dict) -> str:
+    """What in the directory's config named its architecture, in words."""
+    if "model_type" not in config and "_class_name" in config:     # a diffusers pipeline
+        return f"its model_index.json's _class_name {config['_class_name']!r}"
+    return f"its config.json's model_type {config.get('model_type')!r}"

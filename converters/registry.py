@@ -38,23 +38,23 @@ def convert(row: Family, *args, **kwargs) -> Path:
 
 
 def check_architecture(row: Family, model) -> None:
-    """A local checkpoint directory of another architecture than `row`'s is refused by what
-    it is and the command that converts it (a converter would fail on a missing field, or
-    worse, not fail); a directory no row recognizes is left to the converter to explain."""
+    """A local checkpoint directory that is not `row`'s is refused by what it is and the
+    command that converts it (naming.checked_checkpoint: a converter would fail on a missing
+    field, or worse, not fail); a directory no row recognizes is left to the converter."""
     from moss_tts.errors import MossTTSError
     from moss_tts.models.registry import family_of_config
 
     from .checkpoint import read_config
+    from .naming import checked_checkpoint
 
-    if not Path(str(model)).expanduser().is_dir():
+    path = Path(str(model)).expanduser()
+    if not path.is_dir():
         return                  # a repo id: its converter reads it once fetched
     try:
-        found = family_of_config(read_config(Path(str(model)).expanduser()))
+        family_of_config(read_config(path))
     except MossTTSError:
         return
-    if found.kind != row.gguf_kind:
-        raise ConfigError(f"{model}: a {found.short} checkpoint, not {row.short}: convert it "
-                          f"with `python -m moss_tts convert {found.kind}`")
+    checked_checkpoint(row, path, source=str(model))
 
 
 def flags_of(row: Family) -> tuple[str, ...]:

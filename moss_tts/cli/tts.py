@@ -51,8 +51,8 @@ def check_sound_flag(args, family) -> None:
         give = f" and give {' and '.join(text + needs)}" if text + needs else ""
         raise InputError(
             f"--sound is not a {family.name} option: it describes a sound for "
-            f"{' or '.join(f.name for f in makers)} (--model {makers[0].default_model}); "
-            f"{family.name} speaks a text: leave out --sound{give}")
+            + " or ".join(f"{f.name} (--model {f.default_model})" for f in makers) + "; "
+            + f"{family.name} speaks a text: leave out --sound{give}")
     if args.text is not None or args.text_file is not None:
         raise InputError("--sound describes the sound instead of a text: leave out "
                          f"--text{'-file' if args.text is None else ''}")

@@ -258,15 +258,16 @@ def test_a_pull_that_fails_runs_each_line_of_its_batch_alone(batch_models, tmp_p
 
 def test_streams_with_a_family_that_decodes_one_stream_is_one_error_before_any_line(
         batch_models, tmp_path, monkeypatch):
-    """Every family has a batched decoder today (the registry says so); one without — here
-    Realtime with its BATCHED taken away — is refused before any line runs, by its name, and
-    a line's own model counts too."""
+    """Every token family has a batched decoder (the registry says so; MOSS-SoundEffect v2.0's
+    diffusion sampler decodes one request at a time); one without — here Realtime with its
+    BATCHED taken away — is refused before any line runs, by its name, and a line's own model
+    counts too."""
     from converters.realtime import convert as convert_realtime
     from fixtures.make_realtime import make_tiny_realtime_checkpoint
     from moss_tts.models.realtime_tts import RealtimeTTS
     from moss_tts.models.registry import FAMILIES
 
-    assert all(f.tts_class().BATCHED is not None for f in FAMILIES)
+    assert [f.kind for f in FAMILIES if f.tts_class().BATCHED is None] == ["sfx-v2"]
     one = convert_realtime(str(make_tiny_realtime_checkpoint(tmp_path / "hf", seed=0)),
                            tmp_path / "realtime.gguf")
     monkeypatch.setattr(RealtimeTTS, "BATCHED", None)
@@ -322,7 +323,8 @@ def test_streams_help_names_the_families_the_registry_says_decode_together(capsy
     from moss_tts.models.realtime_tts import RealtimeTTS
 
     text = batch_help(capsys)
-    assert "Nano only" not in text and "with a model of any family; default 1" in text
+    assert "Nano only" not in text and ("with Nano, Delay, TTSD, VoiceGenerator, SoundEffect, "
+                                        "Local, Local v1.5, Realtime models only") in text
     monkeypatch.setattr(RealtimeTTS, "BATCHED", None)
     assert ("with Nano, Delay, TTSD, VoiceGenerator, SoundEffect, Local, Local v1.5 "
             "models only; default 1") in batch_help(capsys)

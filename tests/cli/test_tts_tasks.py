@@ -127,7 +127,8 @@ def test_a_speaker_without_a_speaker_flag_is_the_models_choice(files, tmp_path, 
     ("voicegen", ("--text", "Hi."), "--instruction is required for MOSS-VoiceGenerator"),
     ("voicegen", ("--text", "Hi.", "--instruction", "Calm.", "--sound", "rain"),
      "--sound is not a MOSS-VoiceGenerator option: it describes a sound for MOSS-SoundEffect "
-     "(--model OpenMOSS-Team/MOSS-SoundEffect); MOSS-VoiceGenerator speaks a text: leave out "
+     "(--model OpenMOSS-Team/MOSS-SoundEffect) or MOSS-SoundEffect-v2.0 (--model "
+     "OpenMOSS-Team/MOSS-SoundEffect-v2.0); MOSS-VoiceGenerator speaks a text: leave out "
      "--sound\n"),
     ("voicegen", ("--sound", "rain", "--instruction", "Calm."),
      "MOSS-VoiceGenerator speaks a text: leave out --sound and give --text\n"),

@@ -206,7 +206,8 @@ def test_converting_it_as_another_family_says_which_it_is(made, tmp_path, kind):
     from converters.registry import convert as convert_as
     from moss_tts.models.registry import family
 
-    with pytest.raises(ConfigError, match=r"a SoundEffect v2 checkpoint, not .*: convert it "
-                                          r"with `python -m moss_tts convert sfx-v2`"):
+    with pytest.raises(ConfigError, match=r"is MOSS-SoundEffect-v2.0 \(its model_index.json's "
+                                          r"_class_name 'MossSoundEffectPipeline'\), not .*: "
+                                          r"convert it with `python -m moss_tts convert sfx-v2`"):
         convert_as(family(kind), str(made["dir"]), tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()

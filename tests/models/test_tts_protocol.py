@@ -49,7 +49,7 @@ def test_load_tts_picks_the_family_from_the_gguf_kind(nano_files, codec_gguf, de
 
 def test_load_tts_refuses_a_codec_gguf_as_a_model(codec_gguf):
     with pytest.raises(ModelFileError, match=r"'codec' GGUF, not a speech model — pass a nano, "
-                                             r"delay, local, local-v15 or realtime model GGUF"):
+                                             r"delay, local, local-v15, realtime or sfx-v2 model GGUF"):
         load_tts(codec_gguf)
 
 
