@@ -28,7 +28,7 @@ from ..text.languages import LANGUAGES_V1
 from ..text.voice_design import normalize_instruction, normalize_voice_text
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, check_tags, merge_turns,
                              normalize_dialogue, split_dialogue, tag_transcript)
-from .tts import FrameBudget, check_text, family_stream
+from .tts import FrameBudget, check_text, described_sound, family_stream
 from .delay import MAX_NEW_ROWS
 from .delay_tts import DelayTTS
 from .long_text import speak
@@ -252,12 +252,7 @@ class SoundEffectTTS(DelayTTS):
     def plan(self, text: str | None = None, *, sound: str | None = None,
              tokens: int | None = None, seconds: float | None = None) -> np.ndarray:
         """The prompt rows: the description as `ambient_sound`, the duration as `tokens`."""
-        if (text is None) == (sound is None):
-            raise InputError("sound: describe the sound once (e.g. 'rain on a tin roof'), as "
-                             "`sound` or as the text" + ("" if text is None else ", not both"))
-        sound = check_text(sound if text is None else text, "sound")
-        if not sound.strip():
-            raise InputError("sound is empty: describe the sound (e.g. 'rain on a tin roof')")
+        sound = described_sound(text, sound)
         return self._rows_of(None, normalize=False, ambient_sound=sound,
                              **self._prompt_fields({"tokens": tokens}, seconds))
 

@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..ggml import get_backend
 from ..sampling import DiffusionOptions
 from .soundeffect_v2 import DEFAULT_STEPS, KIND, SoundEffectV2Model
-from .tts import CodecTTS, FrameBudget, check_text, family_stream
+from .tts import CodecTTS, FrameBudget, described_sound, family_stream
 
 DEFAULT_SECONDS = 10.0      # MossSoundEffectPipeline.__call__'s
 MAX_STEPS = 1000            # the scheduler's train steps: more would repeat timesteps
@@ -88,12 +88,7 @@ class SoundEffectV2TTS(CodecTTS):
         scales with the frames, so 5 s of a 30 s window is about 6× faster; the model was
         trained on the whole window, so the sound differs from upstream's for the same noise).
         """
-        if (text is None) == (sound is None):
-            raise InputError("sound: describe the sound once (e.g. 'rain on a tin roof'), as "
-                             "`sound` or as the text" + ("" if text is None else ", not both"))
-        sound = check_text(sound if text is None else text, "sound")
-        if not sound.strip():
-            raise InputError("sound is empty: describe the sound (e.g. 'rain on a tin roof')")
+        sound = described_sound(text, sound)
         if not isinstance(short_latent, (bool, np.bool_)):
             raise InputError(f"short_latent must be True or False, got {short_latent!r}")
         sampler = self.model.sampler

@@ -28,7 +28,7 @@ from ..voices import load_voice
 from .batching import MAX_STREAMS, BatchDecoder, round_robin
 
 __all__ = ["TTS", "CodecTTS", "Reference", "FrameBudget", "BudgetCut", "BudgetMeter",
-           "check_text", "family_stream"]
+           "check_text", "described_sound", "family_stream"]
 
 # which of synthesize_many's requests a stream made now serves ("requests[2]"), for its warnings
 REQUEST = contextvars.ContextVar("moss_tts_request", default=None)
@@ -72,6 +72,18 @@ def check_text(value, what: str = "text") -> str:
         raise InputError(f"{what} holds a NUL character at character {value.index(chr(0))}; "
                          "remove it")
     return value
+
+
+def described_sound(text, sound) -> str:
+    """The description of a sound-making family (MOSS-SoundEffect, v1 and v2), given once:
+    as `sound` or as the text; checked as text and not blank."""
+    if (text is None) == (sound is None):
+        raise InputError("sound: describe the sound once (e.g. 'rain on a tin roof'), as "
+                         "`sound` or as the text" + ("" if text is None else ", not both"))
+    sound = check_text(sound if text is None else text, "sound")
+    if not sound.strip():
+        raise InputError("sound is empty: describe the sound (e.g. 'rain on a tin roof')")
+    return sound
 
 
 @dataclass(frozen=True)
