@@ -23,8 +23,9 @@ metrics), with their names in the JSON, so figures compare:
   max_underrun_ms is the same but counts chunk j as had on arrival (never more than ours).
 - peak RSS: the serve process's VmHWM over the level (reset before it through clear_refs).
 - errors: failed requests (any exception, or a short/empty answer), with the first message.
-The machine may be shared: each level waits for a quiet one (at most --max-wait s unless
---no-wait) and reports the CPU share other processes took meanwhile; --repeat gives medians.
+The machine may be shared: each level waits (at most --max-wait s, unless --no-wait) until other
+processes use at most 15 % of the CPUs, and reports the share they took while it ran; the
+other benches (harness.Quiet) wait while this one runs; --repeat gives medians.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -46,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_line, table  # noqa: E402
-from bench.harness import Contention, Quiet, add_no_wait, the_command  # noqa: E402
+from bench.harness import Contention, add_no_wait, foreign_share, the_command  # noqa: E402
 from bench.serve_attacks import serve_on  # noqa: E402
 
 TEXTS = ("The quick brown fox reads a short sentence in the morning, with a calm voice.",
@@ -187,16 +189,41 @@ def summary(mode: str, clients: int, records: list[dict], wall: float) -> dict:
     return row
 
 
-def run_level(proc, url, args, mode: str, clients: int, quiet: Quiet, repeat: int) -> dict:
-    """One measured level (after its warm-up rounds): its row, the load beside it, peak RSS."""
-    clients_run(url, mode, clients, args.warmup, args.frames, 10**6 * (repeat + 1))
+class CpuQuiet:
+    """Waits until other processes use at most `max_share` of the CPUs, for `max_wait_s` at
+    most: harness.Quiet also waits for any other bench/ process, which waits for this one
+    (a bench that serves for many minutes would wait for itself), so this waits on the CPUs
+    alone; what it saw is kept for the report."""
+
+    def __init__(self, say, max_wait_s: float, *, enabled: bool, max_share: float = 0.15):
+        self.say, self.max_wait_s, self.enabled, self.max_share = say, max_wait_s, enabled, \
+            max_share
+        self.waited_s, self.seen = 0.0, []
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        while self.enabled and time.perf_counter() - t0 < self.max_wait_s:
+            share = foreign_share(1.0)
+            if share <= self.max_share:
+                break
+            self.seen.append(share)
+            time.sleep(5)
+        self.waited_s += time.perf_counter() - t0
+
+
+def run_level(proc, url, args, mode: str, clients: int, quiet: CpuQuiet, repeat: int) -> dict:
+    """One measured level, after a quiet machine and its warm-up rounds: its row, the load
+    beside it, the server's peak RSS."""
+    waited = quiet.waited_s
     quiet.wait()
+    clients_run(url, mode, clients, args.warmup, args.frames, 10**6 * (repeat + 1))
     peak_reset = reset_peak(proc.pid)
     load = ServedContention(proc.pid)
     records, wall = clients_run(url, mode, clients, args.requests, args.frames, 0)
     row = summary(mode, clients, records, wall)
     row |= {"peak_rss_mb": peak_rss_mb(proc.pid), "peak_rss_since": "level" if peak_reset
-            else "start", "other_load": load.share(), "repeat": repeat}
+            else "start", "other_load": load.share(), "waited_s": quiet.waited_s - waited,
+            "repeat": repeat}
     return row
 
 
@@ -215,7 +242,7 @@ def median_row(rows: list[dict]) -> dict:
 
 def measure(args, model: str, codec: str, tmp: Path, say) -> list[dict]:
     """Serve the model, run every (mode, level) --repeat times: the median rows."""
-    quiet = Quiet(say, max_wait_s=args.max_wait, enabled=not args.no_wait)
+    quiet = CpuQuiet(say, args.max_wait, enabled=not args.no_wait)
     extra = ["--queue", str(args.queue or max(args.concurrency))]
     with open(tmp / "serve.log", "w+") as log:
         proc, url = serve_on((model, codec), "cpu", args, tmp, log, extra)
@@ -228,7 +255,7 @@ def measure(args, model: str, codec: str, tmp: Path, say) -> list[dict]:
                     rows.append(median_row(runs))
                     say(f"  {mode} x{clients}: {rows[-1]['audio_throughput']:.2f} audio s/s, "
                         f"TTFP p95 {rows[-1]['p95_audio_ttfp_ms']:.0f} ms, "
-                        f"{rows[-1]['errors']} errors")
+                        f"{rows[-1]['errors']} errors, waited {quiet.waited_s:.0f} s so far")
         finally:
             proc.terminate()
             proc.wait(30)
@@ -317,7 +344,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None, help="serve --threads")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured rounds before a level")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each level (medians)")
-    ap.add_argument("--max-wait", type=float, default=120.0,
+    ap.add_argument("--max-wait", type=float, default=600.0,
                     help="seconds a level waits at most for a quiet machine")
     ap.add_argument("--json", type=Path, default=RESULTS / "serve_bench.json")
     add_no_wait(ap)
@@ -348,6 +375,8 @@ def run(args, say=print) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    # a plain kill ends the serve child too (measure's finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = run(parse_args(argv))
     return 0 if not any(r["errors"] for r in rows) else 1
 
