@@ -1,7 +1,7 @@
-"""The speech server as its users measure it (issue 35, part 2): `python -m moss_tts serve` in a child
-process, N concurrent clients of the stock `openai` package, streamed and whole, over a fixed set
-of texts; per concurrency level: requests per second, audio seconds per second, TTFP p50/p95,
-RTF mean/p95, underrun seconds per streamed request, the server's peak RSS and the errors.
+"""The speech server as its users measure it (issue 35, part 2): `python -m moss_tts serve` in a
+child process, N concurrent clients of the stock `openai` package, streamed and whole, over a
+fixed set of texts; per concurrency level: requests per second, audio seconds per second, TTFP
+p50/p95, RTF mean/p95, underrun seconds per streamed request, the server's peak RSS, errors.
 
     python bench/serve_bench.py (--tiny | --model M.gguf --codec C.gguf) [--concurrency 1,2,4,8]
         [--requests 3] [--modes stream,whole] [--frames 40] [--max-streams auto] [--threads 2]
@@ -88,12 +88,12 @@ def speak(client, mode: str, text: str, body: dict) -> dict:
             bytes_per_s = 2 * int(r.headers.get("x-audio-sample-rate", 24000)) * \
                 int(r.headers.get("x-audio-channels", 1))
             arrivals = [(time.perf_counter() - t0, len(b)) for b in r.iter_bytes() if b]
+            e2e = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001  (a failed request is a counted error, not the end)
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     audio = sum(n for _, n in arrivals) / bytes_per_s
     if not audio:
         return {"error": "no audio in the answer"}
-    e2e = time.perf_counter() - t0
     out = {"ttfp_s": arrivals[0][0], "e2e_s": e2e, "audio_s": audio, "rtf": e2e / audio}
     if mode == "stream":
         out["underrun_s"] = underrun_s(arrivals, bytes_per_s)
@@ -101,24 +101,6 @@ def speak(client, mode: str, text: str, body: dict) -> dict:
 
 
 # --- the server --------------------------------------------------------------------------------
-def process_cpu_s(pid: int) -> float:
-    """User + system seconds of a process, all its threads (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class ServedContention(Contention):
-    """Contention in which the serve child's CPU time is ours too (it runs, never waited)."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        super().__init__()
-
-    def _snap(self):
-        t, busy, own = super()._snap()
-        return t, busy, own + process_cpu_s(self.pid)
-
-
 def reset_peak(pid: int) -> bool:
     """Reset the process's VmHWM to its RSS now (Linux clear_refs 5); False where refused."""
     try:
@@ -218,7 +200,7 @@ def run_level(proc, url, args, mode: str, clients: int, quiet: CpuQuiet, repeat:
     quiet.wait()
     clients_run(url, mode, clients, args.warmup, args.frames, 10**6 * (repeat + 1))
     peak_reset = reset_peak(proc.pid)
-    load = ServedContention(proc.pid)
+    load = Contention(pids=(proc.pid,))   # the server's CPU time is ours
     records, wall = clients_run(url, mode, clients, args.requests, args.frames, 0)
     row = summary(mode, clients, records, wall)
     row |= {"peak_rss_mb": peak_rss_mb(proc.pid), "peak_rss_since": "level" if peak_reset
