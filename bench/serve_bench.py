@@ -22,7 +22,8 @@ metrics), with their names in the JSON, so figures compare:
   play clock ran past the audio it had, max_j(t_j − t_1 − audio before chunk j); vLLM-Omni's
   max_underrun_ms is the same but counts chunk j as had on arrival (never more than ours).
 - peak RSS: the serve process's VmHWM over the level (reset before it through clear_refs).
-- errors: failed requests (any exception, or a short/empty answer), with the first message.
+- errors: failed requests (any exception, or an answer without audio), with the first message.
+The JSON keeps every request's figures too (each level's "records", all repeats).
 The machine may be shared: each level waits (at most --max-wait s, unless --no-wait) until other
 processes use at most 15 % of the CPUs, and reports the share they took while it ran; the
 other benches (harness.Quiet) wait while this one runs; --repeat gives medians.
@@ -205,7 +206,7 @@ def run_level(proc, url, args, mode: str, clients: int, quiet: CpuQuiet, repeat:
     row = summary(mode, clients, records, wall)
     row |= {"peak_rss_mb": peak_rss_mb(proc.pid), "peak_rss_since": "level" if peak_reset
             else "start", "other_load": load.share(), "waited_s": quiet.waited_s - waited,
-            "repeat": repeat}
+            "repeat": repeat, "records": records}
     return row
 
 
@@ -218,6 +219,7 @@ def median_row(rows: list[dict]) -> dict:
         elif isinstance(value, float):
             out[key] = statistics.median(r[key] for r in rows)
     out["first_error"] = next((r["first_error"] for r in rows if r["first_error"]), None)
+    out["records"] = [rec for r in rows for rec in r["records"]]
     out["repeats"] = len(rows)
     return out
 

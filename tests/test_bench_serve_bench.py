@@ -26,7 +26,7 @@ def test_a_tiny_run_reports_every_metric_of_every_level(tmp_path, capsys):
         ("stream", 1), ("stream", 2), ("whole", 1), ("whole", 2)]
     for r in rows:
         assert r["errors"] == 0 and r["first_error"] is None, r["first_error"]
-        assert r["completed"] == 2 * r["concurrency"]
+        assert r["completed"] == 2 * r["concurrency"] == len(r["records"])
         names = METRICS + (STREAMED if r["mode"] == "stream" else ())
         assert all(math.isfinite(r[name]) for name in names), r
         assert ("mean_underrun_s" in r) == (r["mode"] == "stream")
