@@ -121,7 +121,8 @@ def peak_rss_mb(pid: int) -> float:
 # --- a level -----------------------------------------------------------------------------------
 def clients_run(url: str, mode: str, clients: int, per_client: int, frames: int,
                 first_seed: int) -> tuple[list[dict], float]:
-    """`clients` threads × `per_client` requests: every request's record, and the wall time."""
+    """`clients` threads × `per_client` requests: every request's record (with `sent_s`, when
+    it was sent in the level, and `round`, the client's how-many-th), and the wall time."""
     import openai
 
     records, lock = [], threading.Lock()
@@ -130,9 +131,10 @@ def clients_run(url: str, mode: str, clients: int, per_client: int, frames: int,
         api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
         for i in range(per_client):
             n = first_seed + c + i * clients
+            sent = time.perf_counter() - t0
             rec = speak(api, mode, TEXTS[n % len(TEXTS)], {"max_new_frames": frames, "seed": n})
             with lock:
-                records.append(rec)
+                records.append(rec | {"sent_s": sent, "round": i})
         api.close()
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     t0 = time.perf_counter()
