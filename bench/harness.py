@@ -68,14 +68,21 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system seconds of a running process, all its threads (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Contention:
     """CPU time the rest of the machine used while we measured, as a share of all cores: this
     machine is shared, and ggml's spinning threads slow down badly when a core is taken.
     `children`: our waited-for child processes' time is ours too (a group of workers run
-    together, measured from the driver once they ended)."""
+    together, measured from the driver once they ended); `pids`: so is these running
+    processes' (a child never waited for while measured: bench/serve_bench.py's server)."""
 
-    def __init__(self, *, children: bool = False):
-        self.children = children
+    def __init__(self, *, children: bool = False, pids: tuple[int, ...] = ()):
+        self.children, self.pids = children, pids
         self.t, self.busy, self.own = self._snap()
 
     def _snap(self):
@@ -84,7 +91,7 @@ class Contention:
         busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
         t = os.times()
         own = t.user + t.system + (t.children_user + t.children_system if self.children else 0)
-        return time.perf_counter(), busy, own
+        return time.perf_counter(), busy, own + sum(map(process_cpu_s, self.pids))
 
     def share(self) -> float:
         t, busy, own = self._snap()

@@ -512,14 +512,16 @@ class Load:
             t.join()
 
 
-def serve_on(nano_files, backend_name: str, args, tmp: Path, log):
-    """`python -m moss_tts serve` of the Nano files on `backend_name`, once it answers."""
+def serve_on(nano_files, backend_name: str, args, tmp: Path, log, extra=()):
+    """`python -m moss_tts serve` of the (model, codec) files on `backend_name`, with `extra`
+    flags, once it answers (bench/serve_bench.py serves any family through it)."""
     from tests.faults.test_backend_death import free_port, wait_for
 
     port = free_port()
     cmd = [sys.executable, "-m", "moss_tts", "serve", "--model", str(nano_files[0]), "--codec",
            str(nano_files[1]), "--backend", backend_name, "--port", str(port), "--max-streams",
-           str(args.max_streams)] + (["--threads", str(args.threads)] if args.threads else [])
+           str(args.max_streams), *extra] + (["--threads", str(args.threads)] if args.threads
+                                             else [])
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             env={**os.environ, "MOSS_TTS_VOICES": str(tmp / "rpc-voices")})
     url = f"http://127.0.0.1:{port}"
