@@ -57,6 +57,7 @@ REAL_DAC = dict(encoder_dim=128, encoder_rates=[2, 3, 4, 5, 8], latent_dim=128, 
 TINY_DAC = dict(encoder_dim=4, encoder_rates=[2, 3], latent_dim=6, decoder_dim=8,
                 decoder_rates=[3, 2], sample_rate=48000, continuous=True)
 REAL_CONTEXT, TINY_CONTEXT = 512, 10
+LATENT_HZ = 50           # 48000 / 960: latent frames per second of audio
 VALID_ROWS = 40          # the prompt's tokens; the rest of the 512 context rows are zero
 TIMESTEP = 937.5         # σ = 0.9375 (any step costs the same)
 SEED = 34
@@ -182,6 +183,40 @@ def run_ours(args) -> dict:
             "weights_gb": path.stat().st_size / 1e9, "threads": backend.threads}
 
 
+def run_step(args) -> dict:
+    """Only the DiT forward of a batch of --batch items, cold then --repeats times (what
+    --profile records under perf)."""
+    from moss_tts.ggml import Weights, get_backend
+    from moss_tts.models.soundeffect_v2_dit import WanAudioConfig, WanAudioDiT
+
+    cfg_d = dit_config(args)
+    backend = get_backend(None, args.threads)
+    weights = Weights.load(weights_file(args, args.type), backend)
+    dit = WanAudioDiT(weights, WanAudioConfig(**cfg_d | {"patch_size": (1,)}), backend)
+    latent, context = dit_inputs(cfg_d, args.frames, context_rows(args))
+    step, _ = timed(lambda: dit.forward(latent[:args.batch], TIMESTEP, context[:args.batch]),
+                    args.repeats, cold=True)
+    dit.close()
+    weights.close()
+    return {"step": step}
+
+
+def profile(args) -> list[str]:
+    """Where a step's cycles go (all threads, self time), the pair and one single pass of the
+    first type, each under `perf` in its own worker."""
+    from bench.harness import perf_top
+
+    outtype = args.types.split(",")[0]
+    out = []
+    for batch in (2, 1):
+        cmd = [sys.executable, str(Path(__file__).resolve().relative_to(ROOT)), "--worker",
+               "step", "--type", outtype, "--batch", str(batch)] + worker_args(args)
+        top = perf_top(cmd, Path(args.data) / f"soundeffect_v2-perf-b{batch}.data", n=16)
+        out += [f"perf, ours {outtype}, batch {batch} ({args.layers} blocks, {args.frames} "
+                f"frames, cold + {args.repeats} runs):", *top, ""]
+    return out
+
+
 def velocity_file(args, side: str) -> Path:
     return Path(args.data) / f"velocity-{side}-{'tiny' if args.tiny else 'real'}-L{args.layers}.npy"
 
@@ -210,7 +245,7 @@ def run_vae(args) -> dict:
             "finite": bool(np.all(np.isfinite(audio))), "threads": backend.threads}
 
 
-# -- upstream (in the torch venv) --------------------------------------------------------------------
+# -- upstream (in the torch venv) -------------------------------------------------------------
 def run_peer(args) -> dict:
     """Upstream's WanAudioModel in f32 (autocast off) on tensor_value's weights; a step is its
     two calls, cond then uncond, each a batch of one."""
@@ -247,11 +282,11 @@ def run_peer(args) -> dict:
 
 
 def worker(args) -> None:
-    run = {"ours": run_ours, "vae": run_vae, "peer": run_peer}[args.worker]
+    run = {"ours": run_ours, "vae": run_vae, "peer": run_peer, "step": run_step}[args.worker]
     print(json.dumps(run(args) | {"peak_rss_gb": peak_rss_gb()}))
 
 
-# -- the driver -------------------------------------------------------------------------------------
+# -- the driver ------------------------------------------------------------------------------
 def worker_args(args, **extra) -> list[str]:
     """The flags a worker needs, from the driver's."""
     out = ["--layers", str(args.layers), "--frames", str(args.frames), "--short", str(args.short),
@@ -293,8 +328,8 @@ def summarize(args, rows: list[dict], peak: dict | None) -> dict:
     vae_s = vae.get("vae", {}).get("s", math.nan)
     vae_short_s = vae.get("vae_short", {}).get("s", math.nan)
     out = {"gflop_step": gflop, "gflop_short": step_gflop(full_cfg, args.short, lc, 2),
-           "gflop_measured": measured, "layers_measured": args.layers, "scale": k, "peak": best, "vae_s": vae_s,
-           "vae_short_s": vae_short_s, "upstream_step_s": peer_s,
+           "gflop_measured": measured, "layers_measured": args.layers, "scale": k, "peak": best,
+           "vae_s": vae_s, "vae_short_s": vae_short_s, "upstream_step_s": peer_s,
            "upstream_short_s": peer.get("short", {}).get("s", math.nan) * k, "types": {}}
     for r in rows:
         if r["side"] != "ours" or "error" in r:
@@ -318,43 +353,64 @@ def summarize(args, rows: list[dict], peak: dict | None) -> dict:
     return out
 
 
-def report(args, s: dict, rows: list[dict]) -> str:
-    secs = args.frames / 50
-    scaled = "" if s["scale"] == 1 else (f" (measured on {s['layers_measured']} blocks, scaled "
-                                         f"×{s['scale']:g} to {FULL_LAYERS})")
+def type_table(args, s: dict) -> str:
+    from bench.common import table
+
     lines = [{"type": t, "step s": fmt(v["step_s"]), "single s": fmt(v["single_s"]),
               "pair / 2 singles": fmt(v["pair_over_two_singles"]),
-              "GFLOP/s": fmt(v["gflops"], "{:.0f}"), "% of peak": fmt(100 * v["of_peak"], "{:.0f}"),
+              "GFLOP/s": fmt(v["gflops"], "{:.0f}"),
+              "% of peak": fmt(100 * v["of_peak"], "{:.0f}"),
               f"{args.short}-frame step s": fmt(v["short_step_s"]),
               "upstream / this": fmt(v["upstream_over_ours"]),
               "other load %": fmt(100 * v["foreign"], "{:.0f}"),
               "peak RSS GB": fmt(v["peak_rss_gb"]), "weights GB": fmt(v["weights_gb"])}
              for t, v in s["types"].items()]
-    from bench.common import table
+    return table(lines, list(lines[0])) if lines else "(no result)"
 
+
+def goal_lines(s: dict) -> list[str]:
+    """The issue's three goals, per type: met or not."""
+    def said(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    out = []
+    for t, v in s["types"].items():
+        out.append(f"goals, {t}: upstream/this {fmt(v['upstream_over_ours'])} ≥ 1.5: "
+                   f"{said(v['upstream_over_ours'] >= 1.5)}; {100 * v['of_peak']:.0f} % ≥ 60 % "
+                   f"of the GEMM peak: {said(v['of_peak'] >= 0.6)}; pair / 2 singles "
+                   f"{v['pair_over_two_singles']:.2f} < 1: {said(v['pair_over_two_singles'] < 1)}")
+    return out
+
+
+def report(args, s: dict, rows: list[dict]) -> str:
+    secs, short_secs = args.frames / LATENT_HZ, args.short / LATENT_HZ
+    depth = round(args.layers * s["scale"])
+    scaled = "" if s["scale"] == 1 else (f" (measured on {s['layers_measured']} blocks, scaled "
+                                         f"×{s['scale']:g} to {depth})")
+    counted = ", ".join(f"{t} {v['ggml_gflop']:.0f}" for t, v in s["types"].items())
+    peer = (f"upstream PyTorch f32 (two calls per step): {fmt(s['upstream_step_s'])} s per step, "
+            f"{fmt(s['upstream_short_s'])} s at {args.short} frames")
+    if "velocity_max_diff" in s:
+        peer += (f"; its cond velocity vs ours f32: max |diff| {s['velocity_max_diff']:.2e} of "
+                 f"max |v| {s['velocity_max_abs']:.2f}")
+    estimate = "; ".join(
+        f"{t}: {v['generation_30s_s'] / 60:.1f} min for {secs:g} s, "
+        f"{v['generation_short_s'] / 60:.1f} min denoising only {short_secs:g} s "
+        f"(×{v['generation_30s_s'] / v['generation_short_s']:.1f})" for t, v in s["types"].items())
     out = [f"DiT step = the CFG pair as one batch of 2, {args.frames} frames, "
            f"{context_rows(args)} context rows{scaled}; {s['gflop_step']:.0f} GFLOP counted from "
-           f"the dims at {round(args.layers * s['scale'])} blocks, {s['gflop_measured']:.0f} in the graph run (ggml's "
-           "own count of it: " + ", ".join(f"{t} {v['ggml_gflop']:.0f}" for t, v in
-                                           s["types"].items())
-           + f"); medians of {args.repeats} warm runs",
-           table(lines, list(lines[0])) if lines else "(no result)",
-           f"upstream PyTorch f32 (two calls per step): {fmt(s['upstream_step_s'])} s per step, "
-           f"{fmt(s['upstream_short_s'])} s at {args.short} frames"
-           + (f"; cond velocity vs ours f32: max |diff| {s['velocity_max_diff']:.2e} of max |v| "
-              f"{s['velocity_max_abs']:.2f}" if "velocity_max_diff" in s else ""),
+           f"the dims at {depth} blocks, {s['gflop_measured']:.0f} in the graph run (ggml's own "
+           f"count of it: {counted}); medians of {args.repeats} warm runs",
+           type_table(args, s), peer,
            f"VAE decode of {secs:g} s ({args.frames} frames, chunks of 100): {fmt(s['vae_s'])} s; "
            f"of {args.short} frames: {fmt(s['vae_short_s'])} s",
-           f"estimate, {args.steps} steps + VAE (text encoder not included): "
-           + "; ".join(f"{t}: {v['generation_30s_s'] / 60:.1f} min for {secs:g} s, "
-                       f"{v['generation_short_s'] / 60:.1f} min denoising only "
-                       f"{args.short / 50:g} s (×{v['generation_30s_s'] / v['generation_short_s']:.1f})"
-                       for t, v in s["types"].items())]
+           f"estimate, {args.steps} steps + VAE (text encoder not included): {estimate}",
+           "\n".join(goal_lines(s))]
     errors = [f"{r['side']} {r['type']}: {r['error']}" for r in rows if "error" in r]
     return "\n\n".join(out + (["errors: " + "; ".join(errors)] if errors else []))
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="f32,f16,q8_0", help="weight types, comma-separated")
     ap.add_argument("--layers", type=int, default=None, help=f"DiT blocks run (default "
@@ -378,12 +434,20 @@ def main(argv=None) -> int:
                     help="also write the results as JSON (default file under bench/results/)")
     add_no_wait(ap)
     ap.add_argument("--tiny", action="store_true", help="small dims: check the script runs")
-    ap.add_argument("--worker", choices=["ours", "vae", "peer"], help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true",
+                    help="only `perf` profiles of the pair and of a single pass (first type)")
+    ap.add_argument("--worker", choices=["ours", "vae", "peer", "step"], help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=2, help=argparse.SUPPRESS)
     ap.add_argument("--type", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.layers = args.layers or (TINY_DIT if args.tiny else REAL_DIT)["num_layers"]
     args.frames = args.frames or (20 if args.tiny else 1500)
     args.short = min(args.frames, args.short or (8 if args.tiny else 250))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.worker:
         worker(args)
         return 0
@@ -391,6 +455,9 @@ def main(argv=None) -> int:
     from moss_tts.ggml import default_threads
 
     args.threads = args.threads or default_threads()
+    if args.profile:
+        print("\n".join(profile(args)))
+        return 0
     t0 = time.perf_counter()
     driver, rows = measure_types(args, __file__, "soundeffect_v2-bench.log", measure_type,
                                  probe_bytes=1 << 20)
