@@ -11,7 +11,7 @@ in the same run (cond and uncond as two calls, as upstream's pipeline runs them)
 The DiT is the 1.3B preset (docs/upstream-notes.md §family-10.1): in/out 128, text 2048, freq 256,
 patch [1], dim 1536, FFN 8960, 12 heads, 30 layers; 1500 latent frames (30 s at 50 Hz, what the
 pipeline always denoises) and 512 context rows. The VAE is the DAC decoder with the kwargs of
-`DAC_KWARGS` below. Weights: one GGUF per type under --data, written once from a generator keyed
+`REAL_DAC` below. Weights: one GGUF per type under --data, written once from a generator keyed
 by tensor name (matrices in the type, norms, biases and modulations f32: converters' `matmul_types`
 policy); the peer fills upstream's model from the same generator, so both run the same f32 values
 (the report gives the velocity difference). --layers N builds N blocks only and scales every DiT
