@@ -1,12 +1,12 @@
 """bench/soundeffect_v2.py runs end to end at tiny dims (its workers in subprocesses, as the driver
 runs them): every figure of the report is there and finite, and the step's GFLOP counted from the
-dims equals ggml's own count of the graph. The upstream PyTorch peer runs only where a python with
-torch and the upstream source are given (MOSS_TTS_PEER_PYTHON, MOSS_TTS_UPSTREAM_SOUNDEFFECT_V2):
-the test venv has no torch, so CI skips that part. No time is asserted."""
+dims equals ggml's own count of the graph. The upstream PyTorch peer needs torch, which the test
+venv has not: it is exercised by the bench's own runs (`--peer-python`, docs/performance.md: its
+cond velocity equals ours to 7e-6 at the real dims), as every peer of bench/ is. No time is
+asserted."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +19,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench import soundeffect_v2 as bench  # noqa: E402
 
-PEER_PYTHON = os.environ.get("MOSS_TTS_PEER_PYTHON")
-UPSTREAM = os.environ.get("MOSS_TTS_UPSTREAM_SOUNDEFFECT_V2")
 TYPE_FIGURES = ("step_s", "single_s", "pair_over_two_singles", "short_step_s", "gflops", "of_peak",
                 "ggml_gflop", "generation_30s_s", "generation_short_s", "peak_rss_gb",
                 "weights_gb")
@@ -68,14 +66,3 @@ def test_step_gflop_scales_with_batch_and_frames():
     # text MLP and the cross-attention k/v over the 512 context rows do not shrink with frames
     assert 8800 < pair < 9000
     assert 5.2 < pair / bench.step_gflop(cfg, 250, 512, 2) < 5.8
-
-
-@pytest.mark.skipif(not (PEER_PYTHON and UPSTREAM),
-                    reason="needs MOSS_TTS_PEER_PYTHON (a python with torch, einops) and "
-                    "MOSS_TTS_UPSTREAM_SOUNDEFFECT_V2 (upstream's source); the test venv has "
-                    "no torch")
-def test_tiny_peer_runs_the_same_weights(tmp_path):
-    s = run_bench(tmp_path, "--types", "f32", "--peer-python", PEER_PYTHON, "--upstream-src",
-                  UPSTREAM)
-    assert math.isfinite(s["upstream_step_s"]) and s["upstream_step_s"] > 0
-    assert s["velocity_max_diff"] < 1e-4 * max(1.0, s["velocity_max_abs"])

@@ -55,7 +55,7 @@ class SoundEffectSampler:
     Upstream always denoises `max_inference_seconds` of latent whatever `seconds` asks, decodes
     all of it and crops afterwards (§family-10.3). It draws the noise with torch's generator,
     which a port cannot reproduce, so the caller hands the noise in (shape: `noise_shape()`).
-    Upstream runs the DiT twice per step (cond, then uncond); here the pair is one batch of two.
+    Upstream runs the DiT twice per step (cond, then uncond), and so does this (`velocity`).
     """
 
     text_encoder: TextEncoder
@@ -107,10 +107,13 @@ class SoundEffectSampler:
 
     def velocity(self, latent: np.ndarray, timestep, context: np.ndarray,
                  cfg_scale: float) -> np.ndarray:
-        """The guided velocity (F, out_dim) at one step: the DiT on the cond/uncond pair in one
-        batch (both items see the same latent), then v_u + cfg·(v_c − v_u)."""
-        batch = np.broadcast_to(latent, (len(context),) + latent.shape)
-        v = self.dit.forward(batch, timestep, context)
+        """The guided velocity (F, out_dim) at one step: the DiT on the cond, then the uncond
+        context (both see the same latent), then v_u + cfg·(v_c − v_u). One pass each, not the
+        pair as one batch of two (`WanAudioDiT.forward` takes either): at 1500 frames every
+        matmul is compute-bound, so a batch reads no fewer bytes per FLOP, and ggml's GEMM ran
+        the pair 1.04-1.18× slower than two single passes (docs/performance.md, MOSS-SoundEffect
+        v2.0); one graph of batch 1 also halves the compute buffer."""
+        v = [self.dit.forward(latent[None], timestep, c[None])[0] for c in context]
         return v[0] if len(context) == 1 else guided_velocity(v[0], v[1], cfg_scale)
 
     def __call__(self, prompt: str, seconds: float, noise, **kwargs) -> np.ndarray:
