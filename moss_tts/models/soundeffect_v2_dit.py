@@ -23,6 +23,7 @@ LAYER_PREFIX = "blocks.{}."
 ROPE_BASE = 10000.0        # the "dac" 1-D RoPE (wan_audio_dit.py precompute_freqs_cis_1d)
 TIME_BASE = 10000.0        # the sinusoidal timestep embedding
 N_MOD = 6                  # shift/scale/gate for self-attention, then for the FFN
+KEY_LANES = 16             # tinyBLAS's f32 lanes on AVX-512 (a multiple of AVX2's 8): `padded_keys`
 
 
 @dataclass(frozen=True)
@@ -179,9 +180,11 @@ def per_item(x: Tensor, n: int) -> Tensor:
     return ops.reshape(x, x.ne[0], n, x.ne[1] // n)
 
 
-def heads_attention(q: Tensor, k: Tensor, v: Tensor, *, n_items: int, n_head: int) -> Tensor:
+def heads_attention(q: Tensor, k: Tensor, v: Tensor, *, n_items: int, n_head: int,
+                    key_mask: Tensor | None = None) -> Tensor:
     """q [D, Tq·B], k and v [D, Tk·B] → softmax(q·kᵀ/√Dh)·v per item and head [D, Tq·B]:
-    no mask, not causal (SDPA defaults)."""
+    no mask, not causal (SDPA defaults). `key_mask` [Tk', Tq] (Tk' = `padded_keys(Tk)`): the
+    keys are zero-padded to Tk' and the mask's −inf gives the padding no weight."""
     tq, tk = q.ne[1] // n_items, k.ne[1] // n_items
     q, k, v = (split_heads(a, n_head) for a in (q, k, v))        # [Dh, H, T·B]
     dh = q.ne[0]
@@ -189,13 +192,35 @@ def heads_attention(q: Tensor, k: Tensor, v: Tensor, *, n_items: int, n_head: in
     for b in range(n_items):
         qb, kb, vb = (ops.view(a, (dh, n_head, n), a.nb[1:3], b * n * a.nb[2])
                       for a, n in ((q, tq), (k, tk), (v, tk)))
-        part = attention(qb, kb, vb, None, scale=dh ** -0.5)       # [D, Tq]
+        if key_mask is not None:
+            extra = key_mask.ne[0] - tk
+            kb, vb = (ops.pad(a, (0, 0), (0, 0), (0, extra)) for a in (kb, vb))
+        part = attention(qb, kb, vb, key_mask, scale=dh ** -0.5)   # [D, Tq]
         out = part if out is None else ops.concat(out, part, 1)
     return out
 
 
+def padded_keys(n: int) -> int:
+    """Keys a softmax·V product contracts over, rounded up to what ggml's f32 GEMM (llamafile's
+    tinyBLAS) takes: a length not a multiple of its 16 lanes falls back to one dot product a row
+    (the p·V of 1500 frames ran 1.24× slower, 8-9 % of a step; docs/performance.md)."""
+    return -(-n // KEY_LANES) * KEY_LANES
+
+
+def key_mask(n_queries: int, n_keys: int) -> np.ndarray | None:
+    """The additive mask [n_queries, padded_keys(n_keys)] of the zero padding (−inf), or None
+    where no padding is needed."""
+    width = padded_keys(n_keys)
+    if width == n_keys:
+        return None
+    mask = np.zeros((n_queries, width), np.float32)
+    mask[:, n_keys:] = -np.inf
+    return mask
+
+
 def attention_branch(x: Tensor, source: Tensor, blk: WanAudioBlock, kind: str,
-                     cfg: WanAudioConfig, *, n_items: int, positions: Tensor | None = None):
+                     cfg: WanAudioConfig, *, n_items: int, positions: Tensor | None = None,
+                     key_mask: Tensor | None = None):
     """q from x [D, T·B], k and v from source [D, S·B] (x itself, or the projected context) →
     o(attention) [D, T·B], each item attending to its own rows. kind "self_attn" or
     "cross_attn": q/k RMSNorm over the whole D (all heads jointly, before the split); RoPE only
@@ -212,7 +237,7 @@ def attention_branch(x: Tensor, source: Tensor, blk: WanAudioBlock, kind: str,
         # RoPE rotates interleaved pairs (x[2i], x[2i+1]): ggml's "normal" mode
         q, k = (ops.reshape(rope(split_heads(a, h), positions, mode="normal", base=ROPE_BASE),
                             cfg.dim, a.ne[1]) for a in (q, k))
-    o = heads_attention(q, k, v, n_items=n_items, n_head=h)
+    o = heads_attention(q, k, v, n_items=n_items, n_head=h, key_mask=key_mask)
     return linear(o, weight("o_weight"), weight("o_bias"))
 
 
@@ -224,8 +249,10 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor, n_items: int) -> Tensor:
 
 
 def block(x: Tensor, context: Tensor, tmod: Tensor, blk: WanAudioBlock, cfg: WanAudioConfig,
-          positions: Tensor, *, il: int, n_items: int) -> Tensor:
-    """One DiT block, x [D, T·B] → [D, T·B]; tmod [6·D, B] the time projection."""
+          positions: Tensor, *, il: int, n_items: int,
+          frame_mask: Tensor | None = None) -> Tensor:
+    """One DiT block, x [D, T·B] → [D, T·B]; tmod [6·D, B] the time projection; frame_mask the
+    self-attention's `key_mask` where the frames need padding."""
     eps = cfg.eps
     # block.modulation [1, 6, D] + t_mod, chunked: shift_msa, scale_msa, gate_msa, shift_mlp,
     # scale_mlp, gate_mlp
@@ -234,7 +261,8 @@ def block(x: Tensor, context: Tensor, tmod: Tensor, blk: WanAudioBlock, cfg: Wan
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod
     h = modulate(layer_norm(x, eps=eps), shift_msa, scale_msa)
     x = gated_residual(x, attention_branch(h, h, blk, "self_attn", cfg, n_items=n_items,
-                                           positions=positions), gate_msa, n_items)
+                                           positions=positions, key_mask=frame_mask),
+                       gate_msa, n_items)
     h = layer_norm(x, blk.norm3_weight, blk.norm3_bias, eps=eps)
     x = ops.add(x, attention_branch(h, context, blk, "cross_attn", cfg, n_items=n_items))
     h = modulate(layer_norm(x, eps=eps), shift_mlp, scale_mlp)
@@ -305,9 +333,14 @@ def build_forward(g: Graph, w: WanAudioWeights, cfg: WanAudioConfig, *, n_sample
     sinusoid = g.input("dit.sinusoid", (n_items, cfg.freq_dim))
     context = g.input("dit.context", (n_items, n_context, cfg.text_dim))
     positions = g.input("dit.positions", (n_frames * n_items,), GGMLType.I32)
+    # the self-attention's keys padded where the frames are not a multiple of KEY_LANES (the
+    # context's 512 rows are)
+    frame_mask = None if padded_keys(n_frames) == n_frames else \
+        g.input("dit.frame_mask", (n_frames, padded_keys(n_frames)))
     x, temb, tmod, ctx = embed_inputs(latent, sinusoid, context, w, cfg)
     for il, blk in enumerate(w.blocks):
-        x = block(x, ctx, tmod, blk, cfg, positions, il=il, n_items=n_items)
+        x = block(x, ctx, tmod, blk, cfg, positions, il=il, n_items=n_items,
+                  frame_mask=frame_mask)
     y = head(x, temb, w, cfg)              # [p·C, F·B], p-major inside a patch
     # 'b f (p c) -> b c (f p)': in ggml order [C, p·F, B] is the same memory, a reshape
     return g.output(ops.reshape(y, cfg.out_dim, n_samples, n_items), "dit.velocity",
@@ -346,11 +379,13 @@ class WanAudioDiT:
         steps = np.broadcast_to(np.asarray(timestep, dtype=np.float32), (b,))
         n_frames = t // self.cfg.patch
         g = self._graph(t, b, context.shape[1])
-        return g.run({"dit.latent": latent,
-                      "dit.sinusoid": time_sinusoid(steps, self.cfg.freq_dim),
-                      "dit.context": context,
-                      "dit.positions": np.tile(np.arange(n_frames, dtype=np.int32), b)},
-                     ["dit.velocity"])["dit.velocity"]
+        feed = {"dit.latent": latent, "dit.sinusoid": time_sinusoid(steps, self.cfg.freq_dim),
+                "dit.context": context,
+                "dit.positions": np.tile(np.arange(n_frames, dtype=np.int32), b)}
+        mask = key_mask(n_frames, n_frames)
+        if mask is not None:
+            feed["dit.frame_mask"] = mask
+        return g.run(feed, ["dit.velocity"])["dit.velocity"]
 
     def close(self) -> None:
         for g in self._graphs.values():

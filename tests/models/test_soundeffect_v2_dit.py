@@ -13,7 +13,7 @@ from fixtures.compare import assert_close, assert_differs
 from fixtures.reference import soundeffect_v2_dit as ref
 from moss_tts.errors import ConfigError
 from moss_tts.ggml.weights import TensorStore
-from moss_tts.models.soundeffect_v2_dit import WanAudioConfig, WanAudioDiT
+from moss_tts.models.soundeffect_v2_dit import WanAudioConfig, WanAudioDiT, key_mask, padded_keys
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures" / "data" / \
     "soundeffect_v2_dit_upstream.npz"
@@ -56,9 +56,12 @@ def test_config_rejects_heads_that_do_not_split_into_pairs():
         dataclasses.replace(tiny_config(1), dim=36, num_heads=4)   # head_dim 9
 
 
-def test_forward_matches_reference(tiny, rng):
+# 12 samples: frames (12, or 6 at patch 2) that the self-attention pads to 16 keys under a mask;
+# 32: frames (32 or 16) it takes as they are
+@pytest.mark.parametrize("n_samples", [N_FRAMES, 32])
+def test_forward_matches_reference(tiny, rng, n_samples):
     cfg, w, dit = tiny
-    latent = rng.standard_normal((2, N_FRAMES, cfg.in_dim)).astype(np.float32)
+    latent = rng.standard_normal((2, n_samples, cfg.in_dim)).astype(np.float32)
     context = rng.standard_normal((2, N_CONTEXT, cfg.text_dim)).astype(np.float32)
     steps = np.array([937.5, 250.0], dtype=np.float32)
     want = ref.forward(latent, steps, context, w, dataclasses.asdict(cfg))
@@ -69,6 +72,14 @@ def test_forward_matches_reference(tiny, rng):
     moved[0, 3] += 1.0
     assert_differs(dit.forward(latent, steps, moved)[0], want[0], atol=F32_ATOL,
                    what="velocity after one changed context row")
+
+
+def test_keys_are_padded_to_whole_gemm_lanes_under_a_mask():
+    assert [padded_keys(n) for n in (1, 16, 17, 250, 1500)] == [16, 16, 32, 256, 1504]
+    assert key_mask(3, 32) is None
+    mask = key_mask(2, 1500)
+    assert mask.shape == (2, 1504) and not mask[:, :1500].any()
+    assert np.all(np.isneginf(mask[:, 1500:]))
 
 
 def test_cfg_pair_in_one_graph_equals_two_single_passes(tiny, rng):
