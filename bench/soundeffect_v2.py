@@ -105,13 +105,17 @@ def dit_inputs(cfg: dict, frames: int, n_context: int) -> tuple[np.ndarray, np.n
 def step_gflop(cfg: dict, frames: int, n_context: int, batch: int) -> float:
     """GFLOP of one DiT forward from the dims (2 per multiply-add): the linears (patch embedding,
     the text and time MLPs, per block q/k/v/o of both attentions and the FFN, the head) and the
-    attention products (q·kᵀ and p·v)."""
+    attention products (q·kᵀ and p·v) over the keys as the graph pads them (`padded_keys`: 1504
+    of 1500 frames, the work ggml does)."""
+    from moss_tts.models.soundeffect_v2_dit import padded_keys
+
     d, f, lc = cfg["dim"], cfg["ffn_dim"], n_context
+    keys = padded_keys(frames)
     per_block = (2 * frames * d * d * 4          # self-attention q, k, v, o
                  + 2 * frames * d * d * 2        # cross-attention q, o
                  + 2 * lc * d * d * 2            # cross-attention k, v over the context rows
                  + 2 * frames * d * f * 2        # FFN up and down
-                 + 2 * 2 * frames * frames * d   # self-attention scores and mix
+                 + 2 * 2 * frames * keys * d     # self-attention scores and mix
                  + 2 * 2 * frames * lc * d)      # cross-attention scores and mix
     stems = (2 * frames * cfg["in_dim"] * d + 2 * lc * (cfg["text_dim"] * d + d * d)
              + 2 * (cfg["freq_dim"] * d + d * d + d * 6 * d) + 2 * frames * d * cfg["out_dim"])
