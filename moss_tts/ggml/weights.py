@@ -50,10 +50,16 @@ class TensorInfo:
 
     @property
     def shape(self) -> tuple:
-        n = 4
-        while n > 1 and self.ne[n - 1] == 1:
-            n -= 1
-        return tuple(reversed(self.ne[:n]))
+        return stored_shape(tuple(reversed(self.ne)))
+
+
+def stored_shape(shape: tuple) -> tuple:
+    """A numpy shape as a GGUF records it: ggml's dimension count drops the outer size-1
+    dimensions (a (1, 6, D) table is stored (6, D)); one dimension is always kept."""
+    shape = tuple(shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 class GGUFFile(NativeResource):
@@ -329,7 +335,8 @@ class Weights(NativeResource):
 
     def require(self, expected: dict[str, tuple], *, optional: tuple[str, ...] = (),
                 strict: bool = True, floats: bool = False) -> dict[str, Tensor | None]:
-        """Check tensors against their declared numpy shapes and return them by name.
+        """Check tensors against their declared numpy shapes (as the GGUF records them:
+        `stored_shape`) and return them by name.
 
         Every problem (missing, wrong shape, with `floats` an integer type, and with `strict`
         unknown extra tensors) is listed in one `ModelFileError`. Optional names absent from
@@ -345,7 +352,7 @@ class Weights(NativeResource):
                     problems.append(f"{name}: missing (expected {tuple(shape)})")
                 continue
             info = self.file.tensors[name]
-            if tuple(info.shape) != tuple(shape):
+            if tuple(info.shape) != stored_shape(shape):
                 problems.append(f"{name}: expected shape {tuple(shape)}, got {tuple(info.shape)}")
             if floats and info.type in INTEGER_TYPES:  # the graph ops take no integer weights
                 problems.append(f"{name}: type {info.type.name}, expected a float type")

@@ -154,15 +154,6 @@ class SoundEffectSampler:
             left -= len(piece)
 
 
-def stored_shape(shape: tuple) -> tuple:
-    """A numpy shape as a GGUF records it: ggml's dimension count drops the outer size-1
-    dimensions (a (1, 6, D) modulation table is stored (6, D))."""
-    shape = tuple(shape)
-    while len(shape) > 1 and shape[0] == 1:
-        shape = shape[1:]
-    return shape
-
-
 class SoundEffectV2Model(NativeResource):
     """The three components over one loaded GGUF (converters/soundeffect_v2.py) and its
     sampler; stateless after load (style C16)."""
@@ -177,7 +168,7 @@ class SoundEffectV2Model(NativeResource):
             dit, vae = WanAudioConfig.from_gguf(meta), DACConfig.from_gguf(meta)
             # every component's tensors at once: one error lists all problems, extras included
             shapes = text.tensor_shapes() | dit.tensor_shapes() | vae_shapes(vae)
-            weights.require({n: stored_shape(s) for n, s in shapes.items()}, floats=True)
+            weights.require(shapes, floats=True)
             self.text = TextEncoder(weights, QwenTokenizer.from_json(meta.text(TOKENIZER_KEY)),
                                     alone=False)
             self.dit = WanAudioDiT(weights, dit, weights.backend)

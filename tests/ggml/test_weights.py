@@ -120,6 +120,18 @@ def test_require_lists_every_problem_at_once(model_file):
         assert "blk.0.missing: missing" in msg and "unexpected tensor" in msg
 
 
+def test_require_takes_a_numpy_shape_with_outer_ones_as_the_gguf_stores_it(model_file):
+    """A (1, 6, 32) modulation-style table is written (6, 32): ggml's dimension count drops the
+    outer 1s, so a declared numpy shape is compared in that form; another shape still fails."""
+    path, _ = model_file
+    with Weights.load(path) as w:
+        assert w.require({"blk.0.w": (1, 6, 32), "blk.0.h": (1, 1, 4, 32), "tok.ids": (5,)},
+                         strict=False)["blk.0.w"] is not None
+        with pytest.raises(ModelFileError, match=r"blk.0.w: expected shape \(1, 32, 6\), got "
+                                                 r"\(6, 32\)"):
+            w.require({"blk.0.w": (1, 32, 6)}, strict=False)
+
+
 def test_non_gguf_file_is_a_one_line_error(tmp_path):
     p = tmp_path / "model.safetensors"
     p.write_bytes(b"\x00" * 64)
