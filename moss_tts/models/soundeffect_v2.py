@@ -142,16 +142,16 @@ class SoundEffectSampler:
             if progress is not None:
                 progress(i + 1, schedule.steps)
             yield np.zeros(0, np.float32)
-        # the latent decoded, then cropped (upstream decodes all of it: the frames past the
+        # the latent decoded up to the crop (upstream decodes all of it: the frames past the
         # crop cannot change the samples before it beyond the receptive field, which the
         # chunks carry), in chunks so the compute buffer holds VAE_CHUNK_FRAMES frames of
         # activations, not 30 s of them
         left = output_samples(self.sample_rate, seconds)
         for piece in self.vae.decode_chunks(latent, chunk_frames=VAE_CHUNK_FRAMES):
-            if left <= 0:
-                break
             yield piece[:left]
             left -= len(piece)
+            if left <= 0:       # the chunks past the crop are never decoded
+                break
 
 
 class SoundEffectV2Model(NativeResource):

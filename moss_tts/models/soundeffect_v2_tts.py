@@ -88,12 +88,10 @@ class SoundEffectV2TTS(CodecTTS):
         scales with the frames, so 5 s of a 30 s window is about 6× faster; the model was
         trained on the whole window, so the sound differs from upstream's for the same noise).
         """
-        sound = described_sound(text, sound)
-        if not isinstance(short_latent, (bool, np.bool_)):
-            raise InputError(f"short_latent must be True or False, got {short_latent!r}")
+        sound = described_sound(text, sound)      # short_latent: checked by the knob table
         sampler = self.model.sampler
         rounded = sampler.check_seconds(seconds)
-        noise = self.noise(rounded, seed, short_latent=bool(short_latent))
+        noise = self.noise(rounded, seed, short_latent=short_latent)
         pieces = sampler.sample(sound, rounded, noise, negative_prompt=negative or "",
                                 steps=steps, cfg_scale=options.cfg_scale, shift=options.shift,
                                 progress=progress)

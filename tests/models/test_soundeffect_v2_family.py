@@ -211,3 +211,23 @@ def test_converting_it_as_another_family_says_which_it_is(made, tmp_path, kind):
                                           r"convert it with `python -m moss_tts convert sfx-v2`"):
         convert_as(family(kind), str(made["dir"]), tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_the_vae_stops_at_the_crop(tts, monkeypatch):
+    """0.7 s is 7 of the window's 20 latent frames: in chunks of 5, two are decoded, not the
+    four of the whole window (nor a third pulled and thrown away)."""
+    import moss_tts.models.soundeffect_v2 as sfx
+
+    vae, pulled = tts.model.vae, []
+
+    def counted(latent, *, chunk_frames=None):
+        for piece in type(vae).decode_chunks(vae, latent, chunk_frames=chunk_frames):
+            pulled.append(len(piece))
+            yield piece
+
+    whole, _ = tts.synthesize(sound="rain", seconds=0.7, steps=2, seed=1)
+    monkeypatch.setattr(sfx, "VAE_CHUNK_FRAMES", 5)
+    monkeypatch.setattr(vae, "decode_chunks", counted)
+    chunked, _ = tts.synthesize(sound="rain", seconds=0.7, steps=2, seed=1)
+    assert pulled == [30, 30]
+    assert_close(chunked, whole, atol=1e-6, what="audio decoded in chunks up to the crop")
