@@ -301,6 +301,19 @@ def resolve(spec: str, family: str, flag: str, quiet: bool = False):
                       f"(tiny models for a first run offline: {TINY_MODELS_COMMAND})") from None
 
 
+def resolve_codec(codec: str | None, family, quiet: bool = False, *, model: str | None = None):
+    """The codec a family decodes with: `codec` (--codec's value), else the family's default;
+    None for a family that decodes with its own VAE, which refuses one (`model`: the --model
+    it was given for, where several are)."""
+    if not family.default_codec:
+        if codec:
+            which = f" for --model {model}" if model else ""
+            raise InputError(f"--codec: {family.name} decodes with its own VAE; leave out "
+                             f"--codec{which}")
+        return None
+    return resolve(codec or family.default_codec, "codec", "--codec", quiet)
+
+
 def resolve_model(spec: str, quiet: bool = False):
     """--model → (what `load` takes, its registry row): a file or a published MOSS-TTS-GGUF
     directory as they are; a checkpoint directory or repo id converted (into the cache) by the

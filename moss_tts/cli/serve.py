@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .common import add_runtime_flags, auto_or, number, resolve, resolve_model, say
+from .common import add_runtime_flags, auto_or, number, resolve_codec, resolve_model, say
 
 
 def _serve(args) -> int:
@@ -155,11 +155,7 @@ def load_models(args) -> dict:
                 else Path(spec).stem
             if name in models:
                 raise InputError(f"--model {spec}: the name {name!r} is taken; rename the file")
-            if not family.default_codec and codec:
-                raise InputError(f"--codec {codec}: {family.name} decodes with its own VAE; "
-                                 f"give no --codec for --model {spec}")
-            codec = resolve(codec or family.default_codec, "codec", "--codec") \
-                if family.default_codec else None
+            codec = resolve_codec(codec, family, model=spec)
             if hosted_apart(args.backend):
                 models[name] = HostedModel(HostSpec(str(path), codec and str(codec),
                                                     args.backend, args.threads), name)

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (Progress, add_runtime_flags, add_sample_format, check_audio_output, resolve,
-                     resolve_model, say, utf8, write_audio, writing)
+from .common import (Progress, add_runtime_flags, add_sample_format, check_audio_output,
+                     resolve_codec, resolve_model, say, utf8, write_audio, writing)
 
 READ_BYTES = 4096    # --live: one read returns what the pipe holds now, up to this
 
@@ -169,22 +169,11 @@ def _tts(args) -> int:
     words = knob_keywords(args, family)     # every knob checked before anything loads
     bounded_text(cls, text, "cli", _text_source(args))    # and the family's bound on the text
     check_speaker_voices(words.get("speakers"))
-    codec = resolve_codec(args, family)
+    codec = resolve_codec(args.codec, family, args.quiet)
     try:
         return _speak(args, family, model, codec, text, words)
     except InputError as e:                 # the API names its parameters; say the flags
         raise renamed(e, "cli") from None
-
-
-def resolve_codec(args, family):
-    """The codec a family decodes with (--codec, else its default), or None for a family that
-    decodes with its own VAE, which refuses --codec."""
-    if not family.default_codec:
-        if args.codec is not None:
-            raise InputError(f"--codec: {family.name} decodes with its own VAE; leave out "
-                             "--codec")
-        return None
-    return resolve(args.codec or family.default_codec, "codec", "--codec", args.quiet)
 
 
 def _speak(args, family, model, codec, text, words) -> int:

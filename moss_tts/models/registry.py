@@ -257,13 +257,11 @@ def families_table() -> str:
 
     lines = ["| family | `--model` default | `--codec` default | its own flags | frame budget "
              "(default, most) |", "|---|---|---|---|---|"]
-    def draws(f) -> bool:     # a token sampler (greedy-able), not a diffusion sampler
-        return hasattr(f.options_class(), "greedy")
-
+    greedy = next(k for k in KNOBS if k.name == "greedy")   # taken by the token samplers
     for f in FAMILIES:
-        # "own": not shared by every family of its kind of sampler; a kind of one (the
-        # diffusion pipeline) lists every knob but the seed
-        peers = [g for g in FAMILIES if draws(g) == draws(f)]
+        # "own": not shared by every family of its kind of sampler (token or diffusion); a
+        # kind of one (the diffusion pipeline) lists every knob but the seed
+        peers = [g for g in FAMILIES if takes(g, greedy) == takes(f, greedy)]
         own = [k.flag for k in KNOBS if takes(f, k) and k.keyword != "seed"
                and (len(peers) == 1 or not all(takes(g, k) for g in peers))]
         own += ["--prompt-text", "--prompt-audio"] if "prompt_text" in f.keywords else []

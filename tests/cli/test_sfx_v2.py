@@ -73,3 +73,10 @@ def test_a_bad_guidance_scale_is_argparses_one_line(model, capsys):
         main(["tts", "--model", model, "--sound", "rain", "--cfg-scale", "-2", "-o", "x.wav"])
     assert e.value.code == 2
     assert "argument --cfg-scale: must lie in [0, 100], got -2.0" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_codec_for_it_in_one_line(model, capsys):
+    assert main(["serve", "--model", model, "--codec", "codec.gguf", "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: --codec: MOSS-SoundEffect-v2.0 decodes with its own VAE; leave out "
+                   f"--codec for --model {model}\n")
