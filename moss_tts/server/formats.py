@@ -136,6 +136,12 @@ class PcmLayout:
         return pcm_bytes(self._resampler.flush())
 
 
+def sse_event(event: dict, name: str | None = None) -> bytes:
+    """One server-sent event: its JSON data line, after an `event:` line when named."""
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(event)}\n\n".encode()
+
+
 class StreamEncoder:
     """Native audio chunks → the bytes of one streamed response: SSE events of base64 pcm, raw
     pcm, or a streamable WAV (header first, then native s16le)."""
@@ -152,8 +158,7 @@ class StreamEncoder:
             return pcm
         if not pcm:
             return b""
-        event = {"type": "speech.audio.delta", "audio": base64.b64encode(pcm).decode()}
-        return f"data: {json.dumps(event)}\n\n".encode()
+        return sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(pcm).decode()})
 
     def chunk(self, audio: np.ndarray) -> bytes:
         head, self.header = self.header, b""
@@ -163,18 +168,16 @@ class StreamEncoder:
         """A `speech.progress` event (SSE only: raw audio has no place for one)."""
         if not self.sse:
             return b""
-        event = {"type": "speech.progress", "done": done, "total": total}
-        return f"data: {json.dumps(event)}\n\n".encode()
+        return sse_event({"type": "speech.progress", "done": done, "total": total})
 
     def end(self) -> bytes:
         tail = self.header + self._wrap(self.layout.flush())
         if self.sse:
-            tail += f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n".encode()
+            tail += sse_event({"type": "speech.audio.done"})
         return tail
 
     def error(self, message: str) -> bytes | None:
         """The SSE error event; None for raw audio, which can only end abruptly."""
         if not self.sse:
             return None
-        event = {"type": "error", "error": {"message": message}}
-        return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+        return sse_event({"type": "error", "error": {"message": message}}, name="error")
