@@ -44,7 +44,7 @@ from fixtures.make_delay import make_tokenizer_json  # noqa: E402
 from moss_tts.ggml import Graph, Weights, get_backend, ops  # noqa: E402
 from moss_tts.models.local import (FORMAT_VERSION, KIND, LOCAL, TOKENIZER_KEY,  # noqa: E402
                                    LocalConfig, LocalModel, choose, row_feed)
-from moss_tts.models.local_tts import FIRST_CHUNK  # noqa: E402
+from moss_tts.models.chunk_ladder import FIRST_CHUNK_FRAMES as FIRST_CHUNK  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
 from moss_tts.sampling import LocalSamplingOptions, seen_per_head  # noqa: E402
 

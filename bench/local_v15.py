@@ -44,6 +44,7 @@ from fixtures.upstream_local_v15 import (  # noqa: E402
     UPSTREAM_ENV, backbone_hidden, upstream_model, upstream_modules)
 from moss_tts.ggml import Graph, Weights, get_backend, ops  # noqa: E402
 from moss_tts.models import gpt2, local_v15 as lv  # noqa: E402
+from moss_tts.models.chunk_ladder import FIRST_CHUNK_FRAMES as FIRST_CHUNK  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
 from moss_tts.sampling import LocalV15SamplingOptions  # noqa: E402
 
@@ -52,7 +53,6 @@ REAL = (Qwen3Config(2560, 36, 32, 8, 128, 9728, 1e6),
 TINY = (Qwen3Config(64, 2, 4, 2, 16, 96, 1e6), gpt2.GPT2Config(64, 4, 1, 96, 1e-6, 1e6, "silu"),
         151680)
 KV_BYTES = 2                 # f16 K and V (LocalV15Model's default)
-FIRST_CHUNK = 4              # frames of upstream's first codec chunk (§family-4.7)
 
 
 def config(tiny: bool) -> lv.LocalV15Config:

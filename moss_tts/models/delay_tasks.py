@@ -29,6 +29,7 @@ from ..text.voice_design import normalize_instruction, normalize_voice_text
 from ..text.dialogue import (MAX_SPEAKERS, check_dialogue, check_tags, merge_turns,
                              normalize_dialogue, split_dialogue, tag_transcript)
 from .tts import FrameBudget, check_text, described_sound, family_stream
+from .chunk_ladder import chunk_frames_of
 from .delay import MAX_NEW_ROWS
 from .delay_tts import DelayTTS
 from .long_text import speak
@@ -139,8 +140,9 @@ class DialogueTTS(DelayTTS):
     def stream(self, text: str, *, speakers=None,
                options: DialogueSamplingOptions = DialogueSamplingOptions(),
                seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
-               language: str | None = None) -> Iterator[np.ndarray]:
+               language: str | None = None, chunk_frames: int = 0) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] of the dialogue as frames complete (see DelayTTS.stream)."""
+        chunk_frames = chunk_frames_of(chunk_frames)
         cast = self.cast(speakers)
         text = self.dialogue(text, normalize=normalize)
 
@@ -148,7 +150,8 @@ class DialogueTTS(DelayTTS):
             rows = self._rows(chunk, cast, prompt, prompt_text, normalize=normalize,
                               language=language)
             return self._spoken(rows, prompt or cast.prompt, options=options, seed=seed,
-                                max_new_rows=max_new_rows, frames=frames)
+                                max_new_rows=max_new_rows, frames=frames,
+                                chunk_frames=chunk_frames)
 
         return speak(split_dialogue(text, self.tokenizer), say, sample_rate=self.sample_rate,
                      channels=self.channels, seed=seed)
@@ -225,14 +228,14 @@ class VoiceDesignTTS(DelayTTS):
                options: VoiceDesignSamplingOptions = VoiceDesignSamplingOptions(),
                seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
                language: str | None = None, tokens: int | None = None,
-               seconds: float | None = None) -> Iterator[np.ndarray]:
+               seconds: float | None = None, chunk_frames: int = 0) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] in the described voice (see DelayTTS.stream)."""
         if instruction is None or not instruction.strip():
             raise InputError("instruction is required: MOSS-VoiceGenerator makes the voice from "
                              "a description of it (e.g. 'a calm, low female voice')")
         return self._stream(text, options=options, seed=seed, max_new_rows=max_new_rows,
                             normalize=normalize, instruction=instruction, language=language,
-                            tokens=tokens, seconds=seconds)
+                            tokens=tokens, seconds=seconds, chunk_frames=chunk_frames)
 
 
 class SoundEffectTTS(DelayTTS):
@@ -260,14 +263,17 @@ class SoundEffectTTS(DelayTTS):
     def stream(self, text: str | None = None, *, sound: str | None = None,
                options: SoundEffectSamplingOptions = SoundEffectSamplingOptions(),
                seed: int | None = None, max_new_rows: int = MAX_NEW_ROWS,
-               tokens: int | None = None, seconds: float | None = None) -> Iterator[np.ndarray]:
+               tokens: int | None = None, seconds: float | None = None,
+               chunk_frames: int = 0) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] of the sound as frames complete (one utterance: a description
         is not cut)."""
+        chunk_frames = chunk_frames_of(chunk_frames)
         rows = self.plan(text, sound=sound, tokens=tokens, seconds=seconds)
 
         def say(_, prompt, prompt_text, seed, frames):
             return self._spoken(rows, None, options=options, seed=seed,
-                                max_new_rows=max_new_rows, frames=frames)
+                                max_new_rows=max_new_rows, frames=frames,
+                                chunk_frames=chunk_frames)
 
         return speak([sound or text], say, sample_rate=self.sample_rate, channels=self.channels,
                      seed=seed)

@@ -17,6 +17,7 @@ from ..sampling import DelaySamplingOptions
 from ..text.languages import LANGUAGES_V15
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_decode import DelayBatch
+from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
 from .delay_published import is_published_dir, load_published
 from .long_text import speak, split_long_text
 from .message_tts import MessageTTS
@@ -59,6 +60,9 @@ class DelayTTS(MessageTTS):
     # the `language` field's values (name, code): one file may hold 1.0 or v1.5, so v1.5's 31
     LANGUAGES = LANGUAGES_V15
     BATCHED = DelayBatch     # several streams per decode step (its published tasks' too)
+    # whole audio waits for no first chunk: fixed pushes of the ladder's longest (fewer codec
+    # calls, and the same floats on every run) unless `chunk_frames` says else
+    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
 
     def __init__(self, model, codec):
         super().__init__(model, codec)
@@ -102,20 +106,23 @@ class DelayTTS(MessageTTS):
     def _stream(self, text: str, *, reference: Reference | None = None,
                 prompt: Reference | None = None, prompt_text: str | None = None,
                 options: DelaySamplingOptions = DelaySamplingOptions(), seed: int | None = None,
-                max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True,
+                max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True, chunk_frames: int = 0,
                 **fields) -> Iterator[np.ndarray]:
-        """Audio chunks [m, 1] as frames complete. A frame holding a pad code ends an audio
+        """Audio chunks [m, 1] as frames complete, pushed to the codec as the chunk ladder says
+        (`chunk_frames` 0; models/chunk_ladder.py) or that many frames at a time. A frame holding a pad code ends an audio
         segment (upstream decodes each segment on its own, §family-2.8): the next starts a new codec
         stream. A continuation's prompt frames go through the codec first (their audio is
         dropped, as upstream cuts it), so the output continues the prompt audio (`prompt_text`:
         its transcript, see `plan`). Long text is cut at sentence boundaries
         (models/long_text.py): each chunk an utterance of at most max_new_rows rows that
         continues the chunk before it, seed + i for chunk i."""
+        chunk_frames = chunk_frames_of(chunk_frames)
+
         def say(chunk, prompt, prompt_text, seed, frames):
             return self._utterance(chunk, reference=reference, prompt=prompt,
                                    prompt_text=prompt_text, options=options, seed=seed,
                                    max_new_rows=max_new_rows, normalize=normalize,
-                                   frames=frames, **fields)
+                                   frames=frames, chunk_frames=chunk_frames, **fields)
 
         chunks = split_long_text(text, self.tokenizer, fields=fields)
         return speak(chunks, say, sample_rate=self.sample_rate, channels=self.channels,
@@ -127,17 +134,18 @@ class DelayTTS(MessageTTS):
     stream = family_stream(_stream)
 
     def _utterance(self, text: str, *, reference, prompt, prompt_text, options, seed,
-                   max_new_rows: int, normalize: bool, frames: list,
+                   max_new_rows: int, normalize: bool, frames: list, chunk_frames: int,
                    **fields) -> Iterator[np.ndarray]:
         """One prompt's audio (what `stream` does for a text of one chunk); the complete
         generated frames without a pad code go to `frames`."""
         rows = self.plan(text, reference=reference, prompt=prompt, prompt_text=prompt_text,
                          normalize=normalize, **fields)
         yield from self._spoken(rows, prompt, options=options, seed=seed,
-                                max_new_rows=max_new_rows, frames=frames)
+                                max_new_rows=max_new_rows, frames=frames,
+                                chunk_frames=chunk_frames)
 
     def _spoken(self, rows: np.ndarray, prompt: Reference | None, *, options, seed,
-                max_new_rows: int, frames: list) -> Iterator[np.ndarray]:
+                max_new_rows: int, frames: list, chunk_frames: int) -> Iterator[np.ndarray]:
         """The audio of prompt rows (`plan`): generated rows → frames → codec; with a
         continuation `prompt` (the one the rows end on), its frames start the codec stream and
         their audio is dropped."""
@@ -160,28 +168,23 @@ class DelayTTS(MessageTTS):
                     frames.append(frame)
                 yield frame
 
-        yield from self._decode(pending, generated(), skip)
+        yield from self._decode(pending, generated(), skip, chunk_frames)
         yield from made.cuts()
 
-    def _decode(self, first: list, frames, skip: int) -> Iterator[np.ndarray]:
-        """Frames (None: not complete yet) through codec streams, one per audio segment; the
-        audio of the first `skip` frames is dropped."""
+    def _decode(self, first: list, frames, skip: int, chunk_frames: int) -> Iterator[np.ndarray]:
+        """Frames (None: not complete yet) through codec streams, one per audio segment, pushed
+        as the chunk ladder says (`chunk_frames` 0) or that many at a time; the audio of the
+        first `skip` frames is dropped."""
         codec, pad, n_vq = self._need_codec(), self.config.audio_pad_code, self.config.n_vq
-        decoder, index = None, 0
-        try:
-            for frame in itertools.chain(first, frames):
-                if frame is None:
-                    continue
-                if (frame == pad).any():
-                    if decoder is not None:
-                        decoder.close()
-                        decoder = None
-                    continue
-                decoder = decoder or codec.stream_decoder(n_quantizers=n_vq)
-                audio = decoder.push(frame[:, None])
-                index += 1
-                if index > skip:
-                    yield audio
-        finally:
-            if decoder is not None:
-                decoder.close()
+        complete = (frame for frame in itertools.chain(first, frames) if frame is not None)
+        drop = skip * codec.downsample_rate           # samples of the continuation's prompt
+        for is_pad, segment in itertools.groupby(complete, key=lambda f: bool((f == pad).any())):
+            if is_pad:
+                continue
+            with codec.stream_decoder(n_quantizers=n_vq) as decoder:
+                ladder = ChunkLadder(codec.config.frame_rate, fixed=chunk_frames)
+                for audio in ladder.audio(decoder, segment):
+                    if drop:
+                        audio, drop = audio[drop:], max(0, drop - len(audio))
+                    if len(audio):
+                        yield audio

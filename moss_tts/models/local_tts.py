@@ -7,41 +7,19 @@ order) whatever the chunking.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import InputError
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalSamplingOptions
 from ..text.languages import LANGUAGES_V1
+from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local import KIND, MAX_NEW_FRAMES, TOKENIZER_KEY, LocalModel, check_n_vq
 from .local_decode import LocalBatch
 from .long_text import speak, split_long_text
 from .message_tts import MessageTTS
-
-# upstream's adaptive ladder (streaming.py, §family-4.7): the first chunk, then frames per chunk by
-# how far generation leads playback (seconds of audio made minus seconds since the first chunk)
-FIRST_CHUNK = 4
-LADDER = ((0.0, 1), (0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
-LONGEST_CHUNK = 8
-
-
-def ladder_chunk(first: bool, lead: float) -> int:
-    """Frames in the next codec chunk: FIRST_CHUNK for the first (latency), then few while
-    generation barely leads playback and more as the lead grows (≤ 0 s → 1, < 0.16 → 2,
-    < 0.32 → 3, < 0.64 → 4, < 1 → 6, else 8)."""
-    if first:
-        return FIRST_CHUNK
-    if lead <= LADDER[0][0]:
-        return LADDER[0][1]
-    for bound, frames in LADDER[1:]:
-        if lead < bound:
-            return frames
-    return LONGEST_CHUNK
-
 
 class LocalTTS(MessageTTS):
     """MOSS-TTS-Local-Transformer (MossTTSLocal, 1.7B). `LocalTTS.load("local.gguf",
@@ -70,7 +48,7 @@ class LocalTTS(MessageTTS):
     BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames", per_chunk=True)
     # whole audio waits for no first chunk: fixed pushes of the ladder's longest (fewer codec
     # calls, and the same floats on every run) unless `chunk_frames` says else
-    WHOLE = {"chunk_frames": LONGEST_CHUNK}
+    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,
@@ -118,16 +96,13 @@ class LocalTTS(MessageTTS):
         as code 0; decoding the first n is the codec's variable-bitrate route)."""
         codec = self._need_codec()
         n = check_n_vq(n_vq_for_inference, self.config)
-        if isinstance(chunk_frames, bool) or not float(chunk_frames).is_integer() \
-                or chunk_frames < 0:
-            raise InputError(f"chunk_frames must be a whole number ≥ 0 (0 = adaptive), got "
-                             f"{chunk_frames}")
+        chunk_frames = chunk_frames_of(chunk_frames)
         prompt_text = fields.pop("prompt_text", None)
 
         def say(chunk, prompt, prompt_text, seed, frames):
             rows = self.plan(chunk, reference=reference, prompt=prompt, prompt_text=prompt_text,
                              normalize=normalize, **fields)
-            return self._rows_audio(codec, rows, prompt, n, int(chunk_frames), frames,
+            return self._rows_audio(codec, rows, prompt, n, chunk_frames, frames,
                                     options=options, seed=seed, max_new_frames=max_frames,
                                     n_vq_for_inference=n)
 
@@ -150,19 +125,6 @@ class LocalTTS(MessageTTS):
         with codec.stream_decoder(n_quantizers=n) as decoder:
             if prompt is not None and len(prompt.codes):
                 decoder.push(np.asarray(prompt.codes)[:, :n].T)   # primes the causal state
-            yield from self._chunks(decoder, generated(), chunk_frames)
+            ladder = ChunkLadder(codec.config.frame_rate, fixed=chunk_frames)
+            yield from ladder.audio(decoder, generated())
         yield from made.cuts()
-
-    def _chunks(self, decoder, frames, chunk_frames: int, clock=time.monotonic):
-        pending, made, started = [], 0.0, None
-        for frame in frames:
-            pending.append(frame)
-            lead = 0.0 if started is None else made - (clock() - started)
-            if len(pending) >= (chunk_frames or ladder_chunk(started is None, lead)):
-                audio = decoder.push(np.array(pending).T)
-                pending = []
-                started = clock() if started is None else started
-                made += len(audio) / self.sample_rate
-                yield audio
-        if pending:
-            yield decoder.push(np.array(pending).T)

@@ -1,72 +1,28 @@
 """`LocalV15TTS`: text → 48 kHz stereo speech with MOSS-TTS-Local-Transformer-v1.5 and the
 MOSS-Audio-Tokenizer-v2 codec (docs/upstream-notes.md §family-4.5-4.7). Frames go through the
-codec's exact streaming decoder in chunks sized by upstream's adaptive ladder, so streamed audio
-equals `synthesize()` (fixed pushes) for the same seed, to the codec's f32 sums.
+codec's exact streaming decoder in chunks sized by the adaptive ladder (chunk_ladder.py), so
+streamed audio equals `synthesize()` (fixed pushes) for the same seed, to the codec's f32 sums.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, loudness_normalize, resample, to_channels
-from ..errors import InputError, whole_number
+from ..errors import InputError
 from ..sampling import LocalV15SamplingOptions
 from ..text.chunking import continuation_prompt_text
 from ..text.languages import LANGUAGES_V15
 from ..text.local_v15_prompts import build_prompt_rows
 from ..text.template import FIELDS, PromptIds
+from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
 from .local_v15_decode import LocalV15Batch
 from .long_text import speak, split_long_text
 from .qwen3_tts import Qwen3TTS
-
-FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§family-4.7)
-# (generation lead in s, frames per codec push) once audio flows: short pushes while generation
-# barely keeps up, longer ones (fewer codec calls) once it is ahead (upstream streaming.py)
-LEAD_LADDER = ((0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
-MAX_CHUNK_FRAMES = 8
-
-
-def ladder_frames(lead_seconds: float | None) -> int:
-    """Frames the next codec push waits for: FIRST_CHUNK_FRAMES before any audio (lead None),
-    then by the generation lead (≤ 0 → 1, < 0.16 → 2, < 0.32 → 3, < 0.64 → 4, < 1 → 6, else 8)."""
-    if lead_seconds is None:
-        return FIRST_CHUNK_FRAMES
-    if lead_seconds <= 0.0:
-        return 1
-    return next((frames for bound, frames in LEAD_LADDER if lead_seconds < bound),
-                MAX_CHUNK_FRAMES)
-
-
-class ChunkLadder:
-    """When to push pending frames to the codec: a fixed chunk (`fixed` > 0) or upstream's
-    adaptive ladder, whose lead is the audio generated since the first push minus the wall time
-    since then (the codec runs inline here, so no decode queue ever builds)."""
-
-    def __init__(self, frame_rate: float, *, fixed: int = 0, clock=time.perf_counter):
-        self.frame_rate, self.fixed, self.clock = frame_rate, fixed, clock
-        self.first_at = None
-        self.frames_since_first = 0
-
-    def lead(self) -> float | None:
-        if self.first_at is None:
-            return None
-        return self.frames_since_first / self.frame_rate - (self.clock() - self.first_at)
-
-    def ready(self, n_pending: int) -> bool:
-        """Called after each generated frame with the frames waiting: push them now?"""
-        if self.first_at is not None:
-            self.frames_since_first += 1
-        return n_pending >= (self.fixed or ladder_frames(self.lead()))
-
-    def pushed(self) -> None:
-        if self.first_at is None:
-            self.first_at = self.clock()
-
 
 class LocalV15TTS(Qwen3TTS):
     """MOSS-TTS-Local-Transformer-v1.5. `LocalV15TTS.load("local-v15.gguf",
@@ -159,7 +115,7 @@ class LocalV15TTS(Qwen3TTS):
         frames continuing the chunk before it, seed + i for chunk i. Arguments are checked
         before the first frame."""
         codec = self._need_codec()
-        chunk_frames = whole_number(chunk_frames, "chunk_frames", 0)
+        chunk_frames = chunk_frames_of(chunk_frames)
         chunks = split_long_text(text, self.tokenizer, fields=fields)
 
         def frames_of(chunk, prompt, prompt_text, seed):
@@ -187,13 +143,9 @@ class LocalV15TTS(Qwen3TTS):
         with codec.stream_decoder(n_quantizers=self.config.n_vq) as decoder:
             if prompt is not None:
                 decoder.push(prompt.codes.T)
-            pending = []
-            for codes in generated:
-                frames.append(codes)
-                pending.append(codes)
-                if ladder.ready(len(pending)):
-                    yield decoder.push(np.array(pending).T)
-                    pending = []
-                    ladder.pushed()
-            if pending:
-                yield decoder.push(np.array(pending).T)
+
+            def kept():
+                for codes in generated:
+                    frames.append(codes)
+                    yield codes
+            yield from ladder.audio(decoder, kept())

@@ -19,6 +19,7 @@ from ..errors import whole_number
 from ..ggml.backend import NativeResource
 from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
+from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
@@ -71,6 +72,9 @@ class RealtimeTTS(Qwen3TTS):
     # frames of one request (of one turn, live): the model card's 32K-token context (~40 min)
     # holds the prompt and the frames; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_FRAMES, 32768, "frames")
+    # whole audio: fixed pushes of the ladder's longest (fewer codec calls, the same floats on
+    # every run) unless `chunk_frames` says else
+    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
 
     @staticmethod
     def prompt_ids(c) -> prompts.RealtimePromptIds:
@@ -112,21 +116,32 @@ class RealtimeTTS(Qwen3TTS):
     @family_stream
     def stream(self, text: str, *, reference: Reference | None = None,
                options: RealtimeSamplingOptions = RealtimeSamplingOptions(),
-               seed: int | None = None, max_frames: int = MAX_FRAMES) -> Iterator[np.ndarray]:
+               seed: int | None = None, max_frames: int = MAX_FRAMES,
+               chunk_frames: int = 0) -> Iterator[np.ndarray]:
         """Offline as upstream's inferencer (the whole text tokenized at once): audio chunks
-        [hop, 1], one per frame, until EOS or the first frame the codec cannot take. Frames
-        come from this request's own decode, or from the batch of a `synthesize_many` (or
+        [hop, 1], one per frame (several frames pushed at once where the codec decodes one
+        slower than real time: chunk_ladder.py; `chunk_frames` N: N a push), until EOS or the
+        first frame the codec cannot take. Frames come from this request's own decode, or from the batch of a `synthesize_many` (or
         `decoding_together`) that made this stream."""
         rows, text_ids = self.plan(text, reference=reference)
         frames = BudgetMeter(self._generated(rows, text_ids=text_ids, options=options, seed=seed,
                                              max_frames=max_frames), max_frames)
-        with self._frame_audio() as audio:
+        codec, ended = self._need_codec(), []
+        chunk_frames = chunk_frames_of(chunk_frames)
+
+        def spoken():         # up to the first frame the codec cannot take (P6), which ends it
             for frame in frames:
-                chunk = audio.push(frame)
-                if audio.ended:
+                if not decodable(frame, self.config.codebook_size):
+                    ended.append(frame)
                     return
-                yield chunk[:, None]
-        yield from frames.cuts()
+                yield np.asarray(frame)
+        # one frame a push, as upstream's bridge, unless the codec cannot keep up (chunk_ladder.py)
+        ladder = ChunkLadder(codec.config.frame_rate, fixed=chunk_frames, first=1, steps=(),
+                             longest=1)
+        with codec.stream_decoder(n_quantizers=self.config.rvq) as decoder:
+            yield from ladder.audio(decoder, spoken())
+        if not ended:
+            yield from frames.cuts()
 
     def session(self, voice: Reference | None = None,
                 options: RealtimeSamplingOptions | None = None, seed: int | None = None, *,

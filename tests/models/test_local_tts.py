@@ -12,7 +12,7 @@ from fixtures.make_delay import SAMPLE_RATE, make_tokenizer_json
 from fixtures.make_local import END, GEN, N_VQ, tiny_config
 from fixtures.reference import delay as delay_ref
 from moss_tts.errors import InputError, ModelFileError
-from moss_tts.models.local_tts import LocalTTS, ladder_chunk
+from moss_tts.models.local_tts import LocalTTS
 from moss_tts.sampling import LocalSamplingOptions
 from moss_tts.models.tts import TTS, Reference
 from tests.models.local_fixtures import THREADS
@@ -67,12 +67,6 @@ def test_the_audio_end_row_is_decoded_as_a_trailing_frame(tts):
     assert len(audio) == len(rows) * HOP
     without = tts.codec.decode(rows[:-1, 1:].T)
     assert len(without) < len(audio)
-
-
-def test_adaptive_ladder_is_upstreams():
-    assert ladder_chunk(True, 5.0) == 4
-    assert [ladder_chunk(False, lead) for lead in (-1, 0, 0.1, 0.2, 0.5, 0.9, 1.0, 3)] == \
-        [1, 1, 2, 3, 4, 6, 8, 8]
 
 
 def test_adaptive_chunks_start_with_four_frames(tts):

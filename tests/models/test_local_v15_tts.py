@@ -10,7 +10,7 @@ from fixtures.compare import assert_close
 from fixtures.make_local_v15 import N_VQ, SAMPLE_RATE
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.load import load_tts, tts_class
-from moss_tts.models.local_v15_tts import ChunkLadder, LocalV15TTS, ladder_frames
+from moss_tts.models.local_v15_tts import LocalV15TTS
 from moss_tts.sampling import LocalV15SamplingOptions
 from moss_tts.models.tts import TTS, Reference
 from tests.models.local_v15_fixtures import THREADS
@@ -57,27 +57,6 @@ def test_sampled_stream_is_reproducible_and_seeded(tts):
     c, _ = tts.synthesize("Hello.", seed=4, max_frames=12)
     assert_close(a, b, atol=0, what="same seed")
     assert not np.array_equal(a, c)
-
-
-def test_ladder_follows_upstream_steps():
-    assert [ladder_frames(x) for x in (None, -0.5, 0.0, 0.1, 0.2, 0.5, 0.9, 1.0, 3.0)] == \
-        [4, 1, 1, 2, 3, 4, 6, 8, 8]
-    now = [0.0]
-    ladder = ChunkLadder(12.5, clock=lambda: now[0])
-    assert [ladder.ready(n) for n in (1, 2, 3, 4)] == [False, False, False, True]
-    ladder.pushed()                       # first audio at t = 0
-    now[0] = 0.5                          # 1 frame (80 ms) made in 0.5 s: lead < 0 → 1 frame
-    assert ladder.ready(1)
-    ladder.pushed()
-    fast = ChunkLadder(12.5, clock=lambda: now[0])
-    fast.pushed()      # first audio at 0.5 s, then frames made in no time: the lead grows 80 ms
-    sizes, pending = [], 0                # a frame, so pushes grow along the ladder
-    for _ in range(23):
-        pending += 1
-        if fast.ready(pending):
-            sizes.append(pending)
-            pending = 0
-    assert sizes == [3, 4, 8, 8]
 
 
 def test_continuation_continues_the_prompt_through_the_codec(tts):

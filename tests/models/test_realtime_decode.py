@@ -239,8 +239,9 @@ def test_a_live_session_inside_decoding_together_leaves_the_batch_streams_alone(
     each stream's audio its `synthesize` alone; the streams outlast the session, so every
     session step fell between two batch steps."""
     tts = realtime_tts()
-    requests = [dict(text=TEXT + " " + TEXT, seed=7), dict(text=TEXT[::-1] + TEXT,
-                                                             options=GREEDY)]
+    # a frame a push: the adaptive pushes follow the clock (chunk_ladder), their sums too
+    requests = [dict(text=TEXT + " " + TEXT, seed=7, chunk_frames=1),
+                dict(text=TEXT[::-1] + TEXT, options=GREEDY, chunk_frames=1)]
     live_text, live_seed = "Sure, here is a live answer, arriving word by word.", 5
     want = [tts.synthesize(**r)[0] for r in requests]
     want_live = live_audio(tts, live_text, live_seed)
