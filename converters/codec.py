@@ -1,10 +1,13 @@
 """MOSS-Audio-Tokenizer checkpoint → one codec GGUF (design §4; docs/upstream-notes.md §codecs-1-2,
 seed 003).
 
-    python -m moss_tts convert codec --model DIR_OR_REPO --out codec.gguf [--outtype f16] [--strict]
+    python -m moss_tts convert codec --model DIR_OR_REPO --out codec.gguf [--outtype f16]
+        [--decoder-type q8_0] [--strict]
 
 The towers are resolved from `encoder_kwargs` / `decoder_kwargs` into per-stage metadata (with
 each transformer's sliding-window context); weight-norm pairs are fused into dense weights.
+The transformers' linears take --outtype, the decoder's --decoder-type where given (a streamed
+frame's decode reads every decoder weight: docs/codecs.md); the quantizer stays f32.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ import numpy as np
 from moss_tts.codec.config import (FORMAT_VERSION, KIND, PATCH, TRANSFORMER, CodecConfig,
                                    StageConfig, tensor_shapes)
 from moss_tts.codec.tower import LAYER_TENSORS
-from moss_tts.errors import ConfigError
+from moss_tts.errors import ConfigError, MossTTSError
 
 from .checkpoint import fuse_weight_norm, open_checkpoint, read_config, resolve_model_dir
-from .gguf_io import Lazy, matmul_types
+from .gguf_io import Lazy, matmul_types, weight_type
 from .registry import finish
 
 logger = logging.getLogger(__name__)
@@ -176,8 +179,8 @@ def _is_known(name: str) -> bool:
     return bool(_KNOWN.match(name))
 
 
-def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool = False,
-            progress=None) -> Path:
+def convert(model: str, out: str | Path, *, outtype: str = "f32", decoder_type: str | None = None,
+            strict: bool = False, progress=None) -> Path:
     model_dir = resolve_model_dir(model)
     config = read_config(model_dir)
     # closed on every way out: a failed conversion keeps no checkpoint file mapped
@@ -186,8 +189,21 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", strict: bool =
         tensors, unmapped = map_tensors(ckpt, cfg)
         meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
         return finish(model_dir, out, tensors, unmapped, tensor_shapes(cfg), meta, kind=KIND,
-                      version=FORMAT_VERSION, type_for=matmul_types(outtype, is_matmul),
+                      version=FORMAT_VERSION, type_for=tower_types(outtype, decoder_type),
                       strict=strict, progress=progress)
+
+
+def tower_types(outtype: str, decoder_type: str | None):
+    """The type of each tensor: the linears in `outtype`, the decoder's in `decoder_type` when
+    given (both checked before any read)."""
+    encoder = matmul_types(outtype, is_matmul)
+    if decoder_type is None:
+        return encoder
+    try:
+        decoder = matmul_types(weight_type(decoder_type, "the type"), is_matmul)
+    except MossTTSError as e:             # an unknown name: say which flag gave it
+        raise ConfigError(f"--decoder-type: {e}") from None
+    return lambda name, spec: (decoder if name.startswith("decoder.") else encoder)(name, spec)
 
 
 def is_matmul(name: str, spec) -> bool:

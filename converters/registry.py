@@ -19,6 +19,9 @@ CONVERT_FLAGS = {
                  "lower: a quantized text head costs WER)",
     "embed_type": "type of the embedding tables (default f32; Local v1.5's audio tables are its "
                   "heads too)",
+    "decoder_type": "type of the codec decoder's linears (default: --outtype): lighter decoder "
+                    "weights stream faster, while f32 encoder weights keep codes equal to "
+                    "upstream's",
 }
 
 

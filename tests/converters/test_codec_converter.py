@@ -439,3 +439,35 @@ def test_quantized_codec_decodes_close_to_f32(checkpoint, gguf, tmp_path, outtyp
         want, got = ref_codec.decode(codes), codec.decode(codes)
     rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
     assert np.isfinite(got).all() and 0 < rel < QUANT_REL_RMS[outtype], rel
+
+
+def test_decoder_type_lightens_the_decoder_and_keeps_the_encoder_and_its_codes(
+        checkpoint, gguf, tmp_path, tensors):
+    """--decoder-type q8_0: the decoder's linears in q8_0, everything else as --outtype (f32),
+    so encode gives the f32 codec's codes exactly and decode moves by q8_0's rounding."""
+    path = convert(str(checkpoint), tmp_path / "codec-dec-q8_0.gguf", decoder_type="q8_0")
+    with GGUFFile(path) as f:
+        types = {n: t.type for n, t in f.tensors.items()}
+    light = {n for n, t in types.items() if t != GGMLType.F32}
+    assert light and all(n.startswith("decoder.") and MATMUL.match(n) for n in light), light
+    assert {n for n in types if n.startswith("decoder.") and MATMUL.match(n)
+            and tensors[n].shape[-1] % 32 == 0} <= {n for n in light if types[n] == GGMLType.Q8_0}
+    audio = np.random.default_rng(3).standard_normal(64 * 40).astype(np.float32) * 0.1
+    codes = np.random.default_rng(8).integers(0, 64, (8, 40), dtype=np.int32)
+    with Codec.load(gguf, threads=1) as ref_codec, Codec.load(path, threads=1) as codec:
+        np.testing.assert_array_equal(codec.encode(audio, codec.sample_rate),
+                                      ref_codec.encode(audio, codec.sample_rate))
+        want, got = ref_codec.decode(codes), codec.decode(codes)
+    rel = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
+    assert 0 < rel < QUANT_REL_RMS["q8_0"], rel
+
+
+def test_decoder_type_is_a_convert_flag_of_the_codec_only(checkpoint, tmp_path):
+    from converters.registry import convert_options
+
+    assert convert_options("codec", {"decoder_type": "f16"}) == {"decoder_type": "f16"}
+    with pytest.raises(ConfigError, match="--decoder-type applies to convert codec only"):
+        convert_options("nano", {"decoder_type": "f16"})
+    with pytest.raises(ConfigError, match="q9"):
+        convert(str(checkpoint), tmp_path / "bad.gguf", decoder_type="q9")
+    assert not (tmp_path / "bad.gguf").exists()
