@@ -109,7 +109,8 @@ def worker(args) -> dict:
     frame_ms = 1e3 / cfg.frame_rate
     decoder_bytes = sum(codec.weights.file.tensors[n].nbytes for n in codec.weights.names()
                         if n.startswith("decoder."))
-    out = {"frame_ms": frame_ms, "decoder_mib": decoder_bytes / 2**20, "pushes": {}}
+    out = {"frame_ms": frame_ms, "decoder_mib": decoder_bytes / 2**20, "pushes": {},
+           "stages": decoder_stages(codec)}
     for k in args.pushes:
         times, parts = [], []
         with codec.stream_decoder(max_push_frames=max(args.pushes)) as sd:
@@ -132,6 +133,30 @@ def worker(args) -> dict:
     out["peak_rss_gb"] = peak_rss_gb()
     out["sample_rate"] = codec.sample_rate
     codec.close()
+    return out
+
+
+def decoder_stages(codec) -> list[dict]:
+    """Per decoder transformer stage, what one frame's push costs it: the weight bytes it reads
+    (every linear, whatever the rows), its rows (positions per code frame) and GFLOP — the
+    linears' 2·params·rows and, at a full window, attention's 4·d·window per row and layer."""
+    from moss_tts.codec.config import TRANSFORMER
+    from moss_tts.codec.tower import positions_per_frame
+
+    cfg, tensors = codec.config, codec.weights.file.tensors
+    rows_of = positions_per_frame(cfg, "decoder")
+    out = []
+    for i, s in enumerate(cfg.decoder):
+        if s.kind != TRANSFORMER:
+            continue
+        names = [n for n in tensors if n.startswith(f"decoder.{i}.")]
+        params = sum(int(np.prod(tensors[n].shape)) for n in names if tensors[n].shape[-1] > 1
+                     and len(tensors[n].shape) == 2)
+        rows = rows_of[i]
+        attention = 4 * s.d_model * s.context * rows * s.n_layers
+        out.append({"stage": i, "layers": s.n_layers, "d_model": s.d_model, "rows": rows,
+                    "window": s.context, "mib": sum(tensors[n].nbytes for n in names) / 2**20,
+                    "gflop": (2 * params * rows + attention) / 1e9})
     return out
 
 
@@ -201,6 +226,15 @@ def main(argv=None) -> int:
         row["peak RSS GB"] = f"{r['peak_rss_gb']:.2f}"
         rows.append(row)
     print(table(rows, list(rows[0])))
+    first = next(iter(res.values()))
+    print(f"\nper decoder stage, one frame pushed ({next(iter(res))}; floor: its bytes at "
+          f"{bandwidth:.1f} GB/s):")
+    print(table([{"stage": st["stage"], "layers": st["layers"], "d": st["d_model"],
+                  "rows": st["rows"], "window": st["window"], "MiB": f"{st['mib']:.0f}",
+                  "GFLOP": f"{st['gflop']:.2f}",
+                  "floor ms": f"{st['mib'] * 2**20 / bandwidth / 1e6:.1f}"}
+                 for st in first["stages"]], ["stage", "layers", "d", "rows", "window", "MiB",
+                                              "GFLOP", "floor ms"]))
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_line(), "bandwidth_gbs": bandwidth,
                                          "results": res}, indent=1))

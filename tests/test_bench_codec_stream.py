@@ -31,12 +31,16 @@ def test_the_bench_reports_every_type(tiny_codec, tmp_path, variant):
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "push 2: ms/frame (RTF)" in r.stdout and "log-mel dB" in r.stdout
+    assert "per decoder stage" in r.stdout
     res = json.loads(out.read_text())["results"]
     assert set(res) == {"f32", "q8_0"}
     for figures in res.values():
         for push in figures["pushes"].values():
             assert all(np.isfinite(v) and v > 0 for v in push.values())
         assert figures["offline_ms_per_frame"] > 0 and figures["floor_ms"] > 0
+        stages = figures["stages"]
+        assert stages and all(st["mib"] > 0 and st["gflop"] > 0 for st in stages)
+        assert sum(st["mib"] for st in stages) <= figures["decoder_mib"]
     assert res["f32"]["error"] == {"max_rel": 0.0, "rms_rel": 0.0, "log_mel_db": 0.0}
     assert 0 < res["q8_0"]["error"]["rms_rel"] < 0.05
     assert res["q8_0"]["decoder_mib"] < res["f32"]["decoder_mib"]
