@@ -26,7 +26,8 @@ def models(tmp_path_factory):
     realtime, codec = tiny_realtime_files(d)
     nano, nano_codec = tiny_model_files(d)
     with RealtimeTTS.load(realtime, codec=codec, threads=1) as tts:
-        offline, _ = tts.synthesize(TEXT, options=GREEDY)
+        # a frame a push, as a live session pushes (whole audio pushes 8: chunk_ladder.py)
+        offline, _ = tts.synthesize(TEXT, options=GREEDY, chunk_frames=1)
     return {"realtime": realtime, "codec": codec, "nano": nano, "nano_codec": nano_codec,
             "offline": offline}
 

@@ -124,7 +124,8 @@ def test_live_audio_is_the_sessions_audio_turn_after_turn(serve, models):
         second, _ = speak_turn(ws, turns[1][1])
     want = session_pcm(models["moss-tts-realtime"], turns, seed=5)
     assert len(first) > 0 and first == want[0]
-    offline, _ = models["moss-tts-realtime"].synthesize(TEXT, seed=5)
+    # a frame a push, as the session pushes (whole audio pushes 8: chunk_ladder.py)
+    offline, _ = models["moss-tts-realtime"].synthesize(TEXT, seed=5, chunk_frames=1)
     assert first == pcm_bytes(offline)           # and the first turn is offline generation
     assert len(second) > 0 and second == want[1]
     assert done["seconds"] == pytest.approx(len(first) / 2 / 3200, abs=1e-3)
