@@ -160,15 +160,12 @@ def decoder_stages(codec) -> list[dict]:
     return out
 
 
-def read_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
-    """GB/s of a plain numpy read of `nbytes` (the best of 5): the floor's divisor."""
-    a = np.ones(nbytes // 4, dtype=np.float32)
-    best = 0.0
-    for _ in range(5):
-        t0 = time.perf_counter()
-        a.sum()
-        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
-    return best
+def read_bandwidth_gbs(threads: int, nbytes: int = 1 << 30) -> float:
+    """GB/s of a plain read of `nbytes` split over the threads (bench/matmul.py's ReadProbe,
+    best of 5): the floor's divisor."""
+    from bench.matmul import ReadProbe
+
+    return ReadProbe(nbytes, threads).gbps(5)
 
 
 def main(argv=None) -> int:
@@ -192,8 +189,9 @@ def main(argv=None) -> int:
     print(cpu_line(), flush=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M')}  python bench/codec_stream.py "
           + " ".join(argv if argv is not None else sys.argv[1:]), flush=True)
-    bandwidth = read_bandwidth_gbs()
-    print(f"read bandwidth (numpy sum of 1 GiB, best of 5): {bandwidth:.1f} GB/s", flush=True)
+    bandwidth = read_bandwidth_gbs(args.threads)
+    print(f"read bandwidth ({args.threads} threads, 1 GiB, best of 5): {bandwidth:.1f} GB/s",
+          flush=True)
     res, ref = {}, None
     for t in [t for t in args.types.split(",") if t]:
         path = retyped(args.codec, t)

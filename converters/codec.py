@@ -8,6 +8,8 @@ The towers are resolved from `encoder_kwargs` / `decoder_kwargs` into per-stage 
 each transformer's sliding-window context); weight-norm pairs are fused into dense weights.
 The transformers' linears take --outtype, the decoder's --decoder-type where given (a streamed
 frame's decode reads every decoder weight: docs/codecs.md); the quantizer stays f32.
+`--decoder-type stream` is the measured choice for streaming on a CPU (STREAM_DECODER_TYPE):
+what a repo id converts to when no type is asked for.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ from .registry import finish
 logger = logging.getLogger(__name__)
 
 WN_G, WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
+# `--decoder-type stream`: a decoder of STREAM_MIN_PARAMS or more (the 24 kHz codec's 0.9 B,
+# v2's) in q6_K — a one-frame push reads every decoder weight, and q6_K made it 2.1x faster than
+# f32, offline decode 1.4x, the audio 2.9 % RMS / 0.09 dB log-mel from f32's (q8_0: 1.6x, 0.9x,
+# 1.8 % / 0.05 dB; q4_K slower than q6_K at one frame, 11 % / 0.32 dB: bench/codec_stream.py,
+# docs/performance.md). A smaller one (Nano's, 15 ms a streamed frame in f32) keeps --outtype.
+STREAM_DECODER_TYPE, STREAM_MIN_PARAMS = "q6_K", 100_000_000
+STREAM = "stream"
 WN_LEGACY_G, WN_LEGACY_V = ".weight_g", ".weight_v"  # older weight_norm spelling, same math
 # v1 spells the attention and MLP weights differently from v2/Nano; upstream's own load hook
 # accepts the v2 spelling for v1 too, so the GGUF uses that one and the runtime knows one name.
@@ -181,6 +190,7 @@ def _is_known(name: str) -> bool:
 
 def convert(model: str, out: str | Path, *, outtype: str = "f32", decoder_type: str | None = None,
             strict: bool = False, progress=None) -> Path:
+    tower_types(outtype, None if decoder_type == STREAM else decoder_type)  # bad types: before a fetch
     model_dir = resolve_model_dir(model)
     config = read_config(model_dir)
     # closed on every way out: a failed conversion keeps no checkpoint file mapped
@@ -188,14 +198,25 @@ def convert(model: str, out: str | Path, *, outtype: str = "f32", decoder_type: 
         cfg = codec_config(config, ckpt.keys())
         tensors, unmapped = map_tensors(ckpt, cfg)
         meta = cfg.to_metadata() | {"moss.codec.config_json": json.dumps(config, sort_keys=True)}
+        if decoder_type == STREAM:
+            decoder_type = stream_decoder_type(tensors)
         return finish(model_dir, out, tensors, unmapped, tensor_shapes(cfg), meta, kind=KIND,
                       version=FORMAT_VERSION, type_for=tower_types(outtype, decoder_type),
                       strict=strict, progress=progress)
 
 
+def stream_decoder_type(tensors: dict) -> str | None:
+    """`--decoder-type stream` for these tensors: STREAM_DECODER_TYPE where the decoder's
+    linears hold STREAM_MIN_PARAMS or more, else None (--outtype)."""
+    params = sum(math.prod(t.shape) for name, t in tensors.items()
+                 if name.startswith("decoder.") and is_matmul(name, t))
+    return STREAM_DECODER_TYPE if params >= STREAM_MIN_PARAMS else None
+
+
 def tower_types(outtype: str, decoder_type: str | None):
     """The type of each tensor: the linears in `outtype`, the decoder's in `decoder_type` when
-    given (both checked before any read)."""
+    given (a type, or `stream`, resolved by variant once the config is read; checked before any
+    tensor is read)."""
     encoder = matmul_types(outtype, is_matmul)
     if decoder_type is None:
         return encoder

@@ -19,9 +19,10 @@ CONVERT_FLAGS = {
                  "lower: a quantized text head costs WER)",
     "embed_type": "type of the embedding tables (default f32; Local v1.5's audio tables are its "
                   "heads too)",
-    "decoder_type": "type of the codec decoder's linears (default: --outtype): lighter decoder "
-                    "weights stream faster, while f32 encoder weights keep codes equal to "
-                    "upstream's",
+    "decoder_type": "type of the codec decoder's linears (default: --outtype; 'stream': q6_K for "
+                    "a large decoder, the 24 kHz and v2 codecs', what a repo id converts to): "
+                    "lighter decoder weights stream faster, while f32 encoder weights keep "
+                    "codes equal to upstream's",
 }
 
 

@@ -32,28 +32,37 @@ def resolve_gguf(spec: str, family: str, *, outtype: str | None = None, progress
         family = _family(str(path), family)
         outtype = outtype or _outtype(family)
         return _convert(str(path), family, outtype, progress,
-                        cache_dir() / "gguf" / f"{path.resolve().name}-{family}-{outtype}.gguf")
+                        cache_dir() / "gguf" /
+                        f"{path.resolve().name}-{family}-{_label(family, outtype)}.gguf")
     if not _REPO_ID.match(spec):
         raise InputError(f"{spec}: no such file, and not a Hugging Face repo id (owner/name)")
     # a conversion made before: no hub call to find the family again
-    for made in ([outtype] if outtype else _outtypes(family)):
+    for made in ([_label(family, outtype)] if outtype else _labels(family)):
         if _repo_target(spec, made).is_file():
             return _repo_target(spec, made)
     family = _family(spec, family)
     outtype = outtype or _outtype(family)
-    target = _repo_target(spec, outtype)
+    target = _repo_target(spec, _label(family, outtype))
     return target if target.is_file() else _convert(spec, family, outtype, progress, target)
 
 
-def _repo_target(spec: str, outtype: str) -> Path:
-    return cache_dir() / "gguf" / f"{spec.replace('/', '--')}-{outtype}.gguf"
+def _repo_target(spec: str, label: str) -> Path:
+    return cache_dir() / "gguf" / f"{spec.replace('/', '--')}-{label}.gguf"
 
 
-def _outtypes(family: str) -> list[str]:
+def _label(family: str, outtype: str) -> str:
+    """How a conversion's file is named: its type, and its row's other converter keywords."""
+    from .models.registry import family as row
+
+    options = () if family == "model" else row(family).hub_options
+    return "-".join([outtype, *(f"{key.split('_')[0]}-{value}" for key, value in options)])
+
+
+def _labels(family: str) -> list[str]:
     from .models.registry import FAMILIES
 
-    return [_outtype(family)] if family != "model" else \
-        sorted({f.hub_outtype for f in FAMILIES})
+    return [_label(family, _outtype(family))] if family != "model" else \
+        sorted({_label(f.kind, f.hub_outtype) for f in FAMILIES})
 
 
 def _outtype(family: str) -> str:
@@ -85,4 +94,5 @@ def _convert(source: str, family: str, outtype: str, progress, target: Path) -> 
     from .models.registry import family as row
 
     logger.info("converting %s (%s) to %s", source, family, target)
-    return convert(row(family), source, target, outtype=outtype, progress=progress)
+    return convert(row(family), source, target, outtype=outtype, progress=progress,
+                   **dict(row(family).hub_options))

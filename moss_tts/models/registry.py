@@ -36,6 +36,8 @@ class Family:
     default_model: str
     default_codec: str
     hub_outtype: str = "f32"     # what a repo id converts to when no type is asked for
+    # converter keywords of that conversion beyond the type (the codecs' streaming decoder)
+    hub_options: tuple[tuple[str, str], ...] = ()
     # A published checkpoint of another row's architecture (MOSS-TTSD on MossTTSDelay): `arch`
     # is the GGUF `moss.kind` its weights carry, `checkpoint` the name the GGUF records
     # (CHECKPOINT_KEY), `names` the marks (lower case, no separators) that name it in a repo
@@ -168,7 +170,10 @@ FAMILIES = (
 # the audio codecs convert like a family but speak nothing
 CODEC = Family(kind="codec", short="codec", tts="moss_tts.codec:Codec",
                converter="converters.codec", detect=_is_codec, default_model=CODEC_NANO,
-               default_codec=CODEC_NANO)
+               default_codec=CODEC_NANO,
+               # f32 encoder (codes equal upstream's), the decoder light where streaming needs
+               # it (converters/codec.py STREAM_DECODER_TYPE: q6_K for the 24 kHz and v2)
+               hub_options=(("decoder_type", "stream"),))
 DEFAULT = FAMILIES[0]            # what `tts` and `serve` speak with when no --model is given
 BY_KIND = {f.kind: f for f in FAMILIES}
 BASES = [f.kind for f in FAMILIES if not f.arch]        # the GGUF kinds of speech models

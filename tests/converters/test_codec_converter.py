@@ -471,3 +471,48 @@ def test_decoder_type_is_a_convert_flag_of_the_codec_only(checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="q9"):
         convert(str(checkpoint), tmp_path / "bad.gguf", decoder_type="q9")
     assert not (tmp_path / "bad.gguf").exists()
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("min_params, want", [(1, GGMLType.Q6_K), (10**12, GGMLType.F32)],
+                         ids=["large", "small"])
+def test_the_stream_decoder_type_is_chosen_by_the_decoders_size(tmp_path, monkeypatch, variant,
+                                                                 min_params, want):
+    """`--decoder-type stream` (what a repo id converts to): q6_K for a decoder of
+    STREAM_MIN_PARAMS or more (the 24 kHz and v2 decoders, whose every streamed frame reads all
+    their weights), --outtype below it (Nano's). The tiny decoders stand for both sides of the
+    bound; their rows fit no q6_K block, so q6_K shows as converters.gguf_io's fallback (f16),
+    never f32. The encoder is f32 throughout."""
+    import converters.codec as codec_converter
+    import fixtures.make_codec as make
+
+    monkeypatch.setattr(codec_converter, "STREAM_MIN_PARAMS", min_params)
+    ckpt = getattr(make, f"make_tiny_{variant}_checkpoint")(tmp_path / "ckpt", seed=0)
+    path = convert(str(ckpt), tmp_path / "codec.gguf", decoder_type="stream")
+    with GGUFFile(path) as f:
+        types = {n: t.type for n, t in f.tensors.items()}
+    decoder = {types[n] for n in types if n.startswith("decoder.") and MATMUL.match(n)}
+    assert all(t == GGMLType.F32 for n, t in types.items() if not n.startswith("decoder."))
+    assert decoder == ({GGMLType.F32} if want == GGMLType.F32 else {GGMLType.F16}), decoder
+
+
+def test_the_real_decoders_sizes_fall_on_each_side_of_the_stream_bound():
+    """At the real shapes (docs/upstream-notes.md §codecs-2.2, shared/reference): the 24 kHz
+    decoder's 0.9 B linear parameters take q6_K, a decoder of Nano's size (4 stages of 2-4
+    layers at width 512, ~30 M) keeps --outtype."""
+    from converters.codec import STREAM_DECODER_TYPE, stream_decoder_type
+    from converters.gguf_io import Lazy
+
+    def decoder(stages):              # (width, ffn, layers) per stage → its linears, unloaded
+        out = {}
+        for i, (d, ffn, layers) in enumerate(stages):
+            for l in range(layers):
+                p = f"decoder.{2 * i}.transformer.layers.{l}."
+                for name, shape in (("self_attn.in_proj.weight", (3 * d, d)),
+                                    ("self_attn.out_proj.weight", (d, d)),
+                                    ("ffn.0.weight", (ffn, d)), ("ffn.2.weight", (d, ffn))):
+                    out[p + name] = Lazy(shape, np.float32, lambda: None)
+        return out
+    v1 = decoder([(1280, 5120, 32), (768, 3072, 12), (768, 3072, 12), (768, 3072, 12)])
+    assert stream_decoder_type(v1) == STREAM_DECODER_TYPE == "q6_K"
+    assert stream_decoder_type(decoder([(512, 2048, 4)] * 4)) is None
