@@ -70,9 +70,18 @@ class StreamBatch(NativeResource):
         return slot
 
     def release(self, slot: int) -> None:
-        """End the stream in `slot` (its caches are kept for the next `open`)."""
+        """End the stream in `slot` (its caches are kept for the next `open`); nothing once
+        the batch is closed."""
+        if self._graphs is None:
+            return
         self._need_slot(slot)
-        self._open.discard(slot)
+        self._open.discard(int(slot))
+
+    def stream(self) -> "StreamSlot | None":
+        """A free slot as a stream decoder of its own (`push`, `flush`, `close`), or None
+        when every slot is open."""
+        self._need_open()
+        return StreamSlot(self, self.open()) if len(self._open) < self.max_streams else None
 
     def push(self, codes: dict) -> dict[int, np.ndarray]:
         """{slot: int codes [k ≥ n_quantizers, frames]} → {slot: float32 samples [frames · ds,
@@ -164,3 +173,24 @@ class StreamBatch(NativeResource):
         if getattr(self, "allocator", None) is not None:
             self.allocator.close()
             self.allocator = None
+
+
+class StreamSlot(NativeResource):
+    """One slot of a StreamBatch with a StreamDecoder's face: `push(codes)` decodes this
+    stream alone (a push of its own), `close()` releases the slot. `slot` names it in the
+    batch's pushes of several streams."""
+
+    def __init__(self, batch: StreamBatch, slot: int):
+        self.batch, self.slot = batch, slot
+        self.open = True
+
+    def push(self, codes) -> np.ndarray:
+        return self.batch.push({self.slot: codes})[self.slot]
+
+    def flush(self) -> np.ndarray:
+        return np.zeros((0, self.batch.codec.channels), dtype=np.float32)
+
+    def close(self) -> None:
+        if getattr(self, "open", False):
+            self.open = False
+            self.batch.release(self.slot)
