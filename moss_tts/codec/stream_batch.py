@@ -182,7 +182,7 @@ class StreamSlot(NativeResource):
 
     def __init__(self, batch: StreamBatch, slot: int):
         self.batch, self.slot = batch, slot
-        self.open = True
+        self.released = False
 
     def push(self, codes) -> np.ndarray:
         return self.batch.push({self.slot: codes})[self.slot]
@@ -191,6 +191,6 @@ class StreamSlot(NativeResource):
         return np.zeros((0, self.batch.codec.channels), dtype=np.float32)
 
     def close(self) -> None:
-        if getattr(self, "open", False):
-            self.open = False
+        if not getattr(self, "released", True):
+            self.released = True
             self.batch.release(self.slot)

@@ -167,3 +167,20 @@ def test_stream_batch_bad_input_raises_one_line_errors(codec):
         batch.push({a: codes[:, :1]})
     with pytest.raises(InputError, match=r"max_streams"):
         codec.stream_batch(0)
+
+
+def test_a_stream_slot_decodes_as_a_stream_decoder_and_releases_its_slot(codec):
+    codes = _codes(codec, 7)
+    with codec.stream_batch(2) as batch, codec.stream_decoder() as alone:
+        first, second = batch.stream(), batch.stream()
+        assert batch.stream() is None                       # every slot is open
+        for t in range(0, 10, 5):
+            assert_close(first.push(codes[:, t:t + 5]), alone.push(codes[:, t:t + 5]),
+                         atol=BATCH_ATOL, what=f"slot push of frames {t}..{t + 4}")
+        assert first.flush().shape == (0, codec.channels)
+        first.close()
+        first.close()                                       # idempotent
+        assert batch.slots == [second.slot]
+        with pytest.raises(InputError, match=r"is not open"):
+            first.push(codes[:, :1])
+    second.close()                                          # after the batch closed: nothing
