@@ -2,6 +2,7 @@
 decode / partial decode / exact streaming decode."""
 
 from .codec import Codec, StreamDecoder
+from .stream_batch import StreamBatch, StreamSlot
 from .config import CodecConfig, StageConfig
 
-__all__ = ["Codec", "StreamDecoder", "CodecConfig", "StageConfig"]
+__all__ = ["Codec", "StreamDecoder", "StreamBatch", "StreamSlot", "CodecConfig", "StageConfig"]

@@ -14,6 +14,7 @@ from ..ggml import I32, Graph, Weights, allocator_for, get_backend
 from ..ggml.backend import NativeResource, released_on_error
 from . import rlfq
 from .config import FORMAT_VERSION, KIND, CodecConfig, tensor_shapes
+from .stream_batch import StreamBatch
 from .tower import TowerState, load_tower, run_tower
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ class _TowerRunner:
     """One tower's caches, and its graphs by (frames, codebooks): built once, replayed."""
 
     def __init__(self, codec: "Codec", tower: str, chunk_frames: int, *, prefix="chunk",
-                 v_trans=False):
-        self.codec, self.tower, self.chunk = codec, tower, chunk_frames
+                 v_trans=False, rowwise=False):
+        self.codec, self.tower, self.chunk, self.rowwise = codec, tower, chunk_frames, rowwise
         self.state = TowerState(codec.config, tower, chunk_frames, codec.backend,
                                 prefix=prefix, v_trans=v_trans)
         self.allocator = allocator_for(codec.backend)
@@ -60,7 +61,8 @@ class _TowerRunner:
 
     def _build(self, n_frames: int, n_q: int, counts: tuple[int, ...]) -> Graph:
         c = self.codec
-        g = Graph(c.backend, name=f"{self.tower}[{n_frames}x{n_q}]", allocator=self.allocator)
+        g = Graph(c.backend, name=f"{self.tower}[{n_frames}x{n_q}]", allocator=self.allocator,
+                  rowwise=self.rowwise)
         stage_inputs = self.state.graph_inputs(g, n_frames, counts)
         if self.tower == "encoder":
             x = g.input("samples", (n_frames * c.config.stream_samples_per_frame, 1))  # [1, T]
@@ -228,6 +230,14 @@ class Codec(NativeResource):
         return StreamDecoder(self, self._n_q(n_quantizers),
                              whole_number(max_push_frames, "max_push_frames", 1))
 
+    def stream_batch(self, max_streams: int, *, n_quantizers: int | None = None,
+                     max_push_frames: int = STREAM_PUSH_FRAMES) -> "StreamBatch":
+        """Up to max_streams streams decoded together, one graph per push for all of them;
+        each stream's output equals its own stream_decoder()'s (codec/stream_batch.py)."""
+        self._need_open()
+        return StreamBatch(self, whole_number(max_streams, "max_streams", 1), self._n_q(n_quantizers),
+                           whole_number(max_push_frames, "max_push_frames", 1))
+
     # -- helpers ----------------------------------------------------------------------------------
     def check_codes(self, codes, n_quantizers: int | None = None) -> np.ndarray:
         self._need_open()
@@ -256,8 +266,10 @@ class Codec(NativeResource):
             return runner
         # few query rows against long windows: the softmax path over a transposed V cache beats
         # ggml's CPU flash attention (untiled below 64 rows) severalfold. While the windows fill,
-        # pushes attend over a prefix growing by doubling: about log2(window) graphs, built once
-        return _TowerRunner(self, "decoder", max_push_frames, prefix="doubling", v_trans=True)
+        # pushes attend over a prefix growing by doubling: about log2(window) graphs, built once.
+        # Row-wise matmuls: each row's product as in a push of several streams (stream_batch.py)
+        return _TowerRunner(self, "decoder", max_push_frames, prefix="doubling", v_trans=True,
+                            rowwise=True)
 
     def _return_stream_runner(self, runner: _TowerRunner) -> None:
         pool = self._stream_pool.setdefault(runner.chunk, [])

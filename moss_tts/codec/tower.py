@@ -10,6 +10,8 @@ bounded however long the audio is.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,15 +74,34 @@ def load_tower(weights, cfg: CodecConfig, tower: str) -> list[TransformerStage |
     return stages
 
 
+def stage_attention(qkv: Tensor, s: StageConfig, cfg: CodecConfig, *, il: int,
+                    caches: KVCache | Sequence[KVCache], inputs: dict | Sequence[dict]) -> Tensor:
+    """Fused q|k|v rows [3d, T] → attention output [d, T] over a stage's window cache. Several
+    streams (a cache and its inputs each, their rows one stream after another): each stream's
+    rows attend over its own cache, as that stream alone does."""
+    if isinstance(caches, KVCache):
+        caches, inputs = (caches,), (inputs,)
+    parts, row = [], 0
+    for cache, own in zip(caches, inputs):
+        t = own["positions"].ne[0]
+        rows = qkv if t == qkv.ne[1] else \
+            ops.view(qkv, (qkv.ne[0], t), (qkv.nb[1],), row * qkv.nb[1])       # [3d, t]
+        # RoPE on interleaved pairs (ggml "normal"), positions within this stage's own sequence
+        parts.append(cached_self_attention(rows, cache, il, n_heads=s.n_heads, rope_mode="normal",
+                                           rope_base=cfg.rope_base, **own))
+        row += t
+    return functools.reduce(lambda a, b: ops.concat(a, b, 1), parts)
+
+
 def codec_layer(x: Tensor, w: CodecLayer, s: StageConfig, cfg: CodecConfig, *, il: int,
-                cache: KVCache, inputs: dict, name: str) -> Tensor:
+                cache: KVCache | Sequence[KVCache], inputs: dict | Sequence[dict],
+                name: str) -> Tensor:
     """x + LS1·attn(LN1 x), then x + LS2·ffn(LN2 x); x [d, T] (docs/upstream-notes.md
-    §codecs-1.4)."""
+    §codecs-1.4). Several streams' rows: every row-wise op runs once over all of them, the
+    attention per stream (`stage_attention`)."""
     h = layer_norm(x, w.norm1_weight, w.norm1_bias, eps=cfg.norm_eps)
     qkv = linear(h, w.self_attn_in_proj_weight)                              # [3d, T], no bias
-    # RoPE on interleaved pairs (ggml "normal"), positions within this stage's own sequence
-    o = cached_self_attention(qkv, cache, il, n_heads=s.n_heads, rope_mode="normal",
-                              rope_base=cfg.rope_base, **inputs)
+    o = stage_attention(qkv, s, cfg, il=il, caches=cache, inputs=inputs)    # [d, T]
     x = x + layer_scale(linear(o, w.self_attn_out_proj_weight), w.layer_scale_1_scale)
     h = layer_norm(x, w.norm2_weight, w.norm2_bias, eps=cfg.norm_eps)
     # exact erf GELU (nn.GELU() / F.gelu default), not the tanh approximation
@@ -89,9 +110,11 @@ def codec_layer(x: Tensor, w: CodecLayer, s: StageConfig, cfg: CodecConfig, *, i
     return ops.name(x, f"{name}.{il}.out")
 
 
-def transformer_stage(x: Tensor, stage: TransformerStage, cfg: CodecConfig, *, caches: KVCache,
-                      inputs: dict, name: str) -> Tensor:
-    """[in_dim, T] → input_proj → layers → output_proj → [out_dim, T]."""
+def transformer_stage(x: Tensor, stage: TransformerStage, cfg: CodecConfig, *,
+                      caches: KVCache | Sequence[KVCache], inputs: dict | Sequence[dict],
+                      name: str) -> Tensor:
+    """[in_dim, T] → input_proj → layers → output_proj → [out_dim, T] (several streams: a
+    cache and inputs each, as in `codec_layer`)."""
     if stage.input_proj is not None:
         x = linear(x, stage.input_proj)
     for il, layer in enumerate(stage.layers):
@@ -108,16 +131,18 @@ class TowerState:
     `prefix` sets how many slots a chunk attends over while the rings fill (see slot_counts):
     "chunk" steps whole chunks (offline runs: a few big chunks), "doubling" steps powers of two
     of frames (streaming: a handful of graphs, each built once, for many small pushes), "full"
-    always attends over every slot (one graph per push size).
+    always attends over every slot (one graph per push size). `name` prefixes its graph inputs
+    (default the tower's): streams decoded in one graph each have their own.
     """
 
     def __init__(self, cfg: CodecConfig, tower: str, max_frames: int, backend, *,
-                 prefix: str = "chunk", v_trans: bool = False):
+                 prefix: str = "chunk", v_trans: bool = False, name: str | None = None):
         if prefix not in PREFIX_STEPS:
             raise ConfigError(f"TowerState: prefix must be one of {PREFIX_STEPS}, got {prefix!r}")
         self.cfg = cfg
         self.prefix = prefix
         self.tower = tower
+        self.name = name or tower
         self.stages = getattr(cfg, tower)
         self.max_frames = max_frames
         self.per_frame = positions_per_frame(cfg, tower)
@@ -158,9 +183,9 @@ class TowerState:
         out = {}
         for (i, cache), n_slots in zip(self.caches.items(), counts):
             t = n_frames * self.per_frame[i]
-            out[i] = {"positions": g.input(f"{self.tower}.{i}.pos", (t,), I32),
-                      "slots": g.input(f"{self.tower}.{i}.slots", (t,), I32),
-                      "mask": g.input(f"{self.tower}.{i}.mask", (t, n_slots), F16),
+            out[i] = {"positions": g.input(f"{self.name}.{i}.pos", (t,), I32),
+                      "slots": g.input(f"{self.name}.{i}.slots", (t,), I32),
+                      "mask": g.input(f"{self.name}.{i}.mask", (t, n_slots), F16),
                       "n_slots": n_slots}
         return out
 
@@ -170,9 +195,9 @@ class TowerState:
         for (i, cache), n_slots in zip(self.caches.items(), counts):
             t = n_frames * self.per_frame[i]
             pos = np.arange(self.position[i], self.position[i] + t)
-            feed[f"{self.tower}.{i}.pos"] = pos.astype(np.int32)
-            feed[f"{self.tower}.{i}.slots"] = cache.reserve(pos, ring=True)
-            feed[f"{self.tower}.{i}.mask"] = cache.mask(pos, window=self.stages[i].context,
+            feed[f"{self.name}.{i}.pos"] = pos.astype(np.int32)
+            feed[f"{self.name}.{i}.slots"] = cache.reserve(pos, ring=True)
+            feed[f"{self.name}.{i}.mask"] = cache.mask(pos, window=self.stages[i].context,
                                                         n_slots=n_slots, dtype=np.float16)
             self.position[i] += t
         self.frames += n_frames
@@ -197,13 +222,21 @@ def positions_per_frame(cfg: CodecConfig, tower: str) -> list[int]:
     return out
 
 
-def run_tower(x: Tensor, stages: list, cfg: CodecConfig, state: TowerState,
-              stage_inputs: dict[int, dict]) -> Tensor:
-    """x [D, T] through every stage of a tower (patches fold time into channels or back)."""
+def run_tower(x: Tensor, stages: list, cfg: CodecConfig, state: TowerState | Sequence[TowerState],
+              stage_inputs: dict[int, dict] | Sequence[dict[int, dict]]) -> Tensor:
+    """x [D, T] through every stage of a tower (patches fold time into channels or back).
+    Several streams (a state and its stage inputs each, their rows one stream after another,
+    whole frames each): patches are frame-local, so each stream's rows stay together."""
+    states = (state,) if isinstance(state, TowerState) else tuple(state)
+    inputs = (stage_inputs,) if isinstance(state, TowerState) else tuple(stage_inputs)
+    tower = states[0].tower
     for i, stage in enumerate(stages):
         if isinstance(stage, StageConfig):
-            x = patchify(x, stage.patch) if state.tower == "encoder" else unpatchify(x, stage.patch)
-        else:
-            x = transformer_stage(x, stage, cfg, caches=state.caches[i], inputs=stage_inputs[i],
-                                  name=f"{state.tower}.{i}")
+            x = patchify(x, stage.patch) if tower == "encoder" else unpatchify(x, stage.patch)
+            continue
+        caches = tuple(s.caches[i] for s in states)
+        own = tuple(inp[i] for inp in inputs)
+        if len(states) == 1:
+            caches, own = caches[0], own[0]
+        x = transformer_stage(x, stage, cfg, caches=caches, inputs=own, name=f"{tower}.{i}")
     return x

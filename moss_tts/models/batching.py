@@ -50,13 +50,15 @@ def room(need: int) -> int:
 class StreamJob:
     """One stream in a batch (made by `BatchFamily.job`): the family's per-stream `work`
     (prompt, sampler, what its next step needs), its prompt's length in rows, the most cache
-    rows it may take, and the items (frames or rows) made so far."""
+    rows it may take, the items (frames or rows) made so far, and what the family's `decode`
+    made of them (audio), where it decodes them."""
 
-    __slots__ = ("work", "prompt_rows", "need", "items", "done", "seq", "filled")
+    __slots__ = ("work", "prompt_rows", "need", "items", "decoded", "done", "seq", "filled")
 
     def __init__(self, work, prompt_rows: int, need: int):
         self.work, self.prompt_rows, self.need = work, prompt_rows, need
         self.items: list = []
+        self.decoded: list = []
         self.done = False
         self.seq = None          # the family's sequence id(s) while the job holds slots
         self.filled = 0          # prompt rows appended so far
@@ -128,9 +130,17 @@ class BatchFamily:
         `items`; → for each job whether it goes on."""
         raise NotImplementedError
 
+    def decode(self, jobs: list[StreamJob]) -> None:
+        """After a step, the family's own decode of what the jobs made in it, appended to
+        their `decoded` (Nano: each frame's audio, one codec push for all the streams); by
+        default none: each stream decodes its items itself."""
+
     def release(self, state, job: StreamJob) -> None:
         """Free the job's sequence (`job.seq`) and its slots."""
         self.sequences(state).release(job.seq)
+
+    def close(self) -> None:
+        """Free what the family holds beside the shared state (its BatchDecoder closes)."""
 
     def report_end(self, job: StreamJob) -> None:
         """Called from the pull that finds the job's items all read: warnings of its end (a
@@ -229,6 +239,7 @@ class BatchDecoder(NativeResource):
             return
         jobs = self.active
         going = self.family.advance(self.state, jobs)
+        self.family.decode(jobs)
         self.active = [job for job, on in zip(jobs, going) if on]
         for job, on in zip(jobs, going):
             if not on:
@@ -312,6 +323,8 @@ class BatchDecoder(NativeResource):
         if getattr(self, "state", None) is not None:
             self.state.close()
             self.state = None
+        if getattr(self, "family", None) is not None:
+            self.family.close()
 
 
 def round_robin(streams: list, around=None) -> list[list]:

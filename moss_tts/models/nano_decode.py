@@ -10,6 +10,7 @@ import logging
 
 import numpy as np
 
+from ..codec import StreamBatch
 from ..sampling import (SamplingOptions, check_finite, choose_rows_each, decide_continue,
                         sample_audio_code)
 from ..nn.session import SharedDecodeSession
@@ -87,17 +88,54 @@ def choose_codes(samplers: list[FrameSampler]):
     return choose
 
 
+class NanoWork(HiddenWork):
+    """A Nano stream's work, and the slot of the batch's codec streams its frames are decoded
+    through (None: the stream decodes its frames itself)."""
+
+    __slots__ = ("codec_slot",)
+
+    def __init__(self, rows: np.ndarray, sampler: FrameSampler, codec_slot: int | None):
+        super().__init__(rows, sampler)
+        self.codec_slot = codec_slot
+
+
 class NanoBatch(HiddenStateFamily):
     """NanoModel's streams decoded together: a step is one frame for every stream (one depth
-    graph per local position over all of them) and one global step over those that go on."""
+    graph per local position over all of them) and one global step over those that go on;
+    with `codec_streams`, then one codec push that decodes every new frame of the streams
+    holding a slot of it (`decode`)."""
 
     model: NanoModel
 
+    def __init__(self, model: NanoModel, codec_streams: StreamBatch | None = None):
+        super().__init__(model)
+        self.codec_streams = codec_streams
+
     def start(self, rows: np.ndarray, *, options: SamplingOptions = SamplingOptions(),
-              seed: int | None = None, max_frames: int) -> HiddenWork:
+              seed: int | None = None, max_frames: int,
+              codec_slot: int | None = None) -> NanoWork:
         """A stream of prompt rows → its frames [n_vq], as `NanoTTS.iter_frames` makes them
-        (its budget has no default: its text sets it, nano_tts.frame_budget)."""
-        return HiddenWork(rows, FrameSampler(self.model.config, options, seed, max_frames))
+        (its budget has no default: its text sets it, nano_tts.frame_budget); with
+        `codec_slot`, each frame's audio too (`StreamJob.decoded`)."""
+        return NanoWork(rows, FrameSampler(self.model.config, options, seed, max_frames),
+                        codec_slot)
+
+    def decode(self, jobs: list[StreamJob]) -> None:
+        """The frame each job holding a codec slot made in this step, all through one codec
+        push: each one's audio is what its own stream decoder gives (codec/stream_batch.py)."""
+        new = [job for job in jobs
+               if job.work.codec_slot is not None and len(job.decoded) < len(job.items)]
+        if not new:
+            return
+        audio = self.codec_streams.push({job.work.codec_slot: job.items[-1][:, None]
+                                         for job in new})
+        for job in new:
+            job.decoded.append(audio[job.work.codec_slot])
+
+    def close(self) -> None:
+        if self.codec_streams is not None:
+            self.codec_streams.close()
+            self.codec_streams = None
 
     def sequences(self, state: GenerationState) -> SharedDecodeSession:
         return state.global_

@@ -11,13 +11,14 @@ exact streaming decoder, so streamed audio equals `synthesize()` for the same se
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 
 import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS
-from ..codec import Codec
+from ..codec import Codec, StreamSlot
 from ..errors import InputError, ModelFileError, whole_number
 from ..ggml import Weights, get_backend
 from ..sampling import SamplingOptions
@@ -241,17 +242,18 @@ class NanoTTS(CodecTTS):
                 if decoder is None or reference is not None:
                     if decoder is not None:
                         decoder.close()
-                    decoder = codec.stream_decoder(n_quantizers=self.config.n_vq)
+                    decoder = self._codec_stream(codec)
                     if prompt is not None:  # continuation: the codec stream continues the prompt
                         decoder.push(prompt.codes.T)
                 rows = self.prompt_rows(chunk, reference=reference, prompt_text=prompt_text,
                                         prompt=prompt)
                 budget = frame_budget(len(self.tokenizer.encode(chunk)), max_frames)
                 frames = []
-                for codes in self._generated(rows, options=options, max_frames=budget,
-                                             seed=None if seed is None else seed + i):
+                for codes, audio in self._voiced(rows, decoder, options=options,
+                                                 max_frames=budget,
+                                                 seed=None if seed is None else seed + i):
                     frames.append(codes)
-                    yield decoder.push(codes[:, None])
+                    yield audio
                 if len(frames) == budget:    # by max_frames, or below it by the text
                     yield BudgetCut(budget, len(chunks),
                                     None if budget == max_frames else TEXT_BUDGET)
@@ -264,6 +266,35 @@ class NanoTTS(CodecTTS):
         finally:
             if decoder is not None:
                 decoder.close()
+
+    def _codec_stream(self, codec):
+        """A new codec stream for an utterance: inside `decoding_together`, a slot of the
+        batch's codec streams while one is free (its frames are decoded with the others',
+        one codec push per step), else a StreamDecoder of its own."""
+        streams = None if self._batch is None else self._batch.family.codec_streams
+        stream = None if streams is None else streams.stream()
+        return stream or codec.stream_decoder(n_quantizers=self.config.n_vq)
+
+    def _voiced(self, rows, decoder, **keywords) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Each frame made after prompt rows (`_generated`'s keywords), with its audio: a slot
+        of the batch's codec streams has it decoded by the batch's step, any other decoder
+        is pushed the frame here. The same audio either way (codec/stream_batch.py)."""
+        if not isinstance(decoder, StreamSlot):
+            for codes in self._generated(rows, **keywords):
+                yield codes, decoder.push(codes[:, None])
+            return
+        job = self._batch.family.job(rows, codec_slot=decoder.slot, **keywords)
+        # closed before the slot is released (the caller's finally): a job still in the
+        # batch would be decoded through a released slot
+        with contextlib.closing(self._batch.items(job)) as frames:
+            for i, codes in enumerate(frames):
+                yield codes, job.decoded[i]
+
+    def _batch_family(self, max_streams: int) -> NanoBatch:
+        """Nano's streams decoded together, their codec streams too (one push per step)."""
+        codec = self.codec
+        return NanoBatch(self.model, None if codec is None else codec.stream_batch(
+            max_streams, n_quantizers=self.config.n_vq))
 
     def close(self) -> None:
         if self._idle_state is not None:

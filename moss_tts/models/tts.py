@@ -361,12 +361,16 @@ class CodecTTS(NativeResource):
                              "not available for it")
         if self._batch is not None:
             raise InputError("already decoding together: one decoding_together at a time")
-        with BatchDecoder(self.BATCHED(self.model), max_streams=max_streams) as batch:
+        with BatchDecoder(self._batch_family(max_streams), max_streams=max_streams) as batch:
             self._batch = batch
             try:
                 yield batch
             finally:
                 self._batch = None
+
+    def _batch_family(self, max_streams: int):
+        """The BatchFamily of `decoding_together`: its BATCHED over the model."""
+        return self.BATCHED(self.model)
 
     def synthesize_many(self, requests, *, max_streams: int = MAX_STREAMS,
                         around=None) -> list[tuple[np.ndarray, int]]:

@@ -242,7 +242,8 @@ def test_f5_a_closed_codec_refuses_every_public_method_alike(codec_gguf):
              "encode_blocks": lambda: codec.encode_blocks([x], codec.sample_rate),
              "decode": lambda: codec.decode(codes), "check_codes": lambda: codec.check_codes(codes),
              "reconstruct": lambda: codec.reconstruct(x, codec.sample_rate),
-             "stream_decoder": lambda: codec.stream_decoder()}
+             "stream_decoder": lambda: codec.stream_decoder(),
+             "stream_batch": lambda: codec.stream_batch(2)}
     public = [m for m, v in inspect.getmembers(Codec, inspect.isroutine)
               if not m.startswith("_") and m not in ("close", "load")]
     assert set(public) <= set(table), f"no call written for {set(public) - set(table)}"

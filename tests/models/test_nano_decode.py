@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fixtures.compare import assert_close, assert_differs
+from moss_tts.codec import StreamBatch
 from moss_tts.errors import InputError
 from moss_tts.models.batching import BatchDecoder
 from moss_tts.models.nano_decode import NanoBatch
@@ -151,6 +152,33 @@ def test_synthesize_many_equals_synthesize_for_each_request(nano_tts):
     assert_differs(other[0][0][:len(got[0][0])], got[0][0][:len(other[0][0])], atol=1e-6,
                    what="first request with seed 4")
     assert_close(other[2][0], got[2][0], atol=AUDIO_ATOL, what="request 2 beside a changed one")
+
+
+def test_streams_in_a_batch_take_their_audio_from_one_codec_push_per_step(nano_tts,
+                                                                          monkeypatch):
+    """Inside decoding_together each stream's codec stream is a slot of the batch's codec
+    streams, decoded with the others' in one push per step (issue 35): pushes carry several
+    streams, and each request's audio still equals `synthesize` alone (a continuation over
+    two chunks keeps its slot; a voice-clone request; a third request beyond the slots
+    decodes through its own stream decoder)."""
+    tts = nano_tts(*PARITY)
+    pushed = []
+    push = StreamBatch.push
+    monkeypatch.setattr(StreamBatch, "push",
+                        lambda self, codes: pushed.append(len(codes)) or push(self, codes))
+    requests = [
+        {"text": "Hello there. My friend hears the long story today.", "seed": 5,
+         "max_frames": 12, "max_text_tokens": 8},
+        {"text": TEXT, "seed": 3, "max_frames": 10, "reference": Reference(seeded_codes(6, seed=1))},
+        {"text": TEXTS[2], "options": GREEDY, "max_frames": 7},
+    ]
+    got = tts.synthesize_many(requests, max_streams=2)
+    assert max(pushed) == 2, f"no codec push carried two streams: {pushed}"
+    monkeypatch.setattr(StreamBatch, "push", push)
+    for i, (request, (audio, _)) in enumerate(zip(requests, got)):
+        kw = dict(request)
+        want, _ = tts.synthesize(kw.pop("text"), **kw)
+        assert_close(audio, want, atol=AUDIO_ATOL, what=f"request {i}: batched codec vs alone")
 
 
 def test_bad_batch_arguments_raise_input_error(nano_tts):
