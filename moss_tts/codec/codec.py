@@ -3,6 +3,7 @@ and an exact streaming decoder. Not thread-safe: use one Codec per thread."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -267,9 +268,24 @@ class Codec(NativeResource):
         # few query rows against long windows: the softmax path over a transposed V cache beats
         # ggml's CPU flash attention (untiled below 64 rows) severalfold. While the windows fill,
         # pushes attend over a prefix growing by doubling: about log2(window) graphs, built once.
-        # Row-wise matmuls: each row's product as in a push of several streams (stream_batch.py)
+        # Row-wise matmuls where they cost nothing: each row's product as in a push of several
+        # streams (stream_batch.py)
         return _TowerRunner(self, "decoder", max_push_frames, prefix="doubling", v_trans=True,
-                            rowwise=True)
+                            rowwise=self.stream_rowwise)
+
+    @functools.cached_property
+    def stream_rowwise(self) -> bool:
+        """Whether stream decoders multiply row by row (Graph.rowwise), so a stream's output is
+        the same bits alone and in a StreamBatch: where every decoder weight type needs at most
+        the pair trick (f32, f16, q8_0 here: no cost). Where a type's kernel changes with the
+        row count (the K-quants from 8 rows, ggml.rowwise), row-wise would multiply each of a
+        push's rows on its own — on the v2 codec's last stage 32 rows a frame — so there the
+        graphs are plain and a stream in a batch equals it alone to that type's rounding."""
+        from ..ggml.rowwise import plan
+
+        types = {t.type for n, t in self.weights.file.tensors.items()
+                 if n.startswith("decoder.") and len(t.shape) == 2}
+        return all(plan(self.backend, t, False).alone_from is None for t in types)
 
     def _return_stream_runner(self, runner: _TowerRunner) -> None:
         pool = self._stream_pool.setdefault(runner.chunk, [])

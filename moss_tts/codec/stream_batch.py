@@ -30,7 +30,9 @@ class StreamBatch(NativeResource):
     frames]})` → {slot: samples [frames · ds, channels]}, `release(slot)`. Each slot's output
     equals what its own `Codec.stream_decoder()` gives for the same pushes, bit for bit: its
     window caches, attended prefixes and graph chunks are that decoder's, and every matmul is
-    row-wise (each row's product the same whatever rows go with it).
+    row-wise (each row's product the same whatever rows go with it) — where that costs nothing
+    (`Codec.stream_rowwise`: f32, f16, q8_0 decoders); with K-quant decoder weights, to their
+    rounding.
 
     >>> batch = codec.stream_batch(4, n_quantizers=16)                     # doctest: +SKIP
     >>> a, b = batch.open(), batch.open()                                  # doctest: +SKIP
@@ -140,7 +142,7 @@ class StreamBatch(NativeResource):
         c = self.codec
         n = sum(f for _, f, _ in key)
         g = Graph(c.backend, name=f"decoder[{len(key)} streams, {n}x{self.n_q}]",
-                  allocator=self.allocator, rowwise=True)
+                  allocator=self.allocator, rowwise=c.stream_rowwise)
         states = tuple(self._states[s] for s, _, _ in key)
         inputs = tuple(st.graph_inputs(g, f, counts) for st, (_, f, counts) in zip(states, key))
         ids = g.input("codes", (self.n_q * n,), I32)   # rlfq.stacked_ids of [n_q, N], stream-major

@@ -184,3 +184,29 @@ def test_a_stream_slot_decodes_as_a_stream_decoder_and_releases_its_slot(codec):
         with pytest.raises(InputError, match=r"is not open"):
             first.push(codes[:, :1])
     second.close()                                          # after the batch closed: nothing
+
+
+def test_stream_graphs_are_row_wise_only_where_it_costs_nothing(tiny_codec, monkeypatch):
+    """Codec.stream_rowwise: f32 decoder weights need at most the pair trick, so stream graphs
+    are row-wise (a stream the same bits alone and in a batch); a type whose kernel changes
+    with the row count (the K-quants from 8 rows) would multiply each row on its own, so its
+    graphs are plain, and a slot then equals its own stream decoder to f32 kernel order. The
+    K-quant plan is given here: the tiny decoders' rows hold no K-quant block."""
+    from moss_tts.ggml import rowwise
+    from moss_tts.ggml.rowwise import RowPlan
+
+    with Codec.load(tiny_codec("v1"), threads=THREADS) as codec:
+        assert codec.stream_rowwise is True
+    monkeypatch.setattr(rowwise, "plan", lambda *a: RowPlan(pair=False, alone_from=8))
+    with Codec.load(tiny_codec("v1"), threads=THREADS) as codec:
+        assert codec.stream_rowwise is False
+        codes = _codes(codec, 5)
+        batch = codec.stream_batch(2)
+        a, b = batch.open(), batch.open()
+        with codec.stream_decoder() as alone:
+            for t in range(0, 24, 3):
+                got = batch.push({a: codes[:, t:t + 3], b: codes[:, ::-1][:, t:t + 3]})
+                assert not any(g.rowwise for g in batch._graphs.values())
+                assert_close(got[a], alone.push(codes[:, t:t + 3]), atol=1e-5,
+                             what="a slot beside another, plain graphs")
+        batch.close()
