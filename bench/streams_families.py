@@ -366,6 +366,15 @@ DELAY = Family(
                                                 max_new_rows=n))
 
 FAMILIES = {f.name: f for f in (NANO, DELAY, LOCAL, LOCAL_V15, REALTIME)}
+# what keeps each random model speaking, for a process that loads it otherwise (a server:
+# bench/serve_bench.py --keep-speaking); Nano's checkpoint needs nothing
+KEEPS_SPEAKING = {"delay": _delay_keep_speaking, "local": _local_keep_speaking,
+                  "local_v15": _v15_keep_speaking, "realtime": _realtime_keep_speaking}
+
+
+def keep_speaking(name: str) -> None:
+    """Patch this process so that the family's random model never stops before its budget."""
+    KEEPS_SPEAKING[name]()
 
 
 def quiet_budget_warnings() -> None:

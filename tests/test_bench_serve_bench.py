@@ -60,3 +60,17 @@ def test_the_goals_compare_four_streaming_clients_with_one(busy, verdicts):
     lines = serve_bench.goal_lines([level(1, 1.0, 200, 220, 0.0), busy])
     assert [line.rsplit(": ", 1)[1] for line in lines[1:]] == verdicts
     assert serve_bench.goal_lines([level(1, 1.0, 200, 220, 0.0)]) == []
+
+
+
+def test_a_patched_server_with_the_budget_in_another_field_speaks(tmp_path, capsys):
+    """--keep-speaking starts the server through a program that patches it first (Realtime's
+    patch leaves Nano as it is); --budget-field names the field the budget goes in."""
+    args = serve_bench.parse_args(
+        "--tiny --concurrency 1 --requests 1 --modes stream --frames 4 --budget-field max_frames "
+        f"--keep-speaking realtime --threads 1 --warmup 0 --no-wait --json {tmp_path / 'j'}"
+        .split())
+    [row] = serve_bench.run(args)
+    assert row["errors"] == 0 and row["completed"] == 1, row["first_error"]
+    report = capsys.readouterr().out
+    assert "max_frames 4, kept speaking as realtime" in report
