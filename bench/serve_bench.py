@@ -28,7 +28,9 @@ metrics), with their names in the JSON, so figures compare:
   max_underrun_ms is the same but counts chunk j as had on arrival (never more than ours).
 - peak RSS: the serve process's VmHWM over the level (reset before it through clear_refs).
 - errors: failed requests (any exception, or an answer without audio), with the first message.
-The JSON keeps every request's figures too (each level's "records", all repeats).
+The JSON keeps every request's figures too (each level's "records", all repeats); it is written
+again as each level ends ("finished": false until the last), so a run stopped early keeps its
+levels.
 The machine may be shared: each level waits (at most --max-wait s, unless --no-wait) until other
 processes use at most 15 % of the CPUs, and reports the share they took while it ran; the
 other benches (harness.Quiet) wait while this one runs; --repeat gives medians.
@@ -233,8 +235,9 @@ def median_row(rows: list[dict]) -> dict:
     return out
 
 
-def measure(args, model: str, codec: str, tmp: Path, say) -> list[dict]:
-    """Serve the model, run every (mode, level) --repeat times: the median rows."""
+def measure(args, model: str, codec: str, tmp: Path, say, keep=lambda rows: None) -> list[dict]:
+    """Serve the model, run every (mode, level) --repeat times: the median rows, each kept
+    (`keep(rows so far)`) as its level ends, so a run stopped early keeps what it measured."""
     quiet = CpuQuiet(say, args.max_wait, enabled=not args.no_wait)
     extra = ["--queue", str(args.queue or max(args.concurrency))]
     with open(tmp / "serve.log", "w+") as log:
@@ -247,6 +250,7 @@ def measure(args, model: str, codec: str, tmp: Path, say) -> list[dict]:
                     runs = [run_level(proc, url, args, mode, clients, quiet, k)
                             for k in range(args.repeat)]
                     rows.append(median_row(runs))
+                    keep(rows)
                     say(f"  {mode} x{clients}: {rows[-1]['audio_throughput']:.2f} audio s/s, "
                         f"TTFP p95 {rows[-1]['p95_audio_ttfp_ms']:.0f} ms, "
                         f"{rows[-1]['errors']} errors, waited {quiet.waited_s:.0f} s so far")
@@ -378,13 +382,16 @@ def run(args, say=print) -> list[dict]:
             model, codec = map(str, tiny_model_files(tmp))
         else:
             model, codec = args.model, args.codec
-        rows = measure(args, model, codec, tmp, say)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+
+        def keep(levels, finished=False):
+            args.json.write_text(json.dumps({
+                "started": started, "model": model, "codec": codec, "cpu": cpu_line(),
+                "command": the_command(), "args": {k: str(v) for k, v in vars(args).items()},
+                "finished": finished, "levels": levels}, indent=1))
+        rows = measure(args, model, codec, tmp, say, keep)
     say(report(args, rows, "tiny Nano" if args.tiny else model, started))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"started": started, "model": model, "codec": codec,
-                                     "cpu": cpu_line(), "command": the_command(),
-                                     "args": {k: str(v) for k, v in vars(args).items()},
-                                     "levels": rows}, indent=1))
+    keep(rows, finished=True)
     return rows
 
 
