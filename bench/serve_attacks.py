@@ -512,13 +512,15 @@ class Load:
             t.join()
 
 
-def serve_on(nano_files, backend_name: str, args, tmp: Path, log, extra=()):
+def serve_on(nano_files, backend_name: str, args, tmp: Path, log, extra=(),
+             launcher=("-m", "moss_tts")):
     """`python -m moss_tts serve` of the (model, codec) files on `backend_name`, with `extra`
-    flags, once it answers (bench/serve_bench.py serves any family through it)."""
+    flags, once it answers (bench/serve_bench.py serves any family through it; its
+    `launcher` replaces `-m moss_tts` to patch the server process first)."""
     from tests.faults.test_backend_death import free_port, wait_for
 
     port = free_port()
-    cmd = [sys.executable, "-m", "moss_tts", "serve", "--model", str(nano_files[0]), "--codec",
+    cmd = [sys.executable, *launcher, "serve", "--model", str(nano_files[0]), "--codec",
            str(nano_files[1]), "--backend", backend_name, "--port", str(port), "--max-streams",
            str(args.max_streams), *extra] + (["--threads", str(args.threads)] if args.threads
                                              else [])

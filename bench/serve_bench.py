@@ -6,6 +6,11 @@ p50/p95, RTF mean/p95, underrun seconds per streamed request, the server's peak 
     python bench/serve_bench.py (--tiny | --model M.gguf --codec C.gguf) [--concurrency 1,2,4,8]
         [--requests 3] [--modes stream,whole] [--frames 40] [--max-streams auto] [--threads 2]
         [--repeat 1] [--warmup 1] [--json bench/results/serve_bench.json] [--no-wait]
+        [--keep-speaking realtime|local_v15|delay|local] [--budget-field max_new_rows]
+
+A random model at real dimensions other than Nano's would stop early (or, Delay, never start):
+--keep-speaking patches the server process as bench/streams.py's workers are patched, so every
+request runs to its --frames budget, sent as --budget-field (Delay's counts rows).
 
 Each level runs `concurrency` clients at once (a closed loop: a client sends its next request
 when its last one ended), `--requests` requests each, after `--warmup` unmeasured rounds. The
@@ -23,7 +28,9 @@ metrics), with their names in the JSON, so figures compare:
   max_underrun_ms is the same but counts chunk j as had on arrival (never more than ours).
 - peak RSS: the serve process's VmHWM over the level (reset before it through clear_refs).
 - errors: failed requests (any exception, or an answer without audio), with the first message.
-The JSON keeps every request's figures too (each level's "records", all repeats).
+The JSON keeps every request's figures too (each level's "records", all repeats); it is written
+again as each level ends ("finished": false until the last), so a run stopped early keeps its
+levels.
 The machine may be shared: each level waits (at most --max-wait s, unless --no-wait) until other
 processes use at most 15 % of the CPUs, and reports the share they took while it ran; the
 other benches (harness.Quiet) wait while this one runs; --repeat gives medians.
@@ -50,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import cpu_line, table  # noqa: E402
 from bench.harness import Contention, add_no_wait, foreign_share, the_command  # noqa: E402
 from bench.serve_attacks import serve_on  # noqa: E402
+from bench.streams_families import KEEPS_SPEAKING  # noqa: E402
 
 TEXTS = ("The quick brown fox reads a short sentence in the morning, with a calm voice.",
          "Please hold the line while we connect your call to the next available person.",
@@ -118,10 +126,11 @@ def peak_rss_mb(pid: int) -> float:
 
 
 # --- a level -----------------------------------------------------------------------------------
-def clients_run(url: str, mode: str, clients: int, per_client: int, frames: int,
+def clients_run(url: str, mode: str, clients: int, per_client: int, body: dict,
                 first_seed: int) -> tuple[list[dict], float]:
-    """`clients` threads × `per_client` requests: every request's record (with `sent_s`, when
-    it was sent in the level, and `round`, the client's how-many-th), and the wall time."""
+    """`clients` threads × `per_client` requests with the fields of `body` and their own seed:
+    every request's record (with `sent_s`, when it was sent in the level, and `round`, the
+    client's how-many-th), and the wall time."""
     import openai
 
     records, lock = [], threading.Lock()
@@ -131,7 +140,7 @@ def clients_run(url: str, mode: str, clients: int, per_client: int, frames: int,
         for i in range(per_client):
             n = first_seed + c + i * clients
             sent = time.perf_counter() - t0
-            rec = speak(api, mode, TEXTS[n % len(TEXTS)], {"max_new_frames": frames, "seed": n})
+            rec = speak(api, mode, TEXTS[n % len(TEXTS)], body | {"seed": n})
             with lock:
                 records.append(rec | {"sent_s": sent, "round": i})
         api.close()
@@ -200,10 +209,11 @@ def run_level(proc, url, args, mode: str, clients: int, quiet: CpuQuiet, repeat:
     beside it, the server's peak RSS."""
     waited = quiet.waited_s
     quiet.wait()
-    clients_run(url, mode, clients, args.warmup, args.frames, 10**6 * (repeat + 1))
+    body = {args.budget_field: args.frames}
+    clients_run(url, mode, clients, args.warmup, body, 10**6 * (repeat + 1))
     peak_reset = reset_peak(proc.pid)
     load = Contention(pids=(proc.pid,))   # the server's CPU time is ours
-    records, wall = clients_run(url, mode, clients, args.requests, args.frames, 0)
+    records, wall = clients_run(url, mode, clients, args.requests, body, 0)
     row = summary(mode, clients, records, wall)
     row |= {"peak_rss_mb": peak_rss_mb(proc.pid), "peak_rss_since": "level" if peak_reset
             else "start", "other_load": load.share(), "waited_s": quiet.waited_s - waited,
@@ -225,12 +235,14 @@ def median_row(rows: list[dict]) -> dict:
     return out
 
 
-def measure(args, model: str, codec: str, tmp: Path, say) -> list[dict]:
-    """Serve the model, run every (mode, level) --repeat times: the median rows."""
+def measure(args, model: str, codec: str, tmp: Path, say, keep=lambda rows: None) -> list[dict]:
+    """Serve the model, run every (mode, level) --repeat times: the median rows, each kept
+    (`keep(rows so far)`) as its level ends, so a run stopped early keeps what it measured."""
     quiet = CpuQuiet(say, args.max_wait, enabled=not args.no_wait)
     extra = ["--queue", str(args.queue or max(args.concurrency))]
     with open(tmp / "serve.log", "w+") as log:
-        proc, url = serve_on((model, codec), "cpu", args, tmp, log, extra)
+        proc, url = serve_on((model, codec), "cpu", args, tmp, log, extra,
+                             launcher=launcher(args.keep_speaking))
         try:
             rows = []
             for mode in args.modes:
@@ -238,6 +250,7 @@ def measure(args, model: str, codec: str, tmp: Path, say) -> list[dict]:
                     runs = [run_level(proc, url, args, mode, clients, quiet, k)
                             for k in range(args.repeat)]
                     rows.append(median_row(runs))
+                    keep(rows)
                     say(f"  {mode} x{clients}: {rows[-1]['audio_throughput']:.2f} audio s/s, "
                         f"TTFP p95 {rows[-1]['p95_audio_ttfp_ms']:.0f} ms, "
                         f"{rows[-1]['errors']} errors, waited {quiet.waited_s:.0f} s so far")
@@ -245,6 +258,18 @@ def measure(args, model: str, codec: str, tmp: Path, say) -> list[dict]:
             proc.terminate()
             proc.wait(30)
     return rows
+
+
+def launcher(family: str | None) -> tuple[str, ...]:
+    """How the server starts: `-m moss_tts`, or for a random model that would stop early (all
+    but Nano's), a program that first patches the process as bench/streams.py's workers are
+    (streams_families.keep_speaking; the CPU server loads its model in this process)."""
+    if family is None:
+        return ("-m", "moss_tts")
+    program = (f"import runpy, sys; sys.path.insert(0, {str(ROOT)!r}); "
+               "from bench.streams_families import keep_speaking; keep_speaking(sys.argv.pop(1)); "
+               "runpy.run_module('moss_tts', run_name='__main__', alter_sys=True)")
+    return ("-c", program, family)
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -294,7 +319,9 @@ def goal_lines(rows: list[dict]) -> list[str]:
 def report(args, rows: list[dict], model: str, started: str) -> str:
     return "\n".join([
         f"serve_bench {started}: {model}, --max-streams {args.max_streams}, --threads "
-        f"{args.threads or 'default'}, max_new_frames {args.frames}, {args.requests} request(s) "
+        f"{args.threads or 'default'}, {args.budget_field} {args.frames}"
+        f"{f', kept speaking as {args.keep_speaking}' if args.keep_speaking else ''}, "
+        f"{args.requests} request(s) "
         f"per client per level, medians of {args.repeat} repeat(s)",
         table(table_rows(rows), COLUMNS), *goal_lines(rows), f"CPU: {cpu_line()}",
         f"command: {the_command()}"])
@@ -327,6 +354,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--queue", type=int, default=None,
                     help="serve --queue (default: the highest concurrency)")
     ap.add_argument("--threads", type=int, default=None, help="serve --threads")
+    ap.add_argument("--budget-field", default="max_new_frames",
+                    help="the request field --frames goes in: max_new_rows for Delay, whose "
+                         "budget counts rows (frames plus its n_vq - 1 staircase rows)")
+    ap.add_argument("--keep-speaking", choices=sorted(KEEPS_SPEAKING),
+                    help="patch the server so this family's random model never stops early "
+                         "(bench/streams_families.py); Nano's checkpoint needs none")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured rounds before a level")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each level (medians)")
     ap.add_argument("--max-wait", type=float, default=600.0,
@@ -349,13 +382,16 @@ def run(args, say=print) -> list[dict]:
             model, codec = map(str, tiny_model_files(tmp))
         else:
             model, codec = args.model, args.codec
-        rows = measure(args, model, codec, tmp, say)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+
+        def keep(levels, finished=False):
+            args.json.write_text(json.dumps({
+                "started": started, "model": model, "codec": codec, "cpu": cpu_line(),
+                "command": the_command(), "args": {k: str(v) for k, v in vars(args).items()},
+                "finished": finished, "levels": levels}, indent=1))
+        rows = measure(args, model, codec, tmp, say, keep)
     say(report(args, rows, "tiny Nano" if args.tiny else model, started))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"started": started, "model": model, "codec": codec,
-                                     "cpu": cpu_line(), "command": the_command(),
-                                     "args": {k: str(v) for k, v in vars(args).items()},
-                                     "levels": rows}, indent=1))
+    keep(rows, finished=True)
     return rows
 
 

@@ -257,16 +257,17 @@ def _realtime_path(outtype: str) -> Path:
 
 
 def _realtime_keep_speaking() -> None:
-    """Codebook 0 never draws EOS, the turn's only stop (bench/realtime.py steps its session a
-    fixed number of times instead): its logit set far below the rest before the draw, in
-    `TurnSampler.choose`, which the alone loop and the batch share."""
+    """No codebook draws the pad, BOS or EOS: EOS on codebook 0 is the turn's only stop
+    (bench/realtime.py steps its session a fixed number of times instead), and any of the three
+    on any codebook ends the audio a codec hears (`sanitized`: a random model's 16 draws hit
+    one in about 5 % of its frames). Their logits are set far below the rest before the draw,
+    in `TurnSampler.choose`, which the alone loop and the batch share."""
     from moss_tts.models.realtime import TurnSampler
 
     def wrap(plain):
         def choose(self, j, logits, seen):
-            if j == 0:
-                logits = logits.copy()
-                logits[self.cfg.audio_eos] = NEVER
+            logits = logits.copy()
+            logits[self.cfg.codebook_size:] = NEVER
             return plain(self, j, logits, seen)
         return choose
 
@@ -366,6 +367,15 @@ DELAY = Family(
                                                 max_new_rows=n))
 
 FAMILIES = {f.name: f for f in (NANO, DELAY, LOCAL, LOCAL_V15, REALTIME)}
+# what keeps each random model speaking, for a process that loads it otherwise (a server:
+# bench/serve_bench.py --keep-speaking); Nano's checkpoint needs nothing
+KEEPS_SPEAKING = {"delay": _delay_keep_speaking, "local": _local_keep_speaking,
+                  "local_v15": _v15_keep_speaking, "realtime": _realtime_keep_speaking}
+
+
+def keep_speaking(name: str) -> None:
+    """Patch this process so that the family's random model never stops before its budget."""
+    KEEPS_SPEAKING[name]()
 
 
 def quiet_budget_warnings() -> None:

@@ -30,7 +30,8 @@ def test_a_tiny_run_reports_every_metric_of_every_level(tmp_path, capsys):
         names = METRICS + (STREAMED if r["mode"] == "stream" else ())
         assert all(math.isfinite(r[name]) for name in names), r
         assert ("mean_underrun_s" in r) == (r["mode"] == "stream")
-    assert json.loads(out.read_text())["levels"] == json.loads(json.dumps(rows))
+    kept = json.loads(out.read_text())      # rewritten as each level ends, finished at the last
+    assert kept["levels"] == json.loads(json.dumps(rows)) and kept["finished"] is True
     report = capsys.readouterr().out
     assert "TTFP p95 ms" in report and "underrun s/req" in report and "CPU:" in report
 
@@ -60,3 +61,17 @@ def test_the_goals_compare_four_streaming_clients_with_one(busy, verdicts):
     lines = serve_bench.goal_lines([level(1, 1.0, 200, 220, 0.0), busy])
     assert [line.rsplit(": ", 1)[1] for line in lines[1:]] == verdicts
     assert serve_bench.goal_lines([level(1, 1.0, 200, 220, 0.0)]) == []
+
+
+
+def test_a_patched_server_with_the_budget_in_another_field_speaks(tmp_path, capsys):
+    """--keep-speaking starts the server through a program that patches it first (Realtime's
+    patch leaves Nano as it is); --budget-field names the field the budget goes in."""
+    args = serve_bench.parse_args(
+        "--tiny --concurrency 1 --requests 1 --modes stream --frames 4 --budget-field max_frames "
+        f"--keep-speaking realtime --threads 1 --warmup 0 --no-wait --json {tmp_path / 'j'}"
+        .split())
+    [row] = serve_bench.run(args)
+    assert row["errors"] == 0 and row["completed"] == 1, row["first_error"]
+    report = capsys.readouterr().out
+    assert "max_frames 4, kept speaking as realtime" in report

@@ -58,16 +58,19 @@ def test_local_v15_continues_after_drawing_its_2_way_head_as_before(monkeypatch)
     assert kept_rng.bit_generator.state == plain_rng.bit_generator.state   # the same draws
 
 
-def test_realtime_codebook_0_never_draws_eos_and_the_others_are_untouched(monkeypatch):
+def test_realtime_no_codebook_draws_a_code_the_codec_cannot_take(monkeypatch):
+    """EOS on codebook 0 stops the turn; the pad, BOS or EOS on any codebook ends its audio."""
     monkeypatch.setattr(realtime.TurnSampler, "choose", realtime.TurnSampler.choose)
     cfg = bench_realtime.config(True)
     turn = realtime.TurnSampler(cfg, RealtimeSamplingOptions(do_sample=False),
                                 np.random.default_rng(0))
-    eos = logits_topped_by(cfg.audio_vocab_size, cfg.audio_eos)
-    assert turn.choose(0, eos, None) == cfg.audio_eos
+    special = (cfg.audio_pad_token, cfg.audio_bos, cfg.audio_eos)
+    topped = [logits_topped_by(cfg.audio_vocab_size, code) for code in special]
+    assert [turn.choose(j, t, None) for j in (0, 1) for t in topped] == [*special, *special]
     families._realtime_keep_speaking()
-    assert turn.choose(0, eos, None) == int(np.argsort(eos)[-2])
-    assert turn.choose(1, eos, None) == cfg.audio_eos
+    for t in topped:
+        best = int(np.argmax(t[:cfg.codebook_size]))
+        assert turn.choose(0, t, None) == turn.choose(1, t, None) == best
 
 
 def test_delay_text_head_never_draws_the_delay_slot(monkeypatch):
