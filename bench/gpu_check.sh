@@ -140,17 +140,18 @@ print(hits[0].rsplit("/include/", 1)[0] if hits else "")')
         return 1
     fi
     echo "cuBLAS from $whl (the toolkit has none)" >&2
-    mkdir -p "$WORK/cublas"    # CMake finds libcublas.so; the wheel has only libcublas.so.13
+    # cuBLAS alone, in folders of its own: a CUDA 13 wheel shares nvidia/cu13/{include,lib} with
+    # the runtime wheel's cudart and headers, which must not shadow the toolkit's own
+    mkdir -p "$WORK/cublas/lib" "$WORK/cublas/include"
     for lib in "$whl"/lib/libcublas*.so.*; do
-        ln -sf "$lib" "$WORK/cublas/$(basename "${lib%%.so.*}").so"
+        ln -sf "$lib" "$WORK/cublas/lib/$(basename "$lib")"                 # run time: libcublas.so.13
+        ln -sf "$lib" "$WORK/cublas/lib/$(basename "${lib%%.so.*}").so"     # link time: libcublas.so
     done
-    # ggml_build's load check ignores LD_LIBRARY_PATH: the dynamic linker must know the folder
-    if [ -w /etc/ld.so.conf.d ]; then
-        echo "$whl/lib" > /etc/ld.so.conf.d/moss-tts-cublas.conf && ldconfig
-    else
-        echo "not root: LD_LIBRARY_PATH=$whl/lib (ggml_build's load check may fail)" >&2
-    fi
-    echo "-DCMAKE_LIBRARY_PATH=$WORK/cublas -DCMAKE_CUDA_FLAGS=-I$whl/include -DCMAKE_CXX_FLAGS=-I$whl/include"
+    ln -sf "$whl"/include/cublas*.h "$WORK/cublas/include/"
+    # ggml_build's load check ignores LD_LIBRARY_PATH: the libraries carry the folder in their
+    # RUNPATH (CMake adds the folders of what they link, outside the build, at install)
+    echo "-DCMAKE_LIBRARY_PATH=$WORK/cublas/lib -DCMAKE_INSTALL_RPATH_USE_LINK_PATH=ON" \
+         "-DCMAKE_CUDA_FLAGS=-I$WORK/cublas/include -DCMAKE_CXX_FLAGS=-I$WORK/cublas/include"
 }
 driver_args() {   # ggml links libcuda.so for its VMM pool: where CMake cannot find one (no
                   # stubs in the toolkit, none known to the dynamic linker) it does without
@@ -165,10 +166,6 @@ driver_args() {   # ggml links libcuda.so for its VMM pool: where CMake cannot f
 if [ $MODE = cuda ]; then
     CUDA_ARGS=$(cublas_args) || exit 1
     CUDA_ARGS="$CUDA_ARGS $(driver_args)"
-    if [ -e "$WORK/cublas/libcublas.so" ] && [ ! -w /etc/ld.so.conf.d ]; then   # set in cublas_args' subshell
-        LIBS=$(dirname "$(readlink -f "$WORK/cublas/libcublas.so")")
-        export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    fi
     stage "build ggml (CUDA, sm 90)" 400 build_ggml 1 "-DCMAKE_CUDA_ARCHITECTURES=90 $CUDA_ARGS" || exit 1
     export MOSS_TTS_GGML_LIB_DIR=$WORK/lib
 elif [ $BUILD_CPU = 1 ]; then

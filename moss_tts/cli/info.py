@@ -45,6 +45,8 @@ def _print_doctor() -> int:
     for d in backend.devices():
         mem = f", {d.memory_total / 2**30:.1f} GiB" if d.memory_total else ""
         print(f"  {d.registry.lower():8s} {d.name} — {d.description} [{d.kind}{mem}]")
+    for name, why in backend.devices_missing().items():   # built where no device or driver is
+        print(f"  {name:8s} built, but no device on this machine{f' ({why})' if why else ''}")
     if "rpc" in L.backends:   # servers are not enumerated: the user names one
         print("  rpc      any ggml RPC server: --backend rpc://HOST:PORT "
               "(serve this CPU with python -m moss_tts.ggml.rpc HOST:PORT)")

@@ -111,6 +111,26 @@ def devices() -> list[Device]:
     return out
 
 
+def devices_missing() -> dict[str, str]:
+    """Each backend this build has that registered no device on this machine (`cuda` built
+    where no GPU or driver is) → why, in ggml's words where it logged a reason, else "". The
+    CPU always has its device, and an RPC server's comes only when one is named."""
+    L = _lib.get()
+    registered = {d.registry for d in devices()}
+    return {name: _no_device_reason(L, _REGISTRY_NAMES[name]) for name in sorted(L.backends)
+            if name in _REGISTRY_NAMES and _REGISTRY_NAMES[name] not in registered}
+
+
+def _no_device_reason(L, registry: str) -> str:
+    """What ggml logged while registering `registry`'s backend, without its function name
+    ("failed to initialize CUDA: CUDA driver version is insufficient ..."), or ""."""
+    said = L.registration_problem or ""
+    if registry.lower() not in said.lower():
+        return ""
+    where, _, text = said.partition(": ")
+    return text if text and where.isidentifier() else said
+
+
 def _find_device(name: str):
     """`cpu`, `cuda`, `cuda1`, `vulkan0`, ..., an exact ggml device name, or `rpc://HOST:PORT`
     (a ggml RPC server, rpc.py) → device handle."""
@@ -133,14 +153,15 @@ def _find_device(name: str):
             matches.append(dev)
     if index < len(matches):
         return matches[index]
-    raise BackendError(_not_found(name, base, len(matches), L.backends))
+    raise BackendError(_not_found(name, base, len(matches), L))
 
 
-def _not_found(name: str, base: str, found: int, built: set[str]) -> str:
+def _not_found(name: str, base: str, found: int, L) -> str:
     """Why `name` names no device, and the fix: the names this build takes, or for a kind
     ggml has and this build lacks, the switch that builds it (docs/build.md)."""
     from .rpc import SCHEME
 
+    built = L.backends
     has = ", ".join(sorted(b for b in built if b != "rpc")
                     + ([f"{SCHEME}HOST:PORT"] if "rpc" in built else []))
     if not name.strip():
@@ -155,8 +176,10 @@ def _not_found(name: str, base: str, found: int, built: set[str]) -> str:
         return (f"backend {name!r} is not in this ggml build (it has {has}): rebuild ggml with "
                 f"{switch} set (`{switch} python -m ggml_build`; docs/build.md)")
     if not found:
+        why = _no_device_reason(L, _REGISTRY_NAMES[base])
         return (f"backend {name!r}: this ggml build has {_REGISTRY_NAMES[base]} but finds no "
-                f"{_REGISTRY_NAMES[base]} device on this machine (it has {has})")
+                f"{_REGISTRY_NAMES[base]} device on this machine{f' ({why})' if why else ''}: "
+                "leave it out for the CPU")
     return (f"backend {name!r}: this machine's {_REGISTRY_NAMES[base]} devices: "
             + ", ".join(f"{base}{i}" for i in range(found)))
 

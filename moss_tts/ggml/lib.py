@@ -18,7 +18,8 @@ from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_fl
 from pathlib import Path
 
 from ..errors import BackendError
-from .log import ggml_abort_callback_t, ggml_log_callback, route_ggml_abort, route_ggml_log
+from .log import (ggml_abort_callback_t, ggml_log_callback, last_problem, route_ggml_abort,
+                  route_ggml_log)
 
 LIB_DIR_ENV = "MOSS_TTS_GGML_LIB_DIR"
 DEFAULT_LIB_DIR = Path(__file__).resolve().parent / "_lib"
@@ -407,6 +408,9 @@ class Lib:
         self.manifest = manifest
         self._handles = handles
         self.backends = {str(b).lower() for b in manifest.get("backends", ())}
+        # what ggml logged while registering the backends (None: nothing), e.g. a CUDA build on
+        # a machine without a GPU or driver: "ggml_cuda_init: failed to initialize CUDA: ..."
+        self.registration_problem: str | None = None
         missing = []
         for header, group in DECLARATIONS.items():
             needs = OPTIONAL_GROUPS.get(header)
@@ -482,12 +486,31 @@ def _load() -> Lib:
             handles.append(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
         except OSError as e:
             raise BackendError(
-                f"cannot load ggml library {path} ({e}); tried {', '.join(tried)} — {BUILD_HINT}") from None
+                f"cannot load ggml library {path} ({e}); tried {', '.join(tried)} — "
+                f"{_load_hint(name)}") from None
     lib = Lib(directory, manifest, handles)
     _check_tensor_layout(lib)
     route_ggml_log(lib)
     route_ggml_abort(lib)
+    # Register the backends now, before anything else logs: a GPU backend with no device here
+    # logs why once, at registration; kept apart, it is said where the missing device is asked
+    # for (doctor, --backend) and is never taken for the cause of a later, unrelated failure.
+    lib.ggml_backend_dev_count()
+    lib.registration_problem = last_problem()
     return lib
+
+
+def _load_hint(name: str) -> str:
+    """The fix when library `name` will not load. A GPU backend's library (libggml-cuda.so)
+    needs its toolkit's runtime (libcudart, libcublas) at load time, and libggml.so links every
+    backend built (GGML_BACKEND_DL=OFF), so without that runtime nothing loads, not even the CPU."""
+    stem = name.split(".")[0].removeprefix("lib")
+    backend = stem[len("ggml-"):] if stem.startswith("ggml-") else ""
+    if backend in ("", "base", "cpu", "rpc"):
+        return BUILD_HINT
+    return (f"this build has the {backend} backend, whose runtime libraries this machine lacks or "
+            f"cannot find: put their folder on LD_LIBRARY_PATH, or rebuild ggml without it "
+            f"(`MOSS_TTS_GGML_{backend.upper()}=0 python -m ggml_build`; docs/build.md)")
 
 
 def _check_tensor_layout(lib: Lib) -> None:

@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from tests.conftest import RPC_ACCEPTED as ACCEPTED
+from tests.ggml.test_backend_names import cuda_without_device  # noqa: F401
 from tests.server.helpers import call, tiny_model_files
 
 from .test_serve import free_port
@@ -46,6 +47,29 @@ def test_doctor_names_the_rpc_backend_and_how_to_reach_one():
     r = cli("doctor")
     assert r.returncode == 0, r.stderr
     assert "--backend rpc://HOST:PORT" in r.stdout.decode()
+
+
+def test_doctor_and_backend_cuda_say_a_cuda_build_has_no_device_here(cuda_without_device,
+                                                                     models, tmp_path, capsys):
+    """issue 35: the CUDA build on a machine without a GPU: doctor left cuda out of its
+    backends without a word, as if it were not built; each now says why in one line."""
+    from moss_tts.cli import main
+
+    assert main(["doctor"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if line.split()[:1] == ["cuda"]]
+    assert said == [f"  cuda     built, but no device on this machine ({cuda_without_device})"], lines
+    assert "smoke test (2x2 matmul on cpu): ok" in lines
+    out = tmp_path / "a.wav"
+    try:
+        code = main(["tts-nano", "--model", str(models["tts_dir"]), "--codec", str(models["codec"]),
+                     "--text", "Hi.", "--backend", "cuda", "-o", str(out)])
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and not out.exists(), err
+    assert err.startswith("error: --backend 'cuda': this ggml build has CUDA but finds no CUDA "
+                          f"device on this machine ({cuda_without_device})"), err
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import pytest
 from ggml_build.toolchain import ENV_FLAGS
 from moss_tts.errors import BackendError, InputError
 from moss_tts.ggml import Backend, get_backend, lib
-from moss_tts.ggml.backend import check_name
+from moss_tts.ggml.backend import check_name, devices, devices_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 # ggml_build's switches that add a backend (its ENV_FLAGS; the others tune the CPU build or add
@@ -99,3 +99,45 @@ def test_check_name_names_the_flag_it_was_given_as(name, said):
     assert str(e.value).startswith(said), str(e.value)
     with pytest.raises(BackendError):
         check_name(name)
+
+
+# ggml_cuda_init's line where the CUDA runtime finds no driver (issue 35: the CUDA build run on a
+# machine without a GPU); ggml logs it once, while registering its backends
+CUDA_INIT_FAILED = ("ggml_cuda_init: failed to initialize CUDA: CUDA driver version is "
+                    "insufficient for CUDA runtime version")
+
+
+@pytest.fixture
+def cuda_without_device(monkeypatch):
+    """This build as a CUDA build on a machine with no GPU or driver: `cuda` in the manifest's
+    backends, no CUDA device registered, and ggml's registration line kept by the binding."""
+    L = lib.get()
+    if any(d.registry == "CUDA" for d in devices()):
+        pytest.skip("this machine has a CUDA device")
+    monkeypatch.setattr(L, "backends", L.backends | {"cuda"})
+    monkeypatch.setattr(L, "registration_problem", CUDA_INIT_FAILED)
+    return "failed to initialize CUDA: CUDA driver version is insufficient for CUDA runtime version"
+
+
+def test_a_built_backend_with_no_device_says_why_in_one_line(cuda_without_device):
+    """--backend cuda on a CUDA build without a GPU: one line with ggml's reason, not a list of
+    backends that names cuda as if it ran here."""
+    said = f"this ggml build has CUDA but finds no CUDA device on this machine ({cuda_without_device})"
+    with pytest.raises(InputError) as e:
+        check_name("cuda", flag="--backend")
+    assert str(e.value) == f"--backend 'cuda': {said}: leave it out for the CPU", str(e.value)
+    assert error_of("cuda1") == f"backend 'cuda1': {said}: leave it out for the CPU"
+    assert devices_missing() == {"cuda": cuda_without_device}
+
+
+def test_a_registration_line_about_another_backend_is_not_given_as_the_reason(
+        cuda_without_device, monkeypatch):
+    monkeypatch.setattr(lib.get(), "registration_problem", "ggml_vulkan: no device found")
+    assert devices_missing() == {"cuda": ""}
+    assert error_of("cuda").endswith("finds no CUDA device on this machine: leave it out for the CPU")
+
+
+def test_the_cpu_and_rpc_are_never_missing_a_device():
+    # the CPU always has its device; an RPC server's is added when one is named
+    missing = devices_missing()
+    assert "cpu" not in missing and "rpc" not in missing, missing

@@ -181,6 +181,20 @@ def test_broken_library_file_is_a_clear_error(tmp_path):
     assert out.stdout.startswith("BackendError cannot load ggml library"), out.stdout + out.stderr
 
 
+def test_a_gpu_backend_library_that_will_not_load_names_the_runtime_and_the_switch(tmp_path):
+    """A CUDA build where the CUDA runtime (libcudart, libcublas) is not found: libggml-cuda.so
+    does not load, and libggml.so links it, so nothing does; the line says so and how to fix it,
+    not "rebuild" (which rebuilds the same CUDA build) (issue 35)."""
+    (tmp_path / "libggml-cuda.so").write_bytes(b"not an elf")
+    (tmp_path / "manifest.json").write_text('{"libraries": ["libggml-cuda.so"]}')
+    code = ("from moss_tts.ggml import lib\n"
+            "try:\n    lib.get()\nexcept Exception as e:\n    print(type(e).__name__, e)")
+    line = _run_python(code, tmp_path).stdout.strip()
+    assert line.startswith("BackendError cannot load ggml library") and "\n" not in line, line
+    assert "cuda backend" in line and "LD_LIBRARY_PATH" in line, line
+    assert "`MOSS_TTS_GGML_CUDA=0 python -m ggml_build`" in line, line
+
+
 def test_out_of_range_ids_raise_before_ggml_sees_them(rng):
     # get_rows / set_rows kernels GGML_ASSERT the row index: the graph checks its inputs first
     g = Graph(name="ids")
