@@ -3,7 +3,6 @@ and an exact streaming decoder. Not thread-safe: use one Codec per thread."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 
@@ -41,6 +40,20 @@ def default_chunk_seconds(cfg: CodecConfig) -> float:
     seconds = CHUNK_POSITIONS / (per_frame * cfg.frame_rate)
     lo, hi = CHUNK_SECONDS_RANGE
     return min(hi, max(lo, seconds))
+
+
+def stream_rowwise(weights) -> bool:
+    """Whether stream decoders multiply row by row (Graph.rowwise), so a stream's output is the
+    same bits alone and in a StreamBatch: where every decoder weight type needs at most the pair
+    trick (f32, f16, q8_0 here: no cost). Where a type's kernel changes with the row count (the
+    K-quants from 8 rows, ggml.rowwise), row-wise would multiply each of a push's rows on its
+    own — on the v2 codec's last stage 32 rows a frame — so there the graphs are plain and a
+    stream in a batch equals it alone to that type's rounding."""
+    from ..ggml.rowwise import plan
+
+    types = {t.type for n, t in weights.file.tensors.items()
+             if n.startswith("decoder.") and len(t.shape) == 2}
+    return all(plan(weights.backend, t, False).alone_from is None for t in types)
 
 
 class _TowerRunner:
@@ -111,6 +124,7 @@ class Codec(NativeResource):
             self.tables = rlfq.derived_tables(weights, self.config, self.backend)
             self._encoder = load_tower(weights, self.config, "encoder")
             self._decoder = load_tower(weights, self.config, "decoder")
+            self.stream_rowwise = stream_rowwise(weights)
         if chunk_seconds is None:
             chunk_seconds = default_chunk_seconds(self.config)
         self.chunk_frames = max(1, math.ceil(chunk_seconds * self.config.frame_rate))
@@ -272,20 +286,6 @@ class Codec(NativeResource):
         # streams (stream_batch.py)
         return _TowerRunner(self, "decoder", max_push_frames, prefix="doubling", v_trans=True,
                             rowwise=self.stream_rowwise)
-
-    @functools.cached_property
-    def stream_rowwise(self) -> bool:
-        """Whether stream decoders multiply row by row (Graph.rowwise), so a stream's output is
-        the same bits alone and in a StreamBatch: where every decoder weight type needs at most
-        the pair trick (f32, f16, q8_0 here: no cost). Where a type's kernel changes with the
-        row count (the K-quants from 8 rows, ggml.rowwise), row-wise would multiply each of a
-        push's rows on its own — on the v2 codec's last stage 32 rows a frame — so there the
-        graphs are plain and a stream in a batch equals it alone to that type's rounding."""
-        from ..ggml.rowwise import plan
-
-        types = {t.type for n, t in self.weights.file.tensors.items()
-                 if n.startswith("decoder.") and len(t.shape) == 2}
-        return all(plan(self.backend, t, False).alone_from is None for t in types)
 
     def _return_stream_runner(self, runner: _TowerRunner) -> None:
         pool = self._stream_pool.setdefault(runner.chunk, [])
