@@ -15,13 +15,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..codec.codec import STREAM_PUSH_FRAMES
 from ..errors import whole_number
 
 FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback (§family-4.7)
 # (generation lead in s, frames per codec push) once audio flows: short pushes while generation
 # barely keeps up, longer ones (fewer codec calls) once it is ahead (upstream streaming.py)
 LEAD_LADDER = ((0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
-MAX_CHUNK_FRAMES = 8       # the ladder's top, and the codec stream's largest push (STREAM_PUSH_FRAMES)
+MAX_CHUNK_FRAMES = STREAM_PUSH_FRAMES   # the ladder's top: the codec stream's largest push
 
 
 def ladder_frames(lead_seconds: float | None, *, first: int = FIRST_CHUNK_FRAMES,
@@ -51,8 +52,9 @@ class ChunkLadder:
     MAX_CHUNK_FRAMES — the frames pile up and one push decodes them all, each for a fraction of
     a one-frame push's cost (one push reads all the decoder's weights); the size is kept while
     pushes take a quarter to a half of their audio's time and halved below a quarter. Where the
-    codec is cheap (a GPU, the Nano codec) this is upstream's ladder unchanged. `first`, `steps`, `longest`: the ladder's shape (Realtime's is
-    one frame a push, as upstream's streaming bridge)."""
+    codec is cheap (a GPU, the Nano codec) this is upstream's ladder unchanged. `first`,
+    `steps`, `longest`: the ladder's shape (Realtime's is one frame a push, as upstream's
+    streaming bridge)."""
 
     def __init__(self, frame_rate: float, *, fixed: int = 0, first: int = FIRST_CHUNK_FRAMES,
                  steps=LEAD_LADDER, longest: int = MAX_CHUNK_FRAMES, clock=time.perf_counter):
