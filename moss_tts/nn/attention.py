@@ -9,6 +9,7 @@ import functools
 from ..errors import ShapeError
 from ..ggml import ops
 from ..ggml.graph import Tensor, type_size
+from ..ggml.rowwise import plan
 from .kv_cache import CacheView, KVCache
 from .linear import linear
 from .norms import head_rms_norm
@@ -46,6 +47,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
         raise ShapeError(f"attention: q {list(q.ne)}, k {list(k.ne)}, v {list(v.ne)} do not fit "
                          "(need equal head dims, k == v, Hq a multiple of Hkv; flash attention "
                          "needs v untransposed)")
+    if not flash and tq == 1 and _pairs_one_row(q.graph, k, v):
+        # ggml multiplies one row through another kernel than two or more (ggml/rowwise.py),
+        # so in a row-wise graph a lone query row goes as a pair and the first is kept: a
+        # stream's audio is the same whatever frames a push groups (the codec streams' ladder)
+        two = attention(ops.concat(q, q, 2), k, v,
+                        None if mask is None else ops.concat(mask, mask, 1), scale=scale,
+                        v_transposed=v_transposed)                         # [Dh·Hq, 2]
+        return ops.view(two, (dh * hq, 1))
     qp = ops.permute(q, 0, 2, 1)                      # [Dh, Tq, Hq]
     kp = ops.permute(k, 0, 2, 1)                      # [Dh, Tk, Hkv]
     if flash:
@@ -61,6 +70,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
     out = ops.mul_mat(vt, kq)                         # [Dh, Tq, Hq]
     out = ops.cont(ops.permute(out, 0, 2, 1))         # [Dh, Hq, Tq]
     return ops.reshape(out, dh * hq, tq)
+
+
+def _pairs_one_row(g, k: Tensor, v: Tensor) -> bool:
+    """Whether a row-wise graph takes a one-row product of k's and v's types as a pair."""
+    return g.rowwise and any(plan(g.backend, t.type, False).pair for t in (k, v))
 
 
 def project_heads(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, *, n_head: int,

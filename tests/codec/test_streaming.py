@@ -74,6 +74,21 @@ def check_streaming_matches_offline(gguf, sizes):
     print(f"max error {err:.3g}")
 
 
+def check_any_grouping_gives_the_same_samples(gguf):
+    """How many frames a push holds is the chunk ladder's choice, and the ladder follows the
+    clock (models/chunk_ladder.py): a stream's samples must not depend on it."""
+    with Codec.load(gguf, threads=THREADS) as codec:
+        assert codec.stream_rowwise
+        codes = stream_codes(codec)
+        got = {}
+        for sizes in ("1", "1,3,7,2,11,5", "2", "8"):
+            with codec.stream_decoder() as decoder:
+                got[sizes] = push_all(decoder, codes, irregular(sizes))
+    for sizes, samples in got.items():
+        assert np.array_equal(samples, got["1"]), \
+            f"pushes of {sizes} frames: {np.abs(samples - got['1']).max():.3g} from one-frame pushes"
+
+
 def check_streaming_partial_decode(gguf):
     with Codec.load(gguf, threads=THREADS) as codec:
         codes = stream_codes(codec)
@@ -152,6 +167,10 @@ def test_reused_stream_decoder_starts_from_empty_caches(codec_gguf):
 @pytest.mark.parametrize("sizes", CHUNKINGS.values(), ids=CHUNKINGS.keys())
 def test_streaming_decode_matches_offline(codec_gguf, sizes):
     run_isolated(check_streaming_matches_offline, codec_gguf, sizes)
+
+
+def test_a_streams_samples_do_not_depend_on_how_its_pushes_group_frames(codec_gguf):
+    run_isolated(check_any_grouping_gives_the_same_samples, codec_gguf)
 
 
 def test_streaming_partial_decode_matches_offline_partial_decode(codec_gguf):

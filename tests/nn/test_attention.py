@@ -38,10 +38,10 @@ PATHS = [("softmax_f32", False, F32, np.float32, F32_ATOL, False),
          ("flash_f32kv", True, F32, np.float16, FLASH_F32_ATOL, False)]
 
 
-def _attention(q, k, v, mask, *, scale, flash, kv_type, v_transposed=False):
+def _attention(q, k, v, mask, *, scale, flash, kv_type, v_transposed=False, rowwise=False):
     tq, hq, dh = q.shape
     tk, hkv, _ = k.shape
-    g = Graph(name="attention")
+    g = Graph(name="attention", rowwise=rowwise)
     qt = g.input("q", (tq, hq, dh))                               # [Dh, Hq, Tq]
     kt = g.input("k", (tk, hkv, dh), kv_type)                     # [Dh, Hkv, Tk]
     if v_transposed:                                              # [Tk, Dh, Hkv], keys fastest
@@ -84,6 +84,25 @@ def test_attention_matches_reference(rng, heads, masking, path):
     else:
         wider = ref.attention(q, k, v, q_pos=q_pos + 1, k_pos=k_pos, scale=scale, causal=True)
     assert_differs(got, wider.reshape(tq, hq * DH), atol=atol, what="mask off by one")
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if not p[1]], ids=lambda p: p[0])
+def test_a_query_row_alone_equals_that_row_among_others_in_a_row_wise_graph(rng, path):
+    """A streaming codec push holds as many frames as the clock lets pile up: in a row-wise
+    graph a lone query row must give, bit for bit, what it gives among other rows (ggml
+    multiplies one row through another kernel than two or more), and still the reference."""
+    _, _, kv_type, mask_dtype, atol, v_transposed = path
+    tk = 48
+    q, k, v = _qkv(rng, 3, tk, 4, 2)
+    k_pos = np.arange(tk)
+    mask = nn.causal_mask(k_pos[-3:], k_pos, dtype=mask_dtype)
+    run = functools.partial(_attention, k=k, v=v, scale=DH ** -0.5, flash=False, kv_type=kv_type,
+                            v_transposed=v_transposed, rowwise=True)
+    among = run(q, mask=mask)
+    alone = run(q[2:], mask=mask[2:])
+    assert np.array_equal(alone, among[2:]), np.abs(alone - among[2:]).max()
+    want = ref.attention(q[2:], k, v, q_pos=k_pos[-1:], k_pos=k_pos, scale=DH ** -0.5)
+    assert_close(alone, want.reshape(1, -1), atol=atol, what="the lone row")
 
 
 @pytest.mark.parametrize("flash", [False, True], ids=["softmax", "flash"])
