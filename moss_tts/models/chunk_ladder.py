@@ -2,11 +2,12 @@
 upstream's adaptive ladder, shared by the families that decode through the 24 kHz and v2 codecs,
 and one rule of ours for hosts where a codec push costs more than the audio it makes.
 
-Streaming decode is exact however frames are grouped (codec/tower.py), so the grouping changes
-only when audio arrives and what it costs: one push reads all the decoder's weights whatever its
-frames, so on a CPU a one-frame push of the 24 kHz codec costs more than its 80 ms of audio
-while eight frames cost a fraction each (docs/performance.md, "Streaming through the codecs").
-"""
+Streaming decode is exact however frames are grouped (bit for bit through an f32, f16 or q8_0
+decoder; to the kernels' summation order through a K-quant one: codec/codec.py), so the grouping
+changes only when audio arrives and what it costs: one push reads all the decoder's weights
+whatever its frames, so on a CPU a one-frame push of the 24 kHz codec costs more than its 80 ms
+of audio while eight frames cost a fraction each (docs/performance.md, "Streaming through the
+codecs")."""
 
 from __future__ import annotations
 
