@@ -109,6 +109,14 @@ def raw_post(port, body: dict, *, rcvbuf=None) -> socket.socket:
     return sock
 
 
+def sse_audio(body: bytes) -> bytes:
+    """The audio of an SSE speech body: its delta events' bytes joined (where one event ends
+    and the next begins is the stream's chunking, which may follow the clock)."""
+    events = [json.loads(block[len(b"data: "):]) for block in body.split(b"\n\n") if block]
+    assert events and events[-1]["type"] == "speech.audio.done", events[-1:]
+    return b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+
+
 def tiny_model_files(d, rate=SR):
     """(nano.gguf, codec.gguf) of the tiny fixture model at `rate`, converted under `d`."""
     codec_dir = make_tiny_nano_checkpoint(d / "codec", seed=1)
