@@ -63,9 +63,12 @@ def build(target_dir: str | os.PathLike | None = None, force: bool = False) -> d
     flags, extra_args = cmake_flags()
     builds = cache_dir() / "ggml"
     builds.mkdir(parents=True, exist_ok=True)
-    with _cache_lock(builds / ".lock"):
+    with _cache_lock(builds / ".lock"):          # the shared source, fetched once at a time
         plan = _plan(obtain_source(), flags, extra_args, compilers)
-        built = builds / plan.key
+    built = builds / plan.key
+    # one build of a key at a time; another key's (a CUDA build beside the CPU one that an
+    # install or CI needs) neither waits for it nor makes it wait
+    with _cache_lock(builds / f".{plan.key}.lock"):
         if force or not _is_complete(built):
             _build(plan, cmake, built)
         else:
@@ -105,7 +108,7 @@ def _plan(source: Source, flags: dict[str, str], extra_args: list[str],
 
 @contextlib.contextmanager
 def _cache_lock(path: Path):
-    """Serialize builds that share a cache (two pip installs at once)."""
+    """Hold an exclusive lock on `path` (two pip installs at once sharing a cache)."""
     with open(path, "a+") as f:
         try:
             import fcntl
