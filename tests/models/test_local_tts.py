@@ -47,10 +47,9 @@ def test_stream_equals_synthesize_equals_offline_decode(tts, options, seed, chun
     chunks = list(tts.stream(text, chunk_frames=chunk, **kw))
     audio, sr = tts.synthesize(text, chunk_frames=chunk, **kw)
     assert sr == SAMPLE_RATE and audio.shape[1] == 1
-    if chunk:    # the same chunks: the same bits
-        np.testing.assert_array_equal(np.concatenate(chunks), audio)
-    else:        # the ladder follows the clock: chunks (and f32 kernel order) may differ
-        assert_close(np.concatenate(chunks), audio, atol=DECODE_ATOL, what="two adaptive runs")
+    # the ladder follows the clock, so adaptive chunks may differ between runs; the tiny f32
+    # codec's stream gives the same samples whatever the grouping
+    np.testing.assert_array_equal(np.concatenate(chunks), audio)
     want, rows = offline(tts, text, **kw)
     assert len(audio) == len(rows) * HOP
     assert_close(audio, want, atol=DECODE_ATOL, what="streamed vs offline decode")

@@ -38,10 +38,9 @@ def test_stream_equals_synthesize_equals_offline_decode(tts, chunk_frames):
     audio, sr = tts.synthesize("Hello there.", chunk_frames=chunk_frames, **kw)
     codes = frames_of(tts, "Hello there.", **kw)
     assert sr == SAMPLE_RATE and audio.shape == (11 * HOP, 2) and len(codes) == 11
-    # adaptive chunks follow the wall clock, so two runs may push different chunks: equal up
-    # to the codec's chunking (f32 kernel order); fixed chunks are bit for bit the same
-    assert_close(np.concatenate(chunks), audio, atol=0 if chunk_frames else DECODE_ATOL,
-                 what="stream vs synthesize")
+    # adaptive chunks follow the wall clock, so two runs may push different chunks: the tiny
+    # f32 codec's stream gives the same samples whatever the grouping
+    np.testing.assert_array_equal(np.concatenate(chunks), audio)
     assert_close(audio, tts.codec.decode(codes.T), atol=DECODE_ATOL, what="offline decode")
     sizes = [len(c) // HOP for c in chunks]
     if chunk_frames:
