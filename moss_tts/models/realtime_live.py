@@ -1,7 +1,7 @@
 """`LiveSession`: one live conversation with MossTTSRealtime (`RealtimeTTS.session`, models/
 realtime_tts.py): text deltas in as an LLM writes them, cut into segments as upstream cuts them
-(`TextSegmenter`), audio out a frame at a time, the KV cache kept across the turns
-(docs/upstream-notes.md §family-5.4-5.6, upstream `streaming_mossttsrealtime.py`).
+(`TextSegmenter`), audio out as its frames are drawn (`FrameAudio`), the KV cache kept across
+the turns (docs/upstream-notes.md §family-5.4-5.6, upstream `streaming_mossttsrealtime.py`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import numpy as np
 from ..errors import BudgetWarning, InputError
 from ..ggml.backend import NativeResource, released_on_error
 from ..text import realtime_prompts as prompts
+from .realtime import decodable
 from .tts import Reference, check_text
 
 if TYPE_CHECKING:
+    from ..codec import Codec
     from ..sampling import RealtimeSamplingOptions
     from .realtime_tts import RealtimeTTS
 
@@ -37,6 +39,40 @@ SEGMENT_END = re.compile(r"[。！？!?.\u2026]\s*|[,，;；:：\u2014\u2013\-]\
 SPACE = re.compile(r"\s")          # what a SEGMENT_END match takes after its mark
 MIN_SEGMENT, MAX_BUFFER = 8, 32
 EMPTY = np.zeros(0, dtype=np.float32)
+
+
+class FrameAudio(NativeResource):
+    """Frames in, audio out through one codec stream; the first frame holding a code the codec
+    cannot take (pad, BOS, EOS) ends this stream's audio — the sanitizer of upstream's
+    streaming bridge (P6). The frames one call draws go to the codec in one push: a push
+    reads every decoder weight however few its frames (docs/performance.md, "Streaming
+    through the codecs"), and the samples are the same however frames are grouped."""
+
+    def __init__(self, codec: Codec, codebook_size: int, n_vq: int):
+        self.codec, self.codebook_size, self.n_vq = codec, codebook_size, n_vq
+        self.decoder = None
+        self.ended = False
+
+    def push(self, frames) -> np.ndarray:
+        """Frames [n, n_vq] (or one [n_vq]) → their samples [n·hop], up to the first one the
+        codec cannot take (none once the audio has ended)."""
+        frames = np.asarray(frames).reshape(-1, self.n_vq)
+        if self.ended or not len(frames):
+            return EMPTY
+        ok = decodable(frames, self.codebook_size)
+        if not ok.all():
+            self.ended = True
+            frames = frames[:int(np.argmin(ok))]
+            if not len(frames):
+                return EMPTY
+        if self.decoder is None:
+            self.decoder = self.codec.stream_decoder(n_quantizers=self.n_vq)
+        return self.decoder.push(frames.T).reshape(-1)
+
+    def close(self) -> None:
+        if getattr(self, "decoder", None) is not None:
+            self.decoder.close()
+            self.decoder = None
 
 
 class TextSegmenter:
@@ -129,7 +165,7 @@ class LiveSession(NativeResource):
         self.max_turn_chars = MAX_BUFFER * self.max_turn_tokens
         with released_on_error(self._stream):
             self._stream.feed(system)
-            self._audio = tts._frame_audio()
+            self._audio = self._new_audio()
         self._closed = False
         # rows of the system (and voice) block; the row where each opened turn's
         # `<|im_start|>` is: a trim keeps the block and the turns from one such row on (P17)
@@ -150,7 +186,7 @@ class LiveSession(NativeResource):
         for ch in check_text(delta, "push_text's text"):
             if (segment := self._segments.push(ch)) is not None:
                 self._queue(self.tts.tokenizer.encode(segment))
-        return _joined(self._advance())
+        return self._audio.push(list(self._advance()))
 
     def push_tokens(self, ids) -> np.ndarray:
         """Text ids of this model's tokenizer (for sources that stream ids) → the audio ready
@@ -162,7 +198,7 @@ class LiveSession(NativeResource):
             raise InputError(f"push_tokens takes ordinary text ids below "
                              f"{self.tts.config.vocab_size}, no control ids")
         self._queue(ids)
-        return _joined(self._advance())
+        return self._audio.push(list(self._advance()))
 
     def end_text(self) -> None:
         """No more text this turn; its last buffered segment is tokenized now."""
@@ -259,12 +295,11 @@ class LiveSession(NativeResource):
         self._opened = self._prefilled = self._ended = False
         self._frames = 0
         self._audio.close()
-        self._audio = self.tts._frame_audio()
+        self._audio = self._new_audio()
 
     def _advance(self) -> Iterator[np.ndarray]:
         """Take the waiting tokens: the turn's prompt with the first, lead rows while the lead
-        is not complete, its BOS row (the first frame), then a frame per token: each frame's
-        audio."""
+        is not complete, its BOS row (the first frame), then a frame per token: the frames."""
         if not self._pending:
             return
         if not self._opened:     # text arrived: the turn is on, its prompt rows go in now
@@ -316,11 +351,11 @@ class LiveSession(NativeResource):
         return token
 
     def _drain(self) -> Iterator[np.ndarray]:
-        for chunk in self._advance():
-            if chunk.size:
+        for frame in self._advance():
+            if (chunk := self._audio.push(frame)).size:
                 yield chunk
         while self._prefilled and not self._done:
-            chunk = self._frame(self._stream.step(self.ids.text_pad))
+            chunk = self._audio.push(self._frame(self._stream.step(self.ids.text_pad)))
             if chunk.size:
                 yield chunk
         if self._prefilled and not self._stream.finished:   # one warning per turn, as offline
@@ -335,7 +370,11 @@ class LiveSession(NativeResource):
 
     def _frame(self, frame: np.ndarray) -> np.ndarray:
         self._frames += 1
-        return self._audio.push(frame)
+        return frame
+
+    def _new_audio(self) -> FrameAudio:
+        """A fresh codec stream for a turn (the session's model has its codec: `session`)."""
+        return FrameAudio(self.tts.codec, self.tts.config.codebook_size, self.tts.config.rvq)
 
     def _need_open(self) -> None:
         if self._closed:
@@ -347,7 +386,3 @@ class LiveSession(NativeResource):
             raise InputError("push_text after end_text(): this turn's text is over — start the "
                              "next turn with new_turn()")
 
-
-def _joined(chunks) -> np.ndarray:
-    parts = [c for c in chunks if c.size]
-    return np.concatenate(parts) if parts else EMPTY

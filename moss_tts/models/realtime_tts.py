@@ -4,7 +4,8 @@ models/realtime_decode.py) and live (`session`, models/realtime_live.py: text de
 LLM writes them, audio out as it is made, the KV cache kept across the turns of a conversation;
 docs/upstream-notes.md §family-5.4-5.6, upstream `streaming_mossttsrealtime.py`).
 
-Audio leaves through the codec's exact streaming decoder one frame (80 ms) at a time.
+Audio leaves through the codec's exact streaming decoder: offline as the chunk ladder says
+(models/chunk_ladder.py), live the frames each call draws in one push.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..audio import REFERENCE_MAX_SECONDS, resample, to_channels
-from ..codec import Codec
 from ..errors import whole_number
-from ..ggml.backend import NativeResource
 from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
 from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
@@ -24,32 +23,7 @@ from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 from .realtime_decode import RealtimeBatch
-from .realtime_live import EMPTY, SESSION_ROWS, LiveSession
-
-
-class FrameAudio(NativeResource):
-    """Frames in, audio out through one codec stream: a frame is decoded as it comes, and the
-    first holding a code the codec cannot take (pad, BOS, EOS) ends this stream's audio — the
-    sanitizer of upstream's streaming bridge (P6)."""
-
-    def __init__(self, codec: Codec, codebook_size: int, n_vq: int):
-        self.codec, self.codebook_size, self.n_vq = codec, codebook_size, n_vq
-        self.decoder = None
-        self.ended = False
-
-    def push(self, frame: np.ndarray) -> np.ndarray:
-        """One frame [n_vq] → its samples [hop] (none once the audio has ended)."""
-        if self.ended or not decodable(frame, self.codebook_size):
-            self.ended = True
-            return EMPTY
-        if self.decoder is None:
-            self.decoder = self.codec.stream_decoder(n_quantizers=self.n_vq)
-        return self.decoder.push(np.asarray(frame)[:, None]).reshape(-1)
-
-    def close(self) -> None:
-        if getattr(self, "decoder", None) is not None:
-            self.decoder.close()
-            self.decoder = None
+from .realtime_live import SESSION_ROWS, LiveSession
 
 
 class RealtimeTTS(Qwen3TTS):
@@ -156,5 +130,3 @@ class RealtimeTTS(Qwen3TTS):
                            options or RealtimeSamplingOptions(), seed, max_frames=max_frames,
                            max_rows=max_rows)
 
-    def _frame_audio(self) -> FrameAudio:
-        return FrameAudio(self._need_codec(), self.config.codebook_size, self.config.rvq)

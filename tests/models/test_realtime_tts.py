@@ -11,6 +11,7 @@ import pytest
 
 from fixtures.compare import assert_close
 from fixtures.make_realtime import CODEBOOK, RVQ, SAMPLE_RATE
+from moss_tts.codec.codec import StreamDecoder
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.load import tts_class
 from moss_tts.models.realtime import sanitized
@@ -142,6 +143,24 @@ def test_frames_are_paced_by_the_text(realtime_tts):
         assert sum(c.size for c in rest) == (len(s.text_ids) - 11 - seen) * HOP
         assert s.frames[-1, 0] == tts.config.audio_eos
         assert s.push_text.__self__ is s and list(s.drain()) == []   # drained: nothing more
+
+
+def test_the_frames_one_call_draws_go_to_the_codec_in_one_push(realtime_tts, monkeypatch):
+    """Text that draws several frames at once (here the whole text in one call) hands them to
+    the codec together — a push reads every decoder weight however few its frames — and its
+    audio is, bit for bit, the frames' audio drawn one call at a time."""
+    tts = realtime_tts()
+    ids = tts.tokenizer.encode(TEXT)
+    with tts.session(options=GREEDY) as s:
+        one_by_one = np.concatenate([s.push_tokens([i]) for i in ids])
+    pushed = []
+    push = StreamDecoder.push
+    monkeypatch.setattr(StreamDecoder, "push",
+                        lambda self, codes: pushed.append(np.shape(codes)[1]) or push(self, codes))
+    with tts.session(options=GREEDY) as s:
+        together = s.push_tokens(ids)
+    assert pushed == [len(ids) - 11]          # the lead's frame and one a token after it
+    np.testing.assert_array_equal(together, one_by_one)
 
 
 def test_pushed_token_ids_draw_a_frame_each_from_the_twelfth_on(realtime_tts):
