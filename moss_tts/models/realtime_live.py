@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import BudgetWarning, InputError
 from ..ggml.backend import NativeResource, released_on_error
 from ..text import realtime_prompts as prompts
+from .chunk_ladder import ChunkLadder
 from .realtime import decodable
 from .tts import Reference, check_text
 
@@ -53,10 +54,11 @@ class FrameAudio(NativeResource):
         self.decoder = None
         self.ended = False
 
-    def push(self, frames) -> np.ndarray:
-        """Frames [n, n_vq] (or one [n_vq]) → their samples [n·hop], up to the first one the
-        codec cannot take (none once the audio has ended)."""
-        frames = np.asarray(frames).reshape(-1, self.n_vq)
+    def push(self, codes) -> np.ndarray:
+        """Codes [n_vq, n] (n frames, as a codec stream decoder takes them; or one frame
+        [n_vq]) → their samples [n·hop], up to the first frame the codec cannot take (none
+        once the audio has ended)."""
+        frames = np.asarray(codes).reshape(self.n_vq, -1).T
         if self.ended or not len(frames):
             return EMPTY
         ok = decodable(frames, self.codebook_size)
@@ -186,7 +188,7 @@ class LiveSession(NativeResource):
         for ch in check_text(delta, "push_text's text"):
             if (segment := self._segments.push(ch)) is not None:
                 self._queue(self.tts.tokenizer.encode(segment))
-        return self._audio.push(list(self._advance()))
+        return self._audio.push(_codes(self._advance(), self.tts.config.rvq))
 
     def push_tokens(self, ids) -> np.ndarray:
         """Text ids of this model's tokenizer (for sources that stream ids) → the audio ready
@@ -198,7 +200,7 @@ class LiveSession(NativeResource):
             raise InputError(f"push_tokens takes ordinary text ids below "
                              f"{self.tts.config.vocab_size}, no control ids")
         self._queue(ids)
-        return self._audio.push(list(self._advance()))
+        return self._audio.push(_codes(self._advance(), self.tts.config.rvq))
 
     def end_text(self) -> None:
         """No more text this turn; its last buffered segment is tokenized now."""
@@ -209,8 +211,9 @@ class LiveSession(NativeResource):
             self._ended = True
 
     def drain(self) -> Iterator[np.ndarray]:
-        """The rest of the turn's audio, a chunk per frame, until EOS (or max_frames): the
-        waiting text first, then `<|text_pad|>` rows. Ends the text if that was not done."""
+        """The rest of the turn's audio until EOS (or max_frames), a chunk per frame (several
+        frames a chunk while the codec cannot keep up: chunk_ladder.py): the waiting text
+        first, then `<|text_pad|>` rows. Ends the text if that was not done."""
         self._need_open()
         self.end_text()
         return self._drain()
@@ -351,11 +354,10 @@ class LiveSession(NativeResource):
         return token
 
     def _drain(self) -> Iterator[np.ndarray]:
-        for frame in self._advance():
-            if (chunk := self._audio.push(frame)).size:
-                yield chunk
-        while self._prefilled and not self._done:
-            chunk = self._audio.push(self._frame(self._stream.step(self.ids.text_pad)))
+        # one frame a push, as upstream's bridge, unless the codec cannot keep up: then the
+        # frames that pile up go in one push (chunk_ladder.py), as an offline stream's do
+        ladder = ChunkLadder(self.tts.codec.config.frame_rate, first=1, steps=(), longest=1)
+        for chunk in ladder.audio(self._audio, self._drained()):
             if chunk.size:
                 yield chunk
         if self._prefilled and not self._stream.finished:   # one warning per turn, as offline
@@ -363,6 +365,12 @@ class LiveSession(NativeResource):
                 f"this turn used its whole frame budget ({self.max_frames} frames) before the "
                 "model ended it: the audio is cut — raise max_frames", "max_frames"),
                 stacklevel=2)
+
+    def _drained(self) -> Iterator[np.ndarray]:
+        """The rest of the turn's frames: the waiting text's, then `<|text_pad|>` rows'."""
+        yield from self._advance()
+        while self._prefilled and not self._done:
+            yield self._frame(self._stream.step(self.ids.text_pad))
 
     @property
     def _done(self) -> bool:
@@ -386,3 +394,7 @@ class LiveSession(NativeResource):
             raise InputError("push_text after end_text(): this turn's text is over — start the "
                              "next turn with new_turn()")
 
+
+def _codes(frames, n_vq: int) -> np.ndarray:
+    """Frames (each [n_vq]) → codes [n_vq, n], as a codec stream takes them."""
+    return np.array(list(frames), dtype=np.int64).reshape(-1, n_vq).T

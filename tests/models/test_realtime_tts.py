@@ -6,6 +6,9 @@ token at a time draws the frames offline generation draws over the same text ids
 frames paced by the text; multi-turn KV reuse == re-prefill of the whole conversation; the
 segmenting of deltas; bad input."""
 
+import functools
+import itertools
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,7 @@ from moss_tts.codec.codec import StreamDecoder
 from moss_tts.errors import InputError, ModelFileError
 from moss_tts.load import tts_class
 from moss_tts.models.realtime import sanitized
+from moss_tts.models import realtime_live
 from moss_tts.models.realtime_live import MAX_BUFFER, MIN_SEGMENT, SEGMENT_END, TextSegmenter
 from moss_tts.models.realtime_tts import RealtimeTTS
 from moss_tts.sampling import RealtimeSamplingOptions
@@ -161,6 +165,27 @@ def test_the_frames_one_call_draws_go_to_the_codec_in_one_push(realtime_tts, mon
         together = s.push_tokens(ids)
     assert pushed == [len(ids) - 11]          # the lead's frame and one a token after it
     np.testing.assert_array_equal(together, one_by_one)
+
+
+def test_a_drain_behind_its_codec_pushes_the_frames_that_pile_up(realtime_tts, monkeypatch):
+    """drain() pushes one frame a chunk while the codec keeps up; on a clock where every push
+    takes a second (far behind), the frames that pile up go in one push, twice as many each
+    time (models/chunk_ladder.py) — with the same audio."""
+    tts = realtime_tts()
+    text = "Hello there quick brown foxes j"      # no cut before MAX_BUFFER: all in the drain
+
+    def drained():
+        with tts.session(options=GREEDY) as s:
+            assert s.push_text(text).size == 0
+            return list(s.drain())
+    at_pace = drained()
+    ticks = itertools.count()
+    monkeypatch.setattr(realtime_live, "ChunkLadder", functools.partial(
+        realtime_live.ChunkLadder, clock=lambda: float(next(ticks))))
+    behind = drained()
+    sizes = [len(c) // HOP for c in behind]
+    assert sizes[:3] == [1, 2, 4] and len(behind) < len(at_pace), sizes
+    np.testing.assert_array_equal(np.concatenate(behind), np.concatenate(at_pace))
 
 
 def test_pushed_token_ids_draw_a_frame_each_from_the_twelfth_on(realtime_tts):
