@@ -42,7 +42,7 @@ from moss_tts.ggml import GGUFFile, get_backend  # noqa: E402
 from moss_tts.models.qwen3 import Qwen3Config  # noqa: E402
 from moss_tts.models.realtime import (FORMAT_VERSION, KIND, TOKENIZER_KEY,  # noqa: E402
                                       RealtimeConfig, RealtimeModel)
-from moss_tts.models.realtime_tts import EMPTY, RealtimeTTS  # noqa: E402
+from moss_tts.models.realtime_tts import RealtimeTTS  # noqa: E402
 from moss_tts.ggml import Weights  # noqa: E402
 from moss_tts.sampling import RealtimeSamplingOptions  # noqa: E402
 
@@ -76,13 +76,17 @@ def weights(args) -> Path:
 
 
 class SilentFrames:
-    """The session's frame sink without a codec: one frame's worth of zeros per frame."""
+    """The session's frame sink without a codec (FrameAudio's interface): one frame's worth of
+    zeros per frame, codes [n_vq, n] or one frame [n_vq]."""
+
+    frame_rate = 1.0 / FRAME_S
 
     def __init__(self, hop: int):
         self.hop, self.ended = hop, False
 
-    def push(self, frame) -> np.ndarray:
-        return np.zeros(self.hop, np.float32) if frame is not None else EMPTY
+    def push(self, codes) -> np.ndarray:
+        codes = np.asarray(codes)
+        return np.zeros(self.hop * (codes.shape[1] if codes.ndim == 2 else 1), np.float32)
 
     def close(self) -> None:
         pass
@@ -94,7 +98,7 @@ class SilentTTS(RealtimeTTS):
     def _need_codec(self):
         return None
 
-    def _frame_audio(self):
+    def frame_audio(self):
         return SilentFrames(int(self.sample_rate * FRAME_S))
 
 

@@ -51,6 +51,7 @@ class FrameAudio(NativeResource):
 
     def __init__(self, codec: Codec, codebook_size: int, n_vq: int):
         self.codec, self.codebook_size, self.n_vq = codec, codebook_size, n_vq
+        self.frame_rate = codec.config.frame_rate      # frames a second (the chunk ladder's)
         self.decoder = None
         self.ended = False
 
@@ -167,7 +168,7 @@ class LiveSession(NativeResource):
         self.max_turn_chars = MAX_BUFFER * self.max_turn_tokens
         with released_on_error(self._stream):
             self._stream.feed(system)
-            self._audio = self._new_audio()
+            self._audio = tts.frame_audio()
         self._closed = False
         # rows of the system (and voice) block; the row where each opened turn's
         # `<|im_start|>` is: a trim keeps the block and the turns from one such row on (P17)
@@ -298,7 +299,7 @@ class LiveSession(NativeResource):
         self._opened = self._prefilled = self._ended = False
         self._frames = 0
         self._audio.close()
-        self._audio = self._new_audio()
+        self._audio = self.tts.frame_audio()
 
     def _advance(self) -> Iterator[np.ndarray]:
         """Take the waiting tokens: the turn's prompt with the first, lead rows while the lead
@@ -356,7 +357,7 @@ class LiveSession(NativeResource):
     def _drain(self) -> Iterator[np.ndarray]:
         # one frame a push, as upstream's bridge, unless the codec cannot keep up: then the
         # frames that pile up go in one push (chunk_ladder.py), as an offline stream's do
-        ladder = ChunkLadder(self.tts.codec.config.frame_rate, first=1, steps=(), longest=1)
+        ladder = ChunkLadder(self._audio.frame_rate, first=1, steps=(), longest=1)
         for chunk in ladder.audio(self._audio, self._drained()):
             if chunk.size:
                 yield chunk
@@ -380,9 +381,6 @@ class LiveSession(NativeResource):
         self._frames += 1
         return frame
 
-    def _new_audio(self) -> FrameAudio:
-        """A fresh codec stream for a turn (the session's model has its codec: `session`)."""
-        return FrameAudio(self.tts.codec, self.tts.config.codebook_size, self.tts.config.rvq)
 
     def _need_open(self) -> None:
         if self._closed:

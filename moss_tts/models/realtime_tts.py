@@ -23,7 +23,7 @@ from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
 from .realtime_decode import RealtimeBatch
-from .realtime_live import SESSION_ROWS, LiveSession
+from .realtime_live import SESSION_ROWS, FrameAudio, LiveSession
 
 
 class RealtimeTTS(Qwen3TTS):
@@ -116,6 +116,11 @@ class RealtimeTTS(Qwen3TTS):
             yield from ladder.audio(decoder, spoken())
         if not ended:
             yield from frames.cuts()
+
+    def frame_audio(self) -> FrameAudio:
+        """A codec stream taking frames as a live session draws them (`push`, `close`,
+        `frame_rate`): each turn of a `session` speaks through a fresh one."""
+        return FrameAudio(self._need_codec(), self.config.codebook_size, self.config.rvq)
 
     def session(self, voice: Reference | None = None,
                 options: RealtimeSamplingOptions | None = None, seed: int | None = None, *,
