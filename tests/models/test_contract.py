@@ -212,7 +212,7 @@ def calls(tts, family):
             "prompt_rows": lambda: tts.prompt_rows(TEXT),
             "depth_logits": lambda: tts.depth_logits(hidden, np.zeros(n, np.int64)),
             "local_logits": lambda: tts.local_logits(hidden, np.zeros(n, np.int64)),
-            "session": lambda: tts.session(),
+            "session": lambda: tts.session(), "frame_audio": lambda: tts.frame_audio(),
             "synthesize_many": lambda: tts.synthesize_many([{"text": TEXT}]),
             "decoding_together": lambda: tts.decoding_together().__enter__(),
             "whole_keywords": lambda: tts.whole_keywords({})}
