@@ -24,6 +24,9 @@ FIRST_CHUNK_FRAMES = 4     # 320 ms: a one-frame first packet underruns playback
 # barely keeps up, longer ones (fewer codec calls) once it is ahead (upstream streaming.py)
 LEAD_LADDER = ((0.16, 2), (0.32, 3), (0.64, 4), (1.0, 6))
 MAX_CHUNK_FRAMES = STREAM_PUSH_FRAMES   # the ladder's top: the codec stream's largest push
+# the `stream` keywords of whole audio (a family's `WHOLE`, models/tts.py): no first chunk to
+# wait for, fixed pushes of the ladder's top — fewer codec calls, the same floats on every run
+WHOLE_PUSHES = {"chunk_frames": MAX_CHUNK_FRAMES}
 
 
 def ladder_frames(lead_seconds: float | None, *, first: int = FIRST_CHUNK_FRAMES,

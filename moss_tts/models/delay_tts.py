@@ -17,7 +17,7 @@ from ..sampling import DelaySamplingOptions
 from ..text.languages import LANGUAGES_V15
 from .delay import KIND, MAX_NEW_ROWS, TOKENIZER_KEY, DelayModel, matmul_only
 from .delay_decode import DelayBatch
-from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
+from .chunk_ladder import WHOLE_PUSHES, ChunkLadder, chunk_frames_of
 from .delay_published import is_published_dir, load_published
 from .long_text import speak, split_long_text
 from .message_tts import MessageTTS
@@ -60,9 +60,7 @@ class DelayTTS(MessageTTS):
     # the `language` field's values (name, code): one file may hold 1.0 or v1.5, so v1.5's 31
     LANGUAGES = LANGUAGES_V15
     BATCHED = DelayBatch     # several streams per decode step (its published tasks' too)
-    # whole audio waits for no first chunk: fixed pushes of the ladder's longest (fewer codec
-    # calls, and the same floats on every run) unless `chunk_frames` says else
-    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
+    WHOLE = WHOLE_PUSHES          # whole audio: fixed pushes (chunk_ladder.py)
 
     def __init__(self, model, codec):
         super().__init__(model, codec)

@@ -14,7 +14,7 @@ import numpy as np
 from ..ggml import F16, GGMLType, Weights, get_backend
 from ..sampling import LocalSamplingOptions
 from ..text.languages import LANGUAGES_V1
-from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
+from .chunk_ladder import WHOLE_PUSHES, ChunkLadder, chunk_frames_of
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local import KIND, MAX_NEW_FRAMES, TOKENIZER_KEY, LocalModel, check_n_vq
 from .local_decode import LocalBatch
@@ -46,9 +46,7 @@ class LocalTTS(MessageTTS):
     # frames of one request: the Qwen3-1.7B backbone's 40960 positions (upstream's context)
     # hold the prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_NEW_FRAMES, 40960, "frames", per_chunk=True)
-    # whole audio waits for no first chunk: fixed pushes of the ladder's longest (fewer codec
-    # calls, and the same floats on every run) unless `chunk_frames` says else
-    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
+    WHOLE = WHOLE_PUSHES          # whole audio: fixed pushes (chunk_ladder.py)
 
     @classmethod
     def load(cls, model, *, codec=None, backend=None, threads: int | None = None,

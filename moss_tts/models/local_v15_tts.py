@@ -17,7 +17,7 @@ from ..text.chunking import continuation_prompt_text
 from ..text.languages import LANGUAGES_V15
 from ..text.local_v15_prompts import build_prompt_rows
 from ..text.template import FIELDS, PromptIds
-from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
+from .chunk_ladder import WHOLE_PUSHES, ChunkLadder, chunk_frames_of
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .local_v15 import KIND, MAX_FRAMES, TOKENIZER_KEY, LocalV15Model
 from .local_v15_decode import LocalV15Batch
@@ -45,9 +45,7 @@ class LocalV15TTS(Qwen3TTS):
     # frames of one request: the Qwen3-4B backbone's 40960 positions (its context) hold the
     # prompt and the frames, 54 min of speech at 12.5 frames/s; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_FRAMES, 40960, "frames", per_chunk=True)
-    # whole audio waits for no first chunk: fixed pushes of MAX_CHUNK_FRAMES (fewer codec
-    # calls, and the same floats on every run) unless `chunk_frames` says else
-    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
+    WHOLE = WHOLE_PUSHES          # whole audio: fixed pushes (chunk_ladder.py)
 
     @staticmethod
     def prompt_ids(c) -> PromptIds:

@@ -18,7 +18,7 @@ from ..audio import REFERENCE_MAX_SECONDS, resample, to_channels
 from ..errors import whole_number
 from ..sampling import RealtimeSamplingOptions
 from ..text import realtime_prompts as prompts
-from .chunk_ladder import MAX_CHUNK_FRAMES, ChunkLadder, chunk_frames_of
+from .chunk_ladder import WHOLE_PUSHES, ChunkLadder, chunk_frames_of
 from .tts import BudgetMeter, FrameBudget, Reference, family_stream
 from .qwen3_tts import Qwen3TTS
 from .realtime import KIND, MAX_FRAMES, TOKENIZER_KEY, RealtimeModel, decodable
@@ -46,9 +46,7 @@ class RealtimeTTS(Qwen3TTS):
     # frames of one request (of one turn, live): the model card's 32K-token context (~40 min)
     # holds the prompt and the frames; no more can be used
     BUDGET = FrameBudget("max_frames", MAX_FRAMES, 32768, "frames")
-    # whole audio: fixed pushes of the ladder's longest (fewer codec calls, the same floats on
-    # every run) unless `chunk_frames` says else
-    WHOLE = {"chunk_frames": MAX_CHUNK_FRAMES}
+    WHOLE = WHOLE_PUSHES          # whole audio: fixed pushes (chunk_ladder.py)
 
     @staticmethod
     def prompt_ids(c) -> prompts.RealtimePromptIds:
