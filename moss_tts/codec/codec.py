@@ -250,7 +250,8 @@ class Codec(NativeResource):
         """Up to max_streams streams decoded together, one graph per push for all of them;
         each stream's output equals its own stream_decoder()'s (codec/stream_batch.py)."""
         self._need_open()
-        return StreamBatch(self, whole_number(max_streams, "max_streams", 1), self._n_q(n_quantizers),
+        return StreamBatch(self, whole_number(max_streams, "max_streams", 1),
+                           self._n_q(n_quantizers),
                            whole_number(max_push_frames, "max_push_frames", 1))
 
     # -- helpers ----------------------------------------------------------------------------------

@@ -107,9 +107,9 @@ class DelayTTS(MessageTTS):
                 max_new_rows: int = MAX_NEW_ROWS, normalize: bool = True, chunk_frames: int = 0,
                 **fields) -> Iterator[np.ndarray]:
         """Audio chunks [m, 1] as frames complete, pushed to the codec as the chunk ladder says
-        (`chunk_frames` 0; models/chunk_ladder.py) or that many frames at a time. A frame holding a pad code ends an audio
-        segment (upstream decodes each segment on its own, §family-2.8): the next starts a new codec
-        stream. A continuation's prompt frames go through the codec first (their audio is
+        (`chunk_frames` 0; models/chunk_ladder.py) or that many frames at a time. A frame
+        holding a pad code ends an audio segment (upstream decodes each segment on its own,
+        §family-2.8): the next starts a new codec stream. A continuation's prompt frames go through the codec first (their audio is
         dropped, as upstream cuts it), so the output continues the prompt audio (`prompt_text`:
         its transcript, see `plan`). Long text is cut at sentence boundaries
         (models/long_text.py): each chunk an utterance of at most max_new_rows rows that

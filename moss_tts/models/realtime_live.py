@@ -381,7 +381,6 @@ class LiveSession(NativeResource):
         self._frames += 1
         return frame
 
-
     def _need_open(self) -> None:
         if self._closed:
             raise InputError("session is closed; open a new one with tts.session()")

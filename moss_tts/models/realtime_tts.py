@@ -93,8 +93,8 @@ class RealtimeTTS(Qwen3TTS):
         """Offline as upstream's inferencer (the whole text tokenized at once): audio chunks
         [hop, 1], one per frame (several frames pushed at once where the codec decodes one
         slower than real time: chunk_ladder.py; `chunk_frames` N: N a push), until EOS or the
-        first frame the codec cannot take. Frames come from this request's own decode, or from the batch of a `synthesize_many` (or
-        `decoding_together`) that made this stream."""
+        first frame the codec cannot take. Frames come from this request's own decode, or from
+        the batch of a `synthesize_many` (or `decoding_together`) that made this stream."""
         rows, text_ids = self.plan(text, reference=reference)
         frames = BudgetMeter(self._generated(rows, text_ids=text_ids, options=options, seed=seed,
                                              max_frames=max_frames), max_frames)
